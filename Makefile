@@ -1,0 +1,78 @@
+# meshrun: a Kubernetes operator for parallel training jobs.
+# `make help` lists the targets. Everything installs what it needs on first use.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+VENV        ?= .venv
+PY          := $(VENV)/bin/python
+CLUSTER_DIR := .cluster
+KUBECTL     := $(CLUSTER_DIR)/bin/kubectl
+NODES       ?= 8
+PYTEST_ARGS ?=
+export KUBECONFIG_LOCAL := $(abspath $(CLUSTER_DIR)/kubeconfig)
+
+.PHONY: help
+help: ## List the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z0-9_-]+:.*## / {printf "  \033[36m%-14s\033[0m %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+$(VENV)/.installed: pyproject.toml
+	@echo "== python venv ($(VENV)): torch, kopf, kubernetes, test tools"
+	python3 -m venv $(VENV)
+	$(VENV)/bin/pip install -q --upgrade pip
+	$(VENV)/bin/pip install -q -e '.[operator,trainer,plot,dev]'
+	@touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed ## Create the Python virtualenv with every dependency
+
+.PHONY: tools
+tools: ## Build the cluster binaries from Go modules (cached in ~/.cache/meshrun)
+	hack/build-tools.sh
+
+.PHONY: cluster-up
+cluster-up: venv tools ## Start (or reuse) the local control plane with NODES fake GPU nodes
+	NODES=$(NODES) hack/cluster.sh up
+
+.PHONY: cluster-down
+cluster-down: ## Stop the local control plane and remove its state
+	hack/cluster.sh down
+
+.PHONY: lint
+lint: venv ## ruff lint and format check
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+.PHONY: fmt
+fmt: venv ## Apply ruff formatting and safe fixes
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+.PHONY: typecheck
+typecheck: venv ## mypy --strict on the core, operator and trainer packages
+	$(VENV)/bin/mypy
+
+.PHONY: verify
+verify: venv ## Static checks: lint, types, chart CRDs in sync
+	$(MAKE) lint typecheck
+	hack/verify.sh
+
+.PHONY: test-unit
+test-unit: venv ## Pure unit tests only (no cluster, no process launches)
+	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+
+.PHONY: test
+test: venv tools ## Every test: unit, trainer and cluster tests (starts the cluster if needed)
+	$(MAKE) verify
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+.PHONY: demo
+demo: cluster-up ## Run the main demo job on the local cluster
+	hack/demo.sh
+
+.PHONY: bench
+bench: venv tools ## Run the benchmarks under bench/ (prints figures)
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
+
+.PHONY: clean
+clean: cluster-down ## Remove the venv and local state (the Go build cache stays)
+	rm -rf $(VENV) $(CLUSTER_DIR)

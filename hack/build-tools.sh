@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Build the local cluster's binaries from Go modules (no prebuilt downloads) into a cache
+# outside the checkout, keyed by version, and link them into .cluster/bin. Each tool is built
+# only when its cached binary is missing, so a fresh clone on the same machine reuses them.
+#
+#   hack/build-tools.sh            build whatever is missing
+#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm)
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+# shellcheck source=versions.env
+source "$ROOT/hack/versions.env"
+CACHE=${MESHRUN_CACHE:-$HOME/.cache/meshrun}
+BIN=$ROOT/.cluster/bin
+mkdir -p "$CACHE" "$BIN"
+export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
+# Two cores: one link at a time keeps peak memory low; compile parallelism stays at 2.
+export GOMAXPROCS=${GOMAXPROCS:-2}
+
+log() { printf '[build-tools %(%H:%M:%S)T] %s\n' -1 "$*"; }
+
+# build_in_wrapper DIR GOMOD LDFLAGS VERSION PKG... : build PKGs (at VERSION) inside a throwaway
+# wrapper module so that replace directives (which `go install` refuses) can pin staging modules.
+build_in_wrapper() {
+  local dir=$1 gomod=$2 ldflags=$3 version=$4; shift 4
+  local work
+  work=$(mktemp -d)
+  printf '%s\n' "$gomod" >"$work/go.mod"
+  printf 'package tools\n' >"$work/tools.go"
+  (
+    cd "$work"
+    go mod download >/dev/null 2>&1 || true
+    for pkg in "$@"; do
+      go get "$pkg@$version" >/dev/null
+    done
+    mkdir -p "$dir.partial"
+    for pkg in "$@"; do
+      log "  go build $pkg"
+      go build -trimpath -ldflags "$ldflags" -o "$dir.partial/" "$pkg"
+    done
+  )
+  rm -rf "$work" "$dir"
+  mv "$dir.partial" "$dir"
+}
+
+build_kube() {
+  local dir=$CACHE/kubernetes-$KUBE_VERSION
+  [[ -x $dir/kube-apiserver && -x $dir/kubectl && -x $dir/kube-scheduler && -x $dir/kube-controller-manager ]] && return
+  log "building Kubernetes $KUBE_VERSION (apiserver, controller-manager, scheduler, kubectl); ~15-25 min on 2 cores"
+  local modfile staging ver=${KUBE_VERSION#v} minor
+  go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null
+  modfile=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$KUBE_VERSION.mod
+  minor=$(cut -d. -f2 <<<"$ver")
+  # Staging modules are published as k8s.io/<name> v0.<minor>.<patch>.
+  staging=$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$modfile" | sort -u)
+  local gomod
+  gomod="module meshrun.dev/kubebuild
+$(grep -E '^go [0-9]' "$modfile" | head -1)
+$(grep -E '^godebug default=' "$modfile" | head -1)
+require k8s.io/kubernetes $KUBE_VERSION
+$(for m in $staging; do echo "replace $m => $m v0.${ver#1.}"; done)"
+  local x="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
+  x+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor -X k8s.io/client-go/pkg/version.gitTreeState=clean"
+  build_in_wrapper "$dir" "$gomod" "-s -w $x" "$KUBE_VERSION" \
+    k8s.io/kubernetes/cmd/kube-apiserver \
+    k8s.io/kubernetes/cmd/kube-controller-manager \
+    k8s.io/kubernetes/cmd/kube-scheduler \
+    k8s.io/kubernetes/cmd/kubectl
+}
+
+build_etcd() {
+  local dir=$CACHE/etcd-$ETCD_VERSION
+  [[ -x $dir/etcd ]] && return
+  log "building etcd $ETCD_VERSION"
+  local gomod="module meshrun.dev/etcdbuild
+go 1.24
+require go.etcd.io/etcd/server/v3 $ETCD_VERSION"
+  build_in_wrapper "$dir" "$gomod" "-s -w" "$ETCD_VERSION" go.etcd.io/etcd/server/v3
+  mv "$dir/v3" "$dir/etcd" 2>/dev/null || true
+}
+
+build_go_install() {  # NAME VERSION PKG...
+  local name=$1 version=$2; shift 2
+  local dir=$CACHE/$name-$version
+  local missing=0
+  for pkg in "$@"; do [[ -x $dir/$(basename "$pkg") ]] || missing=1; done
+  ((missing)) || return 0
+  log "building $name $version"
+  mkdir -p "$dir.partial"
+  for pkg in "$@"; do
+    GOBIN=$dir.partial go install -trimpath -ldflags "-s -w" "$pkg@$version"
+  done
+  rm -rf "$dir"; mv "$dir.partial" "$dir"
+}
+
+build_kwok() {
+  build_go_install kwok "$KWOK_VERSION" sigs.k8s.io/kwok/cmd/kwok sigs.k8s.io/kwok/cmd/kwokctl
+}
+build_helm() {
+  build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+}
+
+link_all() {
+  local k=$CACHE/kubernetes-$KUBE_VERSION
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
+    [[ -x $k/$b ]] && ln -sfn "$k/$b" "$BIN/$b"
+  done
+  [[ -x $CACHE/etcd-$ETCD_VERSION/etcd ]] && ln -sfn "$CACHE/etcd-$ETCD_VERSION/etcd" "$BIN/etcd"
+  for b in kwok kwokctl; do
+    [[ -x $CACHE/kwok-$KWOK_VERSION/$b ]] && ln -sfn "$CACHE/kwok-$KWOK_VERSION/$b" "$BIN/$b"
+  done
+  [[ -x $CACHE/helm-$HELM_VERSION/helm ]] && ln -sfn "$CACHE/helm-$HELM_VERSION/helm" "$BIN/helm"
+  return 0
+}
+
+targets=("$@")
+((${#targets[@]})) || targets=(etcd kwok helm kube)
+for t in "${targets[@]}"; do
+  start=$SECONDS
+  "build_$t"
+  log "$t ready ($((SECONDS - start)) s)"
+done
+link_all

@@ -1,0 +1,1 @@
+"""meshrun: the shared core (API types, planner, CLI) of the meshrun operator."""

@@ -1,0 +1,1 @@
+"""The meshrun operator: reconciles ParallelTrainingJobs (kopf)."""

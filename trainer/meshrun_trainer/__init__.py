@@ -1,0 +1,1 @@
+"""The meshrun trainer: real torch distributed training for every strategy."""
