@@ -1,0 +1,7 @@
+"""``python -m meshrun``: the same as the ``meshrun`` command."""
+
+import sys
+
+from meshrun.cli import main
+
+sys.exit(main())

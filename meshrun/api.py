@@ -1,0 +1,175 @@
+"""The ParallelTrainingJob API as Python sees it, derived from the CRD file itself.
+
+The CRD (``crds/meshrun.dev_paralleltrainingjobs.yaml``, copied into ``meshrun/data/`` so an
+installed package has it) is the single source of truth: defaults and the per-field checks
+(types, enums, bounds, unknown fields) are read from its OpenAPI schema, the way the API server
+applies them, so ``meshrun plan`` and the cluster agree. Cross-field rules (the CEL rules) are
+checked by the planner, which names the same fields.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from meshrun.errors import SpecError
+
+GROUP = "meshrun.dev"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+KIND = "ParallelTrainingJob"
+PLURAL = "paralleltrainingjobs"
+CRD_FILE = "meshrun.dev_paralleltrainingjobs.yaml"
+
+Schema = Mapping[str, Any]
+
+
+@functools.cache
+def crd() -> dict[str, Any]:
+    """The CRD object shipped in the package (a copy of crds/)."""
+    text = resources.files("meshrun").joinpath("data", CRD_FILE).read_text(encoding="utf-8")
+    loaded: dict[str, Any] = yaml.safe_load(text)
+    return loaded
+
+
+def spec_schema() -> Schema:
+    """The OpenAPI schema of ``spec`` in the served version."""
+    version = next(v for v in crd()["spec"]["versions"] if v["name"] == VERSION)
+    schema: Schema = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    return schema
+
+
+def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``spec`` with the CRD's defaults applied (camelCase keys kept).
+
+    Like the API server's structural defaulting: a missing field with a ``default`` gets it, and
+    defaulting continues inside objects, including objects that were themselves defaulted.
+    """
+    result = copy.deepcopy(dict(spec))
+    _apply_defaults(result, spec_schema())
+    return result
+
+
+def _apply_defaults(value: Any, schema: Schema) -> None:
+    if isinstance(value, dict):
+        for name, sub in schema.get("properties", {}).items():
+            if name not in value and "default" in sub:
+                value[name] = copy.deepcopy(sub["default"])
+            if name in value:
+                _apply_defaults(value[name], sub)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            _apply_defaults(item, schema["items"])
+
+
+def validate_spec(spec: Any) -> None:
+    """Check ``spec`` against the CRD schema: types, enums, bounds, required and unknown fields.
+
+    Raises SpecError naming the first offending field. Unknown fields are errors (the API server
+    would silently prune them, which hides typos such as ``tensorParalel``).
+    """
+    _validate(spec, spec_schema(), "spec")
+
+
+_TYPES: dict[str, tuple[type, ...]] = {
+    "object": (dict,),
+    "array": (list,),
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+}
+
+
+def _validate(value: Any, schema: Schema, path: str) -> None:
+    kind = schema.get("type")
+    if kind is not None:
+        allowed = _TYPES[kind]
+        # bool is an int subclass in Python, but not an integer to the API server.
+        if not isinstance(value, allowed) or (isinstance(value, bool) and kind != "boolean"):
+            raise SpecError(path, f"must be {_article(kind)} {kind}, got {value!r}")
+    if "enum" in schema and value not in schema["enum"]:
+        choices = ", ".join(str(choice) for choice in schema["enum"])
+        raise SpecError(path, f"{value!r} is not one of: {choices}")
+    _check_bounds(value, schema, path)
+    if isinstance(value, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
+        properties = schema.get("properties", {})
+        for name in schema.get("required", []):
+            if name not in value:
+                raise SpecError(f"{path}.{name}", "is required")
+        for name, item in value.items():
+            if name not in properties:
+                if "additionalProperties" in schema:
+                    _validate(item, schema["additionalProperties"], f"{path}.{name}")
+                    continue
+                known = ", ".join(properties)
+                raise SpecError(f"{path}.{name}", f"unknown field (known fields: {known})")
+            _validate(item, properties[name], f"{path}.{name}")
+    if isinstance(value, list) and "items" in schema:
+        for index, item in enumerate(value):
+            _validate(item, schema["items"], f"{path}[{index}]")
+
+
+def _check_bounds(value: Any, schema: Schema, path: str) -> None:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        if "minimum" in schema:
+            low = schema["minimum"]
+            if schema.get("exclusiveMinimum") and value <= low:
+                raise SpecError(path, f"must be greater than {low}, got {value}")
+            if value < low:
+                raise SpecError(path, f"must be at least {low}, got {value}")
+        if "maximum" in schema and value > schema["maximum"]:
+            raise SpecError(path, f"must be at most {schema['maximum']}, got {value}")
+    if isinstance(value, str):
+        if len(value) < schema.get("minLength", 0):
+            raise SpecError(path, f"must have at least {schema['minLength']} characters")
+        if "maxLength" in schema and len(value) > schema["maxLength"]:
+            raise SpecError(path, f"must have at most {schema['maxLength']} characters")
+
+
+def _article(kind: str) -> str:
+    return "an" if kind[0] in "aeiou" else "a"
+
+
+def check_job(job: Any, where: str = "job") -> dict[str, Any]:
+    """Check one object is a ParallelTrainingJob with a valid spec; return it unchanged."""
+    if not isinstance(job, dict):
+        raise SpecError(where, "must be a YAML mapping (a Kubernetes object)")
+    if job.get("apiVersion") != API_VERSION:
+        raise SpecError(
+            f"{where}.apiVersion", f"must be {API_VERSION}, got {job.get('apiVersion')!r}"
+        )
+    if job.get("kind") != KIND:
+        raise SpecError(f"{where}.kind", f"must be {KIND}, got {job.get('kind')!r}")
+    metadata = job.get("metadata")
+    if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
+        raise SpecError(f"{where}.metadata.name", "is required")
+    if "spec" not in job:
+        raise SpecError("spec", "is required")
+    validate_spec(job["spec"])
+    return job
+
+
+def load_jobs(path: str | Path) -> list[dict[str, Any]]:
+    """The ParallelTrainingJob objects in a YAML file (one or more ``---`` documents).
+
+    Raises SpecError when the file cannot be read or parsed, or holds something else.
+    """
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SpecError(str(source), f"cannot be read ({error.strerror or error})") from None
+    try:
+        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+    except yaml.YAMLError as error:
+        raise SpecError(str(source), f"is not valid YAML ({error})") from None
+    if not documents:
+        raise SpecError(str(source), "holds no ParallelTrainingJob")
+    return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]

@@ -1,0 +1,144 @@
+"""``meshrun``: plan a job, run it locally, or run the operator.
+
+``run`` and ``operator`` import their packages lazily, so ``meshrun plan`` works with only the
+core installed (no torch, no kopf).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+EXIT_OK = 0
+EXIT_INVALID = 2
+"""Invalid spec: message on stderr."""
+EXIT_DOES_NOT_FIT = 3
+"""Valid spec, but the plan does not fit in accelerator memory (the plan is still printed)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meshrun",
+        description="Parallel training jobs on Kubernetes that understand parallelism.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    plan = commands.add_parser(
+        "plan",
+        help="show how a ParallelTrainingJob is laid out (pods, ranks, memory)",
+        description="Plan the ParallelTrainingJob(s) in FILE. Exit 0 when the plan fits, 2 for "
+        "an invalid spec, 3 when it is valid but does not fit in accelerator memory.",
+    )
+    plan.add_argument("file", metavar="FILE", help="YAML file with one or more jobs")
+    plan.add_argument(
+        "-o", "--output", choices=("text", "json", "yaml"), default="text", help="format"
+    )
+    plan.add_argument(
+        "--picture",
+        metavar="PATH",
+        help="also draw nodes x processes to PATH (.svg, or .png with matplotlib)",
+    )
+    for name, text in (
+        ("run", "run a job locally with torchrun-style processes (needs meshrun[trainer])"),
+        ("operator", "run the Kubernetes operator (needs meshrun[operator])"),
+    ):
+        sub = commands.add_parser(name, help=text, add_help=False)
+        sub.add_argument("rest", nargs=argparse.REMAINDER)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command in ("run", "operator"):
+        return _delegate(args.command, list(args.rest))
+    return plan_command(args.file, args.output, args.picture)
+
+
+DELEGATES = {
+    "run": ("meshrun_trainer.local", "trainer"),
+    "operator": ("meshrun_operator.main", "operator"),
+}
+"""Subcommand -> (module with ``main(argv) -> int``, the pip extra that installs it)."""
+
+
+def _delegate(command: str, argv: list[str]) -> int:
+    module_name, extra = DELEGATES[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        print(
+            f"meshrun {command}: needs the {extra} extra (pip install 'meshrun[{extra}]'): {error}",
+            file=sys.stderr,
+        )
+        return 1
+    return int(module.main(argv))
+
+
+def plan_command(file: str, output: str, picture: str | None) -> int:
+    """Plan every job in ``file``; print them; return the exit code."""
+    from meshrun.api import load_jobs
+    from meshrun.errors import SpecError
+    from meshrun.planner import Plan, plan_job
+
+    if picture is not None and Path(picture).suffix.lower() not in (".svg", ".png"):
+        print(f"meshrun plan: --picture: {picture} must end in .svg or .png", file=sys.stderr)
+        return EXIT_INVALID
+    try:
+        jobs = load_jobs(file)
+        plans: list[Plan] = [plan_job(job["spec"], name=job["metadata"]["name"]) for job in jobs]
+    except SpecError as error:
+        print(f"meshrun plan: invalid job in {file}: {error}", file=sys.stderr)
+        return EXIT_INVALID
+    _print_plans(plans, output)
+    if picture is not None:
+        error_code = _draw(plans, picture)
+        if error_code:
+            return error_code
+    return EXIT_OK if all(plan.memory.fits for plan in plans) else EXIT_DOES_NOT_FIT
+
+
+def _print_plans(plans: list[Any], output: str) -> None:
+    if output == "text":
+        from rich.console import Console
+
+        from meshrun.planner.text import render
+
+        console = Console()
+        for plan in plans:
+            console.print(render(plan))
+        return
+    data = [plan.to_dict() for plan in plans]
+    document: Any = data[0] if len(data) == 1 else data
+    if output == "json":
+        json.dump(document, sys.stdout, indent=2)
+        sys.stdout.write("\n")
+    else:
+        yaml.safe_dump(document, sys.stdout, sort_keys=False)
+
+
+def _draw(plans: list[Any], picture: str) -> int:
+    from meshrun.errors import SpecError
+    from meshrun.planner.picture import write_picture
+
+    target = Path(picture)
+    for plan in plans:
+        # Several jobs in one file: one picture each, named after the job.
+        path = target if len(plans) == 1 else target.with_stem(f"{target.stem}-{plan.name}")
+        try:
+            write_picture(plan, path)
+        except SpecError as error:
+            print(f"meshrun plan: {error}", file=sys.stderr)
+            return EXIT_INVALID
+        except OSError as error:
+            print(f"meshrun plan: --picture: cannot write {path}: {error}", file=sys.stderr)
+            return EXIT_INVALID
+    return EXIT_OK
+
+
+if __name__ == "__main__":
+    sys.exit(main())

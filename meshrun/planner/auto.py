@@ -1,0 +1,206 @@
+"""``strategy: auto``: the seeds' strategy table, decided by the memory estimate.
+
+The table (Transformers guide "Parallelism methods", REFERENCE.md section 1):
+
+* one node, model fits one GPU: DDP (ZeRO would also work; DDP communicates least);
+* one node, model does not fit: ZeRO, PP or TP -- on par with NVLink, and without it PP is
+  faster (it sends only activations, point to point), so PCIe nodes try PP first;
+* one node, largest layer does not fit one GPU: TP (PP and ZeRO-3 still hold a whole layer);
+* many nodes, fast network: ZeRO (no model changes; ZeRO-1/2 move as much data as DDP, ZeRO-3
+  1.5x, ZeRO paper section 7), else 3D;
+* many nodes, slow network: ZeRO-1/2 if enough, else 3D (PP across nodes, TP inside, DP) with
+  ZeRO-1, as the seeds advise when memory is short.
+
+Within a row the first candidate that fits wins; candidates go from least to most model
+parallelism, so data parallelism stays as wide as memory allows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from meshrun.errors import SpecError
+from meshrun.planner.layout import Layout, Stage, complete_layout, split_layers
+from meshrun.planner.memory import (
+    MemoryEstimate,
+    bytes_per_parameter,
+    estimate_memory,
+    layer_activation_bytes,
+)
+from meshrun.planner.spec import GIB, JobSpec
+
+Degrees = tuple[int, int, int, int]
+"""(dp, pp, tp, zeroStage)."""
+
+
+@dataclass(frozen=True)
+class Choice:
+    """A planned layout with its memory estimate and the reasons for it."""
+
+    strategy: str
+    """The strategy type this layout amounts to."""
+    layout: Layout
+    """Degrees and schedule."""
+    stages: list[Stage]
+    """Layer ranges per pipeline chunk."""
+    memory: MemoryEstimate
+    """Estimated bytes per accelerator."""
+    reasons: list[str] = field(default_factory=list)
+    """Sentences explaining the choice."""
+
+
+def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
+    """The strategy type a set of degrees amounts to."""
+    if pp > 1 and tp > 1:
+        return "hybrid"
+    if pp > 1:
+        return "pipeline"
+    if tp > 1:
+        return "tensor"
+    return "zero" if zero_stage and dp > 1 else "ddp"
+
+
+def evaluate(job: JobSpec, degrees: Degrees, strategy: str | None = None) -> Choice:
+    """Plan these degrees (SpecError when they break a rule)."""
+    dp, pp, tp, zero = degrees
+    layout = complete_layout(job, dp, pp, tp, zero)
+    stages = split_layers(job.model.layers, pp, layout.virtual_stages)
+    memory = estimate_memory(job, layout, stages)
+    return Choice(strategy or strategy_name(dp, pp, tp, zero), layout, stages, memory)
+
+
+def first_fit(job: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
+    """The first valid candidate that fits, else the valid one with the smallest estimate."""
+    smallest: Choice | None = None
+    for degrees in candidates:
+        try:
+            choice = evaluate(job, degrees)
+        except SpecError:
+            continue
+        if choice.memory.fits:
+            return choice
+        if smallest is None or choice.memory.total < smallest.memory.total:
+            smallest = choice
+    return smallest
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> list[Degrees]:
+    """(dp, pp, tp) with TP inside a node, least model parallelism first.
+
+    Ties prefer layouts using both PP and TP (3D), then a wider TP on NVLink nodes (TP's
+    per-layer all-reduces want NVLink) or a deeper PP on PCIe nodes.
+    """
+    res = job.resources
+    world, fast = res.world_size, res.fast_intra_node
+    found = []
+    for tp in divisors(res.proc_per_node):
+        for pp in divisors(world // tp):
+            if (tp == 1 and pp == 1) or (need_both and (tp == 1 or pp == 1)):
+                continue
+            key = (tp * pp, 0 if tp > 1 and pp > 1 else 1, -tp if fast else tp)
+            found.append((key, (world // (tp * pp), pp, tp, zero_stage)))
+    return [degrees for _, degrees in sorted(found)]
+
+
+def choose_auto(job: JobSpec) -> Choice:
+    """Apply the seeds' table to this job."""
+    res, world = job.resources, job.resources.world_size
+    ddp: Degrees = (world, 1, 1, 0)
+    if res.accelerator_bytes == 0:
+        choice = evaluate(job, ddp, "ddp")
+        choice.reasons.append(
+            "No accelerator memory to respect (accelerator cpu without acceleratorMemoryGiB), "
+            "so the simplest strategy, DDP, is chosen."
+        )
+        return choice
+    single = estimate_memory(
+        job, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1), split_layers(job.model.layers, 1, 1)
+    )
+    fits_one = single.fits
+    largest = max(job.model.layer_parameters(), job.model.vocab * job.model.hidden)
+    layer_bytes = largest * sum(bytes_per_parameter(job.training.precision))
+    layer_bytes += layer_activation_bytes(job, 1, job.training.micro_batch)
+    layer_fits = layer_bytes <= res.accelerator_bytes
+    situation = (
+        f"The model ({job.model.parameters() / 1e9:.2f}B parameters) needs about "
+        f"{single.total / GIB:.1f} GiB per GPU unsharded against "
+        f"{res.accelerator_bytes / GIB:.0f} GiB: "
+        + (
+            "it fits one GPU."
+            if fits_one
+            else "it does not fit one GPU"
+            + (
+                "."
+                if layer_fits
+                else f", and its largest layer ({layer_bytes / GIB:.1f} GiB "
+                "with its states) does not either."
+            )
+        )
+    )
+    zero = [(world, 1, 1, stage) for stage in (1, 2, 3)]
+    if world == 1:
+        row, candidates = "a single GPU: DDP with one process", [ddp]
+    elif res.num_nodes == 1 and fits_one:
+        row = "one node, model fits one GPU: DDP (ZeRO also works but communicates more)"
+        candidates = [ddp]
+    elif res.num_nodes == 1 and layer_fits:
+        tensor = [d for d in model_parallel(job, 0) if d[1] == 1]
+        pipeline = [d for d in model_parallel(job, 0) if d[2] == 1]
+        if res.fast_intra_node:
+            row = "one node, model does not fit one GPU, NVLink: ZeRO, PP and TP are on par; "
+            row += "ZeRO first, as it needs no model changes"
+            candidates = [*zero, *pipeline, *tensor]
+        else:
+            row = "one node, model does not fit one GPU, PCIe: PP first (faster than TP or ZeRO "
+            row += "without NVLink)"
+            candidates = [*pipeline, *zero, *tensor]
+    elif res.num_nodes == 1:
+        row = "one node, largest layer does not fit one GPU: TP (PP and ZeRO-3 hold whole layers)"
+        candidates = [d for z in (0, 1, 2, 3) for d in model_parallel(job, z) if d[1] == 1]
+    elif res.fast_inter_node:
+        row = "many nodes, fast interconnect: ZeRO (no model changes), else 3D (PP + TP + DP)"
+        candidates = [*zero, *model_parallel(job, 1)]
+    else:
+        row = "many nodes, slow interconnect: ZeRO-1/2 (as much traffic as DDP), else 3D "
+        row += "(PP across nodes, TP inside, DP) with ZeRO-1"
+        candidates = [*zero[:2], *model_parallel(job, 1)]
+    choice = first_fit(job, candidates) or evaluate(job, ddp, "ddp")
+    choice.reasons.append(situation)
+    choice.reasons.append(f"Seeds' table row: {row}.")
+    if not choice.memory.fits:
+        choice.reasons.append(
+            "No candidate of that row fits; this is the one with the smallest estimate."
+        )
+    return choice
+
+
+def search_hybrid(job: JobSpec) -> Choice:
+    """A hybrid job with two or more degrees unset: the least model parallelism that fits."""
+    s = job.strategy
+    zero = s.zero_stage or 0
+    candidates = [
+        d
+        for d in model_parallel(job, zero)
+        if (s.dp is None or d[0] == s.dp)
+        and (s.pp is None or d[1] == s.pp)
+        and (s.tp is None or d[2] == s.tp)
+    ]
+    choice = first_fit(job, candidates)
+    if choice is None:
+        raise SpecError(
+            "spec.strategy",
+            "no dataParallel x pipelineParallel x tensorParallel layout satisfies the given "
+            "degrees, spec.resources and spec.model (tensorParallel must divide "
+            "numProcPerNode and the head counts; pipelineParallel at most spec.model.layers)",
+        )
+    choice = Choice("hybrid", choice.layout, choice.stages, choice.memory)
+    choice.reasons.append(
+        "Hybrid with degrees left unset: the planner took the least model parallelism that "
+        "fits, keeping TP inside a node."
+    )
+    return choice

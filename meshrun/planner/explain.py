@@ -1,0 +1,97 @@
+"""Sentences for a plan's ``explanation`` and ``warnings``."""
+
+from __future__ import annotations
+
+from meshrun.planner.layout import Layout
+from meshrun.planner.memory import MemoryEstimate
+from meshrun.planner.spec import DEFAULT_GPU_MEMORY_GIB, JobSpec
+
+ZERO_WHAT = {
+    1: "optimizer state",
+    2: "optimizer state and gradients",
+    3: "optimizer state, gradients and parameters",
+}
+
+
+def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
+    """What the layout does, in the seeds' terms."""
+    lines: list[str] = []
+    dp, pp, tp = layout.dp, layout.pp, layout.tp
+    if dp == 1 and strategy == "ddp":
+        lines.append("A single process: nothing to split (DDP with one replica).")
+    elif dp > 1:
+        lines.append(
+            f"Data parallel over {dp} replicas, one process per "
+            f"{'CPU slot' if job.resources.accelerator == 'cpu' else 'GPU'}, gradients "
+            "all-reduced as DDP does; DDP supersedes the seeds' single-process DataParallel, "
+            "where GPU 0 scatters inputs and gathers "
+            "outputs every step."
+        )
+    if layout.zero_stage:
+        lines.append(
+            f"ZeRO-{layout.zero_stage} shards {ZERO_WHAT[layout.zero_stage]} over the {dp} "
+            "data-parallel ranks."
+        )
+    if tp > 1:
+        lines.append(
+            f"Tensor parallel {tp} splits every layer's matrices over {tp} processes of one pod "
+            "(an all-reduce per layer, so the group stays on the node's fast links)."
+        )
+    if pp > 1:
+        bubble = layout.bubble_fraction()
+        chunks = f" x {layout.virtual_stages} virtual stages" if layout.virtual_stages > 1 else ""
+        lines.append(
+            f"Pipeline of {pp} stages{chunks} ({layout.schedule}, {layout.micro_batches} "
+            f"micro-batches per step): bubble (p-1)/(v*m+p-1) = {bubble:.0%} of each step."
+        )
+        if layout.micro_batches == 1:
+            lines.append(
+                "With microBatches 1 this is the seeds' plain (naive) model parallelism: one "
+                f"stage works at a time, a (p-1)/p = {(pp - 1) / pp:.0%} bubble; more "
+                "micro-batches shrink it."
+            )
+    lines.append(
+        "Ranks run TP innermost, then DP, PP outermost, so a TP group never leaves a pod"
+        + (
+            " and each pod holds one pipeline stage."
+            if pp > 1 and (dp * tp) % job.resources.proc_per_node == 0
+            else "."
+        )
+    )
+    return lines
+
+
+def warn(job: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
+    """Things that are allowed but probably unintended or slow."""
+    res, s = job.resources, job.strategy
+    warnings: list[str] = []
+    if res.memory_assumed:
+        warnings.append(
+            f"spec.resources.acceleratorMemoryGiB is unset: assuming {DEFAULT_GPU_MEMORY_GIB} GiB."
+        )
+    if layout.tp > 1 and not res.fast_intra_node:
+        warnings.append(
+            "Tensor parallelism over PCIe: its per-layer all-reduces are slow without NVLink."
+        )
+    if layout.pp > 1 and layout.micro_batches < layout.pp:
+        warnings.append(
+            f"microBatches {layout.micro_batches} is below pipelineParallel {layout.pp}: "
+            f"stages sit idle {layout.bubble_fraction():.0%} of each step."
+        )
+    if layout.pp == 1 and s.micro_batches not in (None, 1):
+        warnings.append("spec.strategy.microBatches is ignored without pipeline parallelism.")
+    if layout.zero_stage and layout.dp == 1:
+        warnings.append("spec.strategy.zeroStage has no effect with dataParallel 1.")
+    if layout.pp > 1 and layout.zero_stage >= 2:
+        warnings.append(
+            "ZeRO-2/3 with pipeline parallelism reduce-scatters gradients every micro-batch."
+        )
+    limit = memory.accelerator_bytes
+    if limit and 0.9 * limit < memory.total <= limit:
+        warnings.append(
+            "The estimate is within 10% of accelerator memory; it leaves out the CUDA context "
+            "and allocator fragmentation."
+        )
+    if res.accelerator == "cpu" and limit == 0:
+        warnings.append("No acceleratorMemoryGiB for a CPU job: memory is not checked.")
+    return warnings

@@ -1,0 +1,173 @@
+"""``plan_job``: a job spec in, a complete layout (pods, ranks, stages, memory) out. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshrun.planner.auto import Choice, choose_auto, evaluate, search_hybrid
+from meshrun.planner.explain import describe, warn
+from meshrun.planner.layout import Layout, Stage, explicit_degrees
+from meshrun.planner.memory import MemoryEstimate
+from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
+from meshrun.planner.rules import check_rules
+from meshrun.planner.spec import JobSpec, parse_spec
+from meshrun.presets import ModelShape
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where every process of a job goes and what it holds."""
+
+    name: str
+    """Job name; pods are ``<name>-<index>``."""
+    strategy: str
+    """The strategy type (auto resolved to the chosen one)."""
+    num_nodes: int
+    """Pods."""
+    proc_per_node: int
+    """Processes per pod."""
+    accelerator: str
+    """nvidia.com/gpu or cpu."""
+    layout: Layout
+    """Degrees and schedule."""
+    stages: list[Stage]
+    """Layer ranges per pipeline chunk, in model order."""
+    memory: MemoryEstimate
+    """Estimated bytes per accelerator."""
+    model: ModelShape
+    """The model shape."""
+    preset: str | None
+    """The preset it came from, if any."""
+    explanation: str
+    """Why this layout, in sentences."""
+    warnings: list[str]
+    """Allowed but questionable choices."""
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.proc_per_node
+
+    @property
+    def gpus(self) -> int:
+        return 0 if self.accelerator == "cpu" else self.world_size
+
+    def coords(self, rank: int) -> RankCoords:
+        """Pod, local rank and (dp, pp, tp) of a global rank."""
+        return coords_of(rank, self.layout.dp, self.layout.tp, self.proc_per_node)
+
+    def memory_dict(self) -> dict[str, Any]:
+        m = self.memory
+        return {
+            "perGpuBytes": {
+                "params": m.params,
+                "grads": m.grads,
+                "optimizer": m.optimizer,
+                "activations": m.activations,
+                "total": m.total,
+            },
+            "acceleratorBytes": m.accelerator_bytes,
+            "fits": m.fits,
+        }
+
+    def layout_dict(self) -> dict[str, Any]:
+        lay = self.layout
+        return {
+            "dp": lay.dp,
+            "pp": lay.pp,
+            "tp": lay.tp,
+            "zeroStage": lay.zero_stage,
+            "pipelineSchedule": lay.schedule,
+            "microBatches": lay.micro_batches,
+            "virtualStages": lay.virtual_stages,
+            "gradAccumulation": lay.grad_accumulation,
+            "bubbleFraction": round(lay.bubble_fraction(), 4),
+        }
+
+    def to_dict(self) -> dict[str, Any]:
+        """The JSON of ``meshrun plan -o json`` (issue 3's shape)."""
+        m = self.model
+        return {
+            "name": self.name,
+            "worldSize": self.world_size,
+            "gpus": self.gpus,
+            "numNodes": self.num_nodes,
+            "numProcPerNode": self.proc_per_node,
+            "accelerator": self.accelerator,
+            "strategy": self.strategy,
+            "layoutString": self.layout.text(),
+            "layout": self.layout_dict(),
+            "model": {
+                "preset": self.preset,
+                "parameters": m.parameters(),
+                "layers": m.layers,
+                "hidden": m.hidden,
+                "heads": m.heads,
+                "kvHeads": m.kv_heads,
+                "vocab": m.vocab,
+                "seqLen": m.seq_len,
+                "ffnHidden": m.ffn_hidden,
+            },
+            "pods": pod_table(self.name, self.num_nodes, self.proc_per_node),
+            "ranks": rank_table(
+                self.world_size, self.layout.dp, self.layout.tp, self.proc_per_node
+            ),
+            "stages": [
+                {"pp": s.pp, "virtual": s.virtual, "layers": [s.first, s.last]} for s in self.stages
+            ],
+            "memory": self.memory_dict(),
+            "explanation": self.explanation,
+            "warnings": list(self.warnings),
+        }
+
+    def status_summary(self) -> dict[str, Any]:
+        """``status.plan`` of the CRD: the summary the operator writes."""
+        return {
+            "strategy": self.strategy,
+            "layout": self.layout.text(),
+            "dp": self.layout.dp,
+            "pp": self.layout.pp,
+            "tp": self.layout.tp,
+            "zeroStage": self.layout.zero_stage,
+            "worldSize": self.world_size,
+            "gpus": self.gpus,
+            "memory": self.memory_dict(),
+            "explanation": self.explanation,
+            "warnings": list(self.warnings),
+        }
+
+
+def plan_job(spec: Mapping[str, Any], name: str = "job") -> Plan:
+    """Plan a ParallelTrainingJob spec; SpecError (naming the field) when it cannot be done."""
+    job = parse_spec(spec)
+    check_rules(job)
+    choice = _choose(job)
+    reasons = [*choice.reasons, *describe(job, choice.strategy, choice.layout)]
+    return Plan(
+        name=name,
+        strategy=choice.strategy,
+        num_nodes=job.resources.num_nodes,
+        proc_per_node=job.resources.proc_per_node,
+        accelerator=job.resources.accelerator,
+        layout=choice.layout,
+        stages=choice.stages,
+        memory=choice.memory,
+        model=job.model,
+        preset=job.preset,
+        explanation=" ".join(reasons),
+        warnings=warn(job, choice.layout, choice.memory),
+    )
+
+
+def _choose(job: JobSpec) -> Choice:
+    s = job.strategy
+    if s.type == "auto":
+        return choose_auto(job)
+    unset = [s.dp, s.pp, s.tp].count(None)
+    if s.type == "hybrid" and unset >= 2:
+        return search_hybrid(job)
+    dp, pp, tp = explicit_degrees(job)
+    choice = evaluate(job, (dp, pp, tp, s.zero_stage or 0), s.type)
+    choice.reasons.append(f"Strategy {s.type} as requested: {choice.layout.text()}.")
+    return choice

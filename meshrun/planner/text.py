@@ -1,0 +1,118 @@
+"""The readable form of a plan (``meshrun plan`` without ``-o``), drawn with rich."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from meshrun.planner.plan import Plan
+
+MAX_POD_ROWS = 16
+"""Pods listed at most; large jobs show the first ones and a count."""
+
+
+def gib(value: int) -> str:
+    """Bytes in binary units (KiB to TiB) with two decimals."""
+    size, unit = float(value), "B"
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if size < 1024 or unit == "TiB":
+            break
+        size /= 1024
+    return f"{size:.2f} {unit}" if unit != "B" else f"{value} B"
+
+
+def _ranges(values: list[int]) -> str:
+    """Sorted distinct values as ``0-3,6``."""
+    distinct = sorted(set(values))
+    parts: list[str] = []
+    start = prev = distinct[0]
+    for value in distinct[1:]:
+        if value != prev + 1:
+            parts.append(str(start) if start == prev else f"{start}-{prev}")
+            start = value
+        prev = value
+    parts.append(str(start) if start == prev else f"{start}-{prev}")
+    return ",".join(parts)
+
+
+def render(plan: Plan) -> RenderableType:
+    """Header, layout, memory, stages, pods, explanation and warnings."""
+    lay, mem = plan.layout, plan.memory
+    device = "CPU processes" if plan.accelerator == "cpu" else "GPUs"
+    header = Text.assemble(
+        (f"{plan.name}", "bold"),
+        f": {plan.strategy} ",
+        (lay.text(), "bold cyan"),
+        f" on {plan.num_nodes} pod(s) x {plan.proc_per_node} {device} "
+        f"(world size {plan.world_size}), model {plan.preset or 'custom'} "
+        f"({plan.model.parameters() / 1e9:.2f}B parameters)",
+    )
+    layout = Table(title="Layout", title_justify="left")
+    for column in (
+        "dp",
+        "pp",
+        "tp",
+        "ZeRO",
+        "schedule",
+        "micro-batches",
+        "virtual",
+        "grad acc",
+        "bubble",
+    ):
+        layout.add_column(column, justify="right")
+    layout.add_row(
+        str(lay.dp),
+        str(lay.pp),
+        str(lay.tp),
+        str(lay.zero_stage),
+        lay.schedule,
+        str(lay.micro_batches),
+        str(lay.virtual_stages),
+        str(lay.grad_accumulation),
+        f"{lay.bubble_fraction():.0%}",
+    )
+    memory = Table(title="Memory per accelerator (estimate)", title_justify="left")
+    for column in ("params", "grads", "optimizer", "activations", "total", "limit", "fits"):
+        memory.add_column(column, justify="right")
+    limit = gib(mem.accelerator_bytes) if mem.accelerator_bytes else "unchecked"
+    memory.add_row(
+        gib(mem.params),
+        gib(mem.grads),
+        gib(mem.optimizer),
+        gib(mem.activations),
+        gib(mem.total),
+        limit,
+        Text("yes", "green") if mem.fits else Text("NO", "bold red"),
+    )
+    stages = Table(title="Pipeline stages", title_justify="left")
+    stages.add_column("stage", justify="right")
+    stages.add_column("chunk", justify="right")
+    stages.add_column("layers")
+    for stage in plan.stages:
+        stages.add_row(str(stage.pp), str(stage.virtual), f"{stage.first}-{stage.last}")
+    pods = Table(title="Pods", title_justify="left")
+    for column in ("pod", "ranks", "pp", "dp", "tp"):
+        pods.add_column(column)
+    for pod in range(min(plan.num_nodes, MAX_POD_ROWS)):
+        coords = [plan.coords(pod * plan.proc_per_node + i) for i in range(plan.proc_per_node)]
+        pods.add_row(
+            f"{plan.name}-{pod}",
+            f"{coords[0].rank}-{coords[-1].rank}",
+            _ranges([c.pp for c in coords]),
+            _ranges([c.dp for c in coords]),
+            _ranges([c.tp for c in coords]),
+        )
+    if plan.num_nodes > MAX_POD_ROWS:
+        pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", "", "", "", "")
+    parts: list[RenderableType] = [header, layout, memory, stages, pods, Text(plan.explanation)]
+    parts.extend(Text(f"warning: {w}", "yellow") for w in plan.warnings)
+    return Group(*parts)
+
+
+def to_text(plan: Plan, width: int = 100) -> str:
+    """The rendering as plain text (no colour), e.g. for tests and logs."""
+    console = Console(width=width, record=True, color_system=None, force_terminal=False)
+    with console.capture():
+        console.print(render(plan))
+    return console.export_text()
