@@ -1,0 +1,87 @@
+"""Kubernetes-style conditions and timestamps (type, status, reason, message, lastTransitionTime).
+
+Conventions from the Kubernetes API guidelines: a condition's lastTransitionTime changes only
+when its status flips, reasons are CamelCase, and times are RFC 3339 in UTC.
+https://github.com/kubernetes/community/blob/master/contributors/devel/sig-architecture/api-conventions.md#typical-status-properties
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from typing import Any
+
+# The order in which conditions are listed in status (stable, so no spurious status patches).
+CONDITION_TYPES = (
+    "Invalid",
+    "Suspended",
+    "Scheduled",
+    "Running",
+    "Restarting",
+    "Succeeded",
+    "Failed",
+)
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, second precision, as the API server writes times."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(text: object) -> datetime | None:
+    """Parse an RFC 3339 timestamp written by format_time or the API server; None if absent."""
+    if not isinstance(text, str) or not text:
+        return None
+    try:
+        return datetime.fromisoformat(text.replace("Z", "+00:00")).astimezone(UTC)
+    except ValueError:
+        return None
+
+
+def find(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+    """The condition of type ``kind``, or None."""
+    return next((c for c in conditions if c.get("type") == kind), None)
+
+
+def is_true(conditions: Sequence[Mapping[str, Any]], kind: str) -> bool:
+    """True when the condition exists with status "True"."""
+    found = find(conditions, kind)
+    return found is not None and found.get("status") == "True"
+
+
+def set_condition(
+    conditions: list[dict[str, Any]],
+    kind: str,
+    status: bool,
+    reason: str,
+    message: str,
+    now: datetime,
+) -> None:
+    """Insert or update one condition in place, keeping lastTransitionTime unless it flips."""
+    value = "True" if status else "False"
+    for condition in conditions:
+        if condition.get("type") == kind:
+            if condition.get("status") != value:
+                condition["lastTransitionTime"] = format_time(now)
+            condition.update(status=value, reason=reason, message=message)
+            break
+    else:
+        conditions.append(
+            {
+                "type": kind,
+                "status": value,
+                "reason": reason,
+                "message": message,
+                "lastTransitionTime": format_time(now),
+            }
+        )
+    order = {name: i for i, name in enumerate(CONDITION_TYPES)}
+    conditions.sort(key=lambda c: order.get(str(c.get("type")), len(order)))
+
+
+def clear_condition(
+    conditions: list[dict[str, Any]], kind: str, reason: str, message: str, now: datetime
+) -> None:
+    """Set an existing condition to False; a condition never set stays absent."""
+    if find(conditions, kind) is not None:
+        set_condition(conditions, kind, False, reason, message, now)

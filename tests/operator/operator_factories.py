@@ -1,0 +1,82 @@
+"""Small factories for the operator's unit tests: jobs, pods and observations as plain data."""
+
+from __future__ import annotations
+
+import copy
+import json
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from meshrun_operator import names
+from meshrun_operator.observe import Observed, PodView
+
+T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+BASE_SPEC: dict[str, Any] = {
+    "image": "meshrun/trainer:test",
+    "resources": {"numNodes": 2, "numProcPerNode": 4},
+    "strategy": {"type": "ddp"},
+    "model": {"preset": "tiny"},
+    "training": {"steps": 10, "globalBatchSize": 16, "microBatchSize": 2},
+}
+
+
+def at(seconds: float) -> datetime:
+    """A moment ``seconds`` after T0."""
+    return T0 + timedelta(seconds=seconds)
+
+
+def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    result = copy.deepcopy(base)
+    for key, value in overrides.items():
+        if isinstance(value, dict) and isinstance(result.get(key), dict):
+            result[key] = deep_merge(result[key], value)
+        else:
+            result[key] = copy.deepcopy(value)
+    return result
+
+
+def make_job(
+    name: str = "job",
+    status: dict[str, Any] | None = None,
+    state: dict[str, Any] | None = None,
+    **spec_overrides: Any,
+) -> dict[str, Any]:
+    """A ParallelTrainingJob object; keyword arguments deep-merge into the spec."""
+    metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1}
+    if state is not None:
+        metadata["annotations"] = {names.ANNOTATION_STATE: json.dumps(state)}
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": metadata,
+        "spec": deep_merge(BASE_SPEC, spec_overrides),
+        "status": copy.deepcopy(status or {}),
+    }
+
+
+def make_pod(
+    index: int,
+    attempt: int = 0,
+    phase: str = "Running",
+    node: str | None = "node-0",
+    job: str = "job",
+    **fields: Any,
+) -> PodView:
+    return PodView(
+        name=names.pod_name(job, index),
+        index=index,
+        attempt=attempt,
+        phase=phase,
+        node=node,
+        **fields,
+    )
+
+
+def observe(
+    *pods: PodView, nodes: dict[str, bool] | None = None, progress: dict[str, Any] | None = None
+) -> Observed:
+    """An observation; every node a pod uses is Ready unless ``nodes`` says otherwise."""
+    known = {p.node: True for p in pods if p.node}
+    known.update(nodes or {})
+    return Observed(pods=tuple(pods), nodes=known, progress=progress)

@@ -1,0 +1,196 @@
+"""Pure builders of the Service, pods and PodGroup, and the names they use."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from meshrun_operator import names
+from meshrun_operator.builders import (
+    JobRef,
+    build_pod,
+    build_podgroup,
+    build_service,
+    compress_ranks,
+)
+from meshrun_operator.lifecycle import evaluate
+from operator_factories import make_job
+
+from meshrun.errors import SpecError
+
+pytestmark = pytest.mark.unit
+
+JOB = JobRef(name="job", namespace="ns", uid="uid-1")
+ENV = {"WORLD_SIZE": "8", "MASTER_ADDR": "job-0.job.ns.svc", "PET_NODE_RANK": "1"}
+
+
+def pod_for(index: int = 1, attempt: int = 2, **spec: Any) -> dict[str, Any]:
+    job = make_job(**spec)
+    ev = evaluate(job["spec"], "job")
+    assert ev.error is None and ev.settings is not None and ev.plan is not None, ev.error
+    return build_pod(JOB, ev.spec, ev.settings, ev.plan, index, attempt, ENV)
+
+
+def container(pod: dict[str, Any], name: str = names.TRAINER_CONTAINER) -> dict[str, Any]:
+    found: dict[str, Any] = next(c for c in pod["spec"]["containers"] if c["name"] == name)
+    return found
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e["value"] for e in container(pod)["env"]}
+
+
+def test_service_is_headless_and_publishes_not_ready_pods() -> None:
+    service = build_service(JOB)
+    assert service["metadata"]["name"] == "job"
+    assert service["spec"]["clusterIP"] == "None"
+    assert service["spec"]["publishNotReadyAddresses"] is True
+    assert service["spec"]["selector"] == {names.LABEL_JOB: "job"}
+    owner = service["metadata"]["ownerReferences"][0]
+    assert owner["uid"] == "uid-1" and owner["controller"] is True
+    assert owner["kind"] == "ParallelTrainingJob"
+
+
+def test_pod_identity_labels_and_rendezvous_names() -> None:
+    pod = pod_for(
+        index=1, attempt=2, strategy={"type": "pipeline", "pipelineParallel": 2, "microBatches": 2}
+    )
+    meta = pod["metadata"]
+    assert meta["name"] == "job-1"
+    assert pod["spec"]["hostname"] == "job-1" and pod["spec"]["subdomain"] == "job"
+    assert meta["labels"][names.LABEL_JOB] == "job"
+    assert meta["labels"][names.LABEL_POD_INDEX] == "1"
+    assert meta["labels"][names.LABEL_ATTEMPT] == "2"
+    assert meta["labels"][names.LABEL_STAGE] == "1"  # pp outermost: pod 1 holds stage 1
+    assert meta["annotations"][names.ANNOTATION_RANKS] == "4-7"
+    assert pod["spec"]["restartPolicy"] == "Never"
+    assert meta["ownerReferences"][0]["uid"] == "uid-1"
+
+
+def test_pod_requests_one_gpu_per_process_and_none_for_cpu() -> None:
+    gpu = container(pod_for())
+    assert gpu["resources"]["limits"] == {"nvidia.com/gpu": "4"}
+    assert gpu["resources"]["requests"] == {"nvidia.com/gpu": "4"}
+    cpu = container(pod_for(resources={"accelerator": "cpu"}))
+    assert "nvidia.com/gpu" not in str(cpu.get("resources", {}))
+
+
+def test_env_is_injected_but_the_users_value_wins() -> None:
+    template = {
+        "spec": {
+            "containers": [{"name": "trainer", "env": [{"name": "WORLD_SIZE", "value": "99"}]}]
+        }
+    }
+    env = env_of(pod_for(podTemplate=template))
+    assert env["WORLD_SIZE"] == "99"
+    assert env["MASTER_ADDR"] == "job-0.job.ns.svc"
+
+
+def test_pod_template_is_merged_and_not_mutated() -> None:
+    template = {
+        "metadata": {"labels": {"team": "ml"}, "annotations": {"note": "x"}},
+        "spec": {
+            "nodeSelector": {"pool": "gpu"},
+            "tolerations": [{"key": "gpu", "operator": "Exists"}],
+            "volumes": [{"name": "data", "emptyDir": {}}],
+            "containers": [
+                {"name": "trainer", "volumeMounts": [{"name": "data", "mountPath": "/data"}]},
+                {"name": "sidecar", "image": "busybox"},
+            ],
+        },
+    }
+    original = copy.deepcopy(template)
+    pod = pod_for(podTemplate=template)
+    assert template == original
+    assert pod["metadata"]["labels"]["team"] == "ml"
+    assert pod["metadata"]["annotations"]["note"] == "x"
+    assert pod["spec"]["nodeSelector"] == {"pool": "gpu"}
+    assert pod["spec"]["tolerations"][0]["key"] == "gpu"
+    trainer = container(pod)
+    assert trainer["volumeMounts"][0]["mountPath"] == "/data"
+    assert trainer["image"] == "meshrun/trainer:test"
+    assert container(pod, "sidecar")["image"] == "busybox"
+
+
+def test_restricted_security_context_by_default_and_user_choice_kept() -> None:
+    pod = pod_for()
+    assert pod["spec"]["securityContext"]["runAsNonRoot"] is True
+    assert pod["spec"]["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert container(pod)["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container(pod)["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    template = {
+        "spec": {
+            "securityContext": {"runAsNonRoot": False},
+            "containers": [{"name": "trainer", "securityContext": {"privileged": True}}],
+        }
+    }
+    custom = pod_for(podTemplate=template)
+    assert custom["spec"]["securityContext"]["runAsNonRoot"] is False
+    assert container(custom)["securityContext"]["privileged"] is True
+
+
+def test_command_and_args_override_the_entrypoint() -> None:
+    assert container(pod_for())["command"][:3] == ["python", "-m", "torch.distributed.run"]
+    custom = container(pod_for(command=["bash", "-c"], args=["echo hi"]))
+    assert custom["command"] == ["bash", "-c"] and custom["args"] == ["echo hi"]
+
+
+def test_scheduling_fields_and_topology_affinity() -> None:
+    pod = pod_for(
+        scheduling={
+            "schedulerName": "custom",
+            "priorityClassName": "high",
+            "topologyKey": "meshrun.dev/rack",
+        }
+    )
+    assert pod["spec"]["schedulerName"] == "custom"
+    assert pod["spec"]["priorityClassName"] == "high"
+    term = pod["spec"]["affinity"]["podAffinity"][
+        "preferredDuringSchedulingIgnoredDuringExecution"
+    ][0]["podAffinityTerm"]
+    assert term["topologyKey"] == "meshrun.dev/rack"
+    assert term["labelSelector"]["matchLabels"][names.LABEL_STAGE] == "0"
+
+
+def test_podgroup_only_for_gang_schedulers() -> None:
+    ev = evaluate(make_job()["spec"], "job")
+    assert ev.settings is not None
+    assert build_podgroup(JOB, ev.settings) is None
+    volcano_spec = make_job(scheduling={"schedulerName": "volcano", "queueName": "q"})["spec"]
+    volcano = evaluate(volcano_spec, "job")
+    assert volcano.settings is not None and volcano.plan is not None
+    group = build_podgroup(JOB, volcano.settings)
+    assert group is not None
+    assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
+    assert group["spec"] == {"minMember": 2, "minResources": {"nvidia.com/gpu": "8"}, "queue": "q"}
+    pod = build_pod(JOB, volcano.spec, volcano.settings, volcano.plan, 0, 0, ENV)
+    assert pod["metadata"]["annotations"][names.VOLCANO_GROUP_ANNOTATION] == "job"
+    plugins_spec = make_job(scheduling={"schedulerName": "scheduler-plugins-scheduler"})["spec"]
+    plugins = evaluate(plugins_spec, "job")
+    assert plugins.settings is not None and plugins.plan is not None
+    group = build_podgroup(JOB, plugins.settings)
+    assert group is not None and group["spec"]["minMember"] == 2
+    pod = build_pod(JOB, plugins.spec, plugins.settings, plugins.plan, 0, 0, ENV)
+    assert pod["metadata"]["labels"][names.COSCHEDULING_GROUP_LABEL] == "job"
+
+
+@pytest.mark.parametrize(
+    ("ranks", "text"),
+    [([], ""), ([3], "3"), ([0, 1, 2, 3], "0-3"), ([8, 0, 1, 5, 6], "0-1,5-6,8")],
+)
+def test_compress_ranks(ranks: list[int], text: str) -> None:
+    assert compress_ranks(ranks) == text
+
+
+def test_job_names_must_leave_room_for_the_pod_index() -> None:
+    names.check_job_name("a" * 61, 10)  # "a...a-9" is 63 characters
+    with pytest.raises(SpecError) as error:
+        names.check_job_name("a" * 61, 11)  # "a...a-10" is 64
+    assert error.value.field == "metadata.name" and "at most 60" in error.value.rule
+    with pytest.raises(SpecError, match="DNS-1035"):
+        names.check_job_name("9lives", 1)
+
+
+def test_master_addr_is_pod_zero_through_the_headless_service() -> None:
+    assert names.master_addr("job", "ns") == "job-0.job.ns.svc"

@@ -1,0 +1,125 @@
+"""Failure classification, the views of observed pods and nodes, and spec settings parsing."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from meshrun_operator import names
+from meshrun_operator.failures import FailureClass, classify
+from meshrun_operator.jobspec import parse_settings
+from meshrun_operator.observe import node_ready, parse_progress, pod_view
+
+from meshrun.errors import SpecError
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("exit_code", "container_reason", "pod_reason", "kind", "reason"),
+    [
+        (137, "OOMKilled", None, FailureClass.RETRYABLE, "OOMKilled"),
+        (137, None, None, FailureClass.RETRYABLE, "Killed"),
+        (143, None, None, FailureClass.RETRYABLE, "Terminated"),
+        (None, None, "Evicted", FailureClass.RETRYABLE, "Evicted"),
+        (2, "Error", "Evicted", FailureClass.RETRYABLE, "Evicted"),
+        (1, "Error", None, FailureClass.RETRYABLE, "Error"),
+        (139, None, None, FailureClass.RETRYABLE, "Segfault"),
+        (150, None, None, FailureClass.RETRYABLE, "Signal"),
+        (2, "Error", None, FailureClass.PERMANENT, "ConfigError"),
+        (126, None, None, FailureClass.PERMANENT, "CommandNotExecutable"),
+        (127, None, None, FailureClass.PERMANENT, "CommandNotFound"),
+        (42, "Error", None, FailureClass.PERMANENT, "ExitCode"),
+        (128, "StartError", None, FailureClass.PERMANENT, "StartError"),
+    ],
+)
+def test_failure_table(
+    exit_code: int | None,
+    container_reason: str | None,
+    pod_reason: str | None,
+    kind: FailureClass,
+    reason: str,
+) -> None:
+    failure = classify(exit_code, container_reason, pod_reason)
+    assert (failure.kind, failure.reason) == (kind, reason)
+    assert failure.message
+
+
+def pod_body(**status: Any) -> dict[str, Any]:
+    return {
+        "metadata": {
+            "name": "job-3",
+            "labels": {names.LABEL_POD_INDEX: "3", names.LABEL_ATTEMPT: "2"},
+            "annotations": {
+                names.ANNOTATION_PROGRESS: json.dumps({"step": 5, "loss": 1.5, "junk": 1})
+            },
+        },
+        "spec": {"nodeName": "kwok-node-1"},
+        "status": status,
+    }
+
+
+def test_pod_view_reads_exit_code_reason_and_progress() -> None:
+    view = pod_view(
+        pod_body(
+            phase="Failed",
+            podIP="10.0.0.5",
+            containerStatuses=[
+                {"name": "sidecar", "state": {"running": {}}},
+                {
+                    "name": "trainer",
+                    "state": {"terminated": {"exitCode": 137, "reason": "OOMKilled"}},
+                },
+            ],
+        )
+    )
+    assert (view.name, view.index, view.attempt, view.node) == ("job-3", 3, 2, "kwok-node-1")
+    assert (view.phase, view.exit_code, view.container_reason) == ("Failed", 137, "OOMKilled")
+    assert view.progress == {"step": 5, "loss": 1.5}
+    assert view.pod_ip == "10.0.0.5" and not view.deleting
+
+
+def test_pod_view_of_a_fresh_pod() -> None:
+    view = pod_view({"metadata": {"name": "p", "deletionTimestamp": "2026-01-01T00:00:00Z"}})
+    assert view.phase == "Pending" and view.node is None and view.exit_code is None
+    assert view.deleting
+
+
+@pytest.mark.parametrize("text", [None, "", "{", "[1]", '{"step": "x"}'])
+def test_malformed_progress_is_ignored(text: str | None) -> None:
+    assert parse_progress(text) is None
+
+
+def test_node_ready() -> None:
+    ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    not_ready = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
+    assert node_ready(ready) and not node_ready(not_ready) and not node_ready({})
+
+
+SPEC = {"image": "img", "resources": {"numNodes": 4, "numProcPerNode": 8}}
+
+
+def test_settings_defaults() -> None:
+    settings = parse_settings(SPEC)
+    assert settings.run_policy.backoff_limit == 3
+    assert settings.run_policy.clean_pod_policy == "Running"
+    assert settings.scheduling.gang and settings.scheduling.gang_timeout_seconds == 300
+    assert settings.accelerator == "nvidia.com/gpu" and settings.num_nodes == 4
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"image": ""}, "spec.image"),
+        ({"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit"),
+        ({"runPolicy": {"cleanPodPolicy": "Some"}}, "spec.runPolicy.cleanPodPolicy"),
+        ({"runPolicy": {"suspend": "yes"}}, "spec.runPolicy.suspend"),
+        ({"scheduling": {"gangTimeoutSeconds": True}}, "spec.scheduling.gangTimeoutSeconds"),
+        ({"scheduling": "fast"}, "spec.scheduling"),
+    ],
+)
+def test_settings_errors_name_the_field(overrides: dict[str, Any], field: str) -> None:
+    with pytest.raises(SpecError) as error:
+        parse_settings({**SPEC, **overrides})
+    assert error.value.field == field
