@@ -1,0 +1,116 @@
+"""Run many layouts in one torchrun launch and compare each with a single-process reference.
+
+Usage (under torchrun): layout_check.py OUT.json  -- every layout of ``LAYOUTS[world_size]`` is
+trained for a few steps on the tiny preset in fp32; rank 0 also trains the plain model on the
+whole global batch and writes {name: {"losses", "gradNorms", "reference": {...}}} to OUT.json.
+Launched by test_layouts.py; not a test module itself.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from meshrun_trainer.config import TrainConfig, from_env
+from meshrun_trainer.data import make_stream
+from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
+from meshrun_trainer.model import build_model, cross_entropy
+from meshrun_trainer.optim import clip_grad_norm, make_optimizer
+from meshrun_trainer.train import train
+
+STEPS = 3
+BASE = {
+    "MESHRUN_MODEL_PRESET": "tiny",
+    "MESHRUN_STEPS": str(STEPS),
+    "MESHRUN_GLOBAL_BATCH_SIZE": "8",
+    "MESHRUN_LEARNING_RATE": "0.01",
+    "MESHRUN_SEED": "7",
+    "MESHRUN_PRECISION": "fp32",
+    "MESHRUN_MAX_GRAD_NORM": "1.0",
+}
+
+
+def _layout(dp: int = 1, pp: int = 1, tp: int = 1, **extra: str) -> dict[str, str]:
+    env = {"MESHRUN_DP": str(dp), "MESHRUN_PP": str(pp), "MESHRUN_TP": str(tp)}
+    return {**env, **{f"MESHRUN_{k.upper()}": v for k, v in extra.items()}}
+
+
+def _pipeline(schedule: str, **kw: Any) -> dict[str, str]:
+    virtual = "2" if schedule == "interleaved-1f1b" else "1"
+    return _layout(pipeline_schedule=schedule, micro_batches="4", virtual_stages=virtual, **kw)
+
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+LAYOUTS: dict[int, dict[str, dict[str, str]]] = {
+    2: {
+        "tp2": _layout(tp=2),
+        **{f"pp2-{s}": _pipeline(s, pp=2) for s in SCHEDULES},
+    },
+    4: {
+        "ddp4": _layout(dp=4, grad_accumulation="2"),
+        "zero1-dp4": _layout(dp=4, zero_stage="1"),
+        "zero2-dp4": _layout(dp=4, zero_stage="2"),
+        "zero3-dp4": _layout(dp=4, zero_stage="3", grad_accumulation="2"),
+        **{f"pp2-{s}-dp2": _pipeline(s, pp=2, dp=2) for s in SCHEDULES},
+        "pp4-1f1b": _pipeline("1f1b", pp=4),
+        "tp4": _layout(tp=4),
+        "dp2-tp2": _layout(dp=2, tp=2),
+        "pp2-tp2": _pipeline("1f1b", pp=2, tp=2),
+    },
+    8: {
+        "3d-pp2-dp2-tp2": _pipeline("1f1b", pp=2, dp=2, tp=2),
+        "3d-pp2-zero3-tp2-interleaved": _pipeline(
+            "interleaved-1f1b", pp=2, dp=2, tp=2, zero_stage="3"
+        ),
+    },
+}
+
+
+def reference_run(cfg: TrainConfig) -> dict[str, list[float]]:
+    """The plain single-process run: whole global batch, no parallelism."""
+    model = build_model(cfg.model, cfg.training.seed)
+    optimizer = make_optimizer(model.parameters(), cfg.training.learning_rate)
+    t = cfg.training
+    stream = make_stream(t.dataset, cfg.model.vocab, cfg.model.seq_len, t.global_batch_size, t.seed)
+    losses, norms = [], []
+    params = list(model.parameters())
+    for step in range(1, t.steps + 1):
+        inputs, targets = stream.global_batch(step)
+        loss = cross_entropy(model(inputs), targets)
+        loss.backward()
+        norms.append(clip_grad_norm(params, t.max_grad_norm).item())
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    return {"losses": losses, "gradNorms": norms}
+
+
+def main(out: str) -> None:
+    device = pick_device()
+    init_distributed(device)
+    world = dist.get_world_size()
+    results: dict[str, Any] = {}
+    reference: dict[str, list[float]] | None = None
+    for name, layout_env in LAYOUTS[world].items():
+        cfg = from_env({**BASE, **layout_env, "WORLD_SIZE": str(world)})
+        if reference is None and dist.get_rank() == 0:
+            reference = reference_run(cfg)
+        result = train(cfg, build_mesh(cfg.layout, device))
+        results[name] = {
+            "losses": [r.loss for r in result.records],
+            "gradNorms": [r.grad_norm for r in result.records],
+            "reference": reference,
+        }
+        dist.barrier()
+    if dist.get_rank() == 0:
+        with open(out, "w", encoding="utf-8") as handle:
+            json.dump(results, handle, indent=1)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    main(sys.argv[1])

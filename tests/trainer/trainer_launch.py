@@ -1,0 +1,42 @@
+"""Helpers shared by the trainer tests: launching torchrun with a small, CPU-friendly env."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def cpu_env(**extra: str) -> dict[str, str]:
+    """The current environment with one OpenMP thread per process (the machine has 2 cores)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHRUN_", "PET_"))}
+    env.update(OMP_NUM_THREADS="1", MESHRUN_METRICS_PORT="0", **extra)
+    return env
+
+
+def torchrun(nproc: int, *args: str) -> list[str]:
+    """Command line of a single-node torchrun with ``nproc`` workers."""
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        f"--nproc-per-node={nproc}",
+        f"--master-port={free_port()}",
+        *args,
+    ]
+
+
+def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
+    )

@@ -1,0 +1,73 @@
+"""Process group and DeviceMesh setup.
+
+Mesh dimensions are (pp, dp, tp) with TP innermost, so a TP group is consecutive ranks inside one
+pod and PP outermost, matching the planner's rank order rank = (pp * dp_size + dp) * tp + tp_rank
+(the same order torchtitan and Megatron-LM use).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+from meshrun_trainer.config import Layout
+
+
+def pick_device() -> torch.device:
+    """The process's accelerator (cuda:LOCAL_RANK) when CUDA is present, else the CPU."""
+    if torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0"))
+        torch.cuda.set_device(index)
+        return torch.device("cuda", index)
+    return torch.device("cpu")
+
+
+def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
+    """Join the job's process group (env:// rendezvous set up by torchrun).
+
+    "cpu:gloo,cuda:nccl" fails on CPU-only builds (REFERENCE section 4), so pick one backend.
+    """
+    if dist.is_initialized():
+        return
+    backend = "nccl" if device.type == "cuda" else "gloo"
+    dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
+
+
+@dataclass(frozen=True)
+class Mesh:
+    """The 3-D mesh and this rank's coordinates in it."""
+
+    device_mesh: DeviceMesh
+    """Mesh with dimensions ("pp", "dp", "tp")."""
+    device: torch.device
+    """Where this rank computes."""
+    pp_rank: int
+    """Pipeline stage index of this rank (before interleaving)."""
+    dp_rank: int
+    """Data-parallel replica index of this rank."""
+    tp_rank: int
+    """Position inside the tensor-parallel group."""
+
+    def group(self, dim: str) -> dist.ProcessGroup:
+        return self.device_mesh[dim].get_group()
+
+
+def build_mesh(layout: Layout, device: torch.device) -> Mesh:
+    """Create the (pp, dp, tp) mesh over the whole world; the world size must match the layout."""
+    world = dist.get_world_size()
+    assert world == layout.world_size, f"world {world} != layout {layout.world_size}"
+    mesh = init_device_mesh(
+        device.type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")
+    )
+    return Mesh(
+        device_mesh=mesh,
+        device=device,
+        pp_rank=mesh.get_local_rank("pp"),
+        dp_rank=mesh.get_local_rank("dp"),
+        tp_rank=mesh.get_local_rank("tp"),
+    )

@@ -1,0 +1,158 @@
+"""A Llama-like decoder: RMSNorm, rotary attention (grouped-query), SwiGLU MLP, untied head.
+
+Module names follow torchtitan's Llama (tok_embeddings, layers.<i>.attention.wq, ..., norm,
+output) so the tensor-parallel plan reads the same. ``layers`` is a ModuleDict keyed by the
+global layer index: a pipeline stage keeps the same parameter names as the full model, which
+keeps checkpoints valid across layouts.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from meshrun.presets import ModelShape
+
+INIT_STD = 0.02
+"""GPT-2 / Llama reference initialisation standard deviation."""
+
+
+def rotary_tables(shape: ModelShape, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (seq_len, head_dim) for rotary embeddings (Su et al. 2021)."""
+    half = shape.head_dim // 2
+    freqs = 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float32) / half))
+    angles = torch.outer(torch.arange(shape.seq_len, dtype=torch.float32), freqs)
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos(), angles.sin()
+
+
+def _apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    # x: (batch, seq, heads, head_dim); the "rotate half" form used by Hugging Face Llama.
+    seq = x.shape[1]
+    cos_s, sin_s = cos[:seq, None, :].to(x.dtype), sin[:seq, None, :].to(x.dtype)
+    first, second = x.chunk(2, dim=-1)
+    rotated = torch.cat([-second, first], dim=-1)
+    return x * cos_s + rotated * sin_s
+
+
+class Attention(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.head_dim = shape.head_dim
+        kv = shape.kv_heads * shape.head_dim
+        self.wq = nn.Linear(shape.hidden, shape.hidden, bias=False)
+        self.wk = nn.Linear(shape.hidden, kv, bias=False)
+        self.wv = nn.Linear(shape.hidden, kv, bias=False)
+        self.wo = nn.Linear(shape.hidden, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        batch, seq, _ = x.shape
+        # -1 heads: under tensor parallelism each rank holds heads / tp of them.
+        q = self.wq(x).view(batch, seq, -1, self.head_dim)
+        k = self.wk(x).view(batch, seq, -1, self.head_dim)
+        v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+        repeats = q.shape[2] // k.shape[2]
+        if repeats > 1:
+            k = k.repeat_interleave(repeats, dim=2)
+            v = v.repeat_interleave(repeats, dim=2)
+        out = F.scaled_dot_product_attention(
+            q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
+        )
+        result: torch.Tensor = self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        return result
+
+
+class FeedForward(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(shape.ffn_hidden, shape.hidden, bias=False)
+        self.w3 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result: torch.Tensor = self.w2(F.silu(self.w1(x)) * self.w3(x))
+        return result
+
+
+class TransformerBlock(nn.Module):
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.attention_norm = nn.RMSNorm(shape.hidden, eps=1e-5)
+        self.attention = Attention(shape)
+        self.ffn_norm = nn.RMSNorm(shape.hidden, eps=1e-5)
+        self.feed_forward = FeedForward(shape)
+
+    def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        h = x + self.attention(self.attention_norm(x), cos, sin)
+        out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        return out
+
+
+class Transformer(nn.Module):
+    """The whole decoder, or one pipeline stage of it after :meth:`keep_layers`."""
+
+    def __init__(self, shape: ModelShape, autocast_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        self.shape = shape
+        self.autocast_dtype = autocast_dtype
+        self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
+        self.layers = nn.ModuleDict({str(i): TransformerBlock(shape) for i in range(shape.layers)})
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.hidden, eps=1e-5)
+        self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        cos, sin = rotary_tables(shape)
+        self.register_buffer("rope_cos", cos, persistent=False)
+        self.register_buffer("rope_sin", sin, persistent=False)
+
+    def init_weights(self, seed: int) -> None:
+        """Deterministic init from ``seed`` in parameter order: identical for every layout."""
+        generator = torch.Generator().manual_seed(seed)
+        with torch.no_grad():
+            for name, param in self.named_parameters():
+                if "norm" in name:
+                    param.fill_(1.0)
+                else:
+                    values = torch.randn(param.shape, generator=generator) * INIT_STD
+                    param.copy_(values.to(param.dtype))
+
+    def keep_layers(self, first: int, last: int) -> None:
+        """Turn the full model into the pipeline stage holding layers first..last (inclusive)."""
+        for index in list(self.layers.keys()):
+            if not first <= int(index) <= last:
+                del self.layers[index]
+        if first > 0:
+            self.tok_embeddings = None
+        if last < self.shape.layers - 1:
+            self.norm = None
+            self.output = None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Token ids (first stage) or hidden states (later stages) to logits or hidden states."""
+        enabled = self.autocast_dtype is not None
+        with torch.autocast(x.device.type, dtype=self.autocast_dtype, enabled=enabled):
+            h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+            cos, sin = self.rope_cos, self.rope_sin
+            for layer in self.layers.values():
+                h = layer(h, cos, sin)
+            if self.norm is not None:
+                h = self.norm(h)
+            if self.output is not None:
+                h = self.output(h)
+        return h
+
+
+def build_model(
+    shape: ModelShape, seed: int, layers: tuple[int, int] | None = None, bf16: bool = False
+) -> Transformer:
+    """Initialise the full model from ``seed``, then keep only ``layers`` (a pipeline stage)."""
+    model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 else None)
+    model.init_weights(seed)
+    if layers is not None:
+        model.keep_layers(*layers)
+    return model
+
+
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Mean next-token cross-entropy in fp32."""
+    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))

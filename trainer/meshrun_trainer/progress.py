@@ -1,0 +1,151 @@
+"""Progress reporting on rank 0: a JSON line per step, /metrics and /progress over HTTP, and the
+final summary written to the pod's termination message (docs/env-contract.md)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    generate_latest,
+)
+
+from meshrun_trainer.config import TrainConfig
+from meshrun_trainer.train import StepRecord
+
+TERMINATION_MESSAGE_LIMIT = 4096
+"""Kubernetes truncates termination messages beyond 4096 bytes (core/v1 Container docs)."""
+
+
+class Metrics:
+    """Prometheus series of one trainer (rank 0)."""
+
+    def __init__(self, cfg: TrainConfig) -> None:
+        self.registry = CollectorRegistry()
+        labels = {"job": cfg.job_name, "namespace": cfg.namespace}
+        names = list(labels)
+
+        def gauge(name: str, doc: str) -> Gauge:
+            return Gauge(name, doc, names, registry=self.registry)
+
+        self.step = gauge("meshrun_trainer_step", "Last completed optimizer step").labels(**labels)
+        self.total = gauge("meshrun_trainer_total_steps", "Steps the job will run").labels(**labels)
+        self.loss = gauge("meshrun_trainer_loss", "Loss of the last step").labels(**labels)
+        self.tps = gauge("meshrun_trainer_tokens_per_second", "Tokens/s of the last step").labels(
+            **labels
+        )
+        self.step_time = gauge(
+            "meshrun_trainer_step_time_seconds", "Wall time of the last step"
+        ).labels(**labels)
+        self.memory = gauge("meshrun_trainer_peak_memory_bytes", "Rank 0 peak memory").labels(
+            **labels
+        )
+        self.tokens = Counter(
+            "meshrun_trainer_tokens", "Tokens trained on", names, registry=self.registry
+        ).labels(**labels)
+        self.total.set(cfg.training.steps)
+
+
+class ProgressServer:
+    """Serves /metrics (Prometheus text) and /progress (JSON) from a daemon thread."""
+
+    def __init__(self, port: int, metrics: Metrics, progress: dict[str, Any]) -> None:
+        registry, state, lock = metrics.registry, progress, threading.Lock()
+        self.lock = lock
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                if self.path.startswith("/metrics"):
+                    body, kind = generate_latest(registry), CONTENT_TYPE_LATEST
+                elif self.path.startswith("/progress"):
+                    with lock:
+                        body, kind = json.dumps(state).encode(), "application/json"
+                else:
+                    self.send_error(404, "try /metrics or /progress")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", kind)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return  # keep stdout for the JSON step lines
+
+        self.httpd = ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        self.port = self.httpd.server_address[1]
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+class Reporter:
+    """Rank 0's view of the run: prints, serves and finally writes the summary."""
+
+    def __init__(self, cfg: TrainConfig, serve: bool = True) -> None:
+        self.cfg = cfg
+        self.metrics = Metrics(cfg)
+        self.progress: dict[str, Any] = {
+            "step": 0,
+            "totalSteps": cfg.training.steps,
+            "loss": None,
+            "tokensPerSecond": None,
+            "stepTimeSeconds": None,
+            "updatedAt": time.time(),
+        }
+        self.server: ProgressServer | None = None
+        if serve and cfg.metrics_port:
+            try:
+                self.server = ProgressServer(cfg.metrics_port, self.metrics, self.progress)
+            except OSError as error:  # a busy port must not stop training
+                print(f"meshrun-trainer: metrics server disabled: {error}", file=sys.stderr)
+
+    def on_step(self, record: StepRecord) -> None:
+        m = self.metrics
+        m.step.set(record.step)
+        m.loss.set(record.loss)
+        m.tps.set(record.tokens_per_s)
+        m.step_time.set(record.step_time_s)
+        m.memory.set(record.peak_memory_bytes)
+        m.tokens.inc(self.cfg.tokens_per_step)
+        update = {
+            "step": record.step,
+            "loss": record.loss,
+            "tokensPerSecond": record.tokens_per_s,
+            "stepTimeSeconds": record.step_time_s,
+            "updatedAt": time.time(),
+        }
+        lock = self.server.lock if self.server else threading.Lock()
+        with lock:
+            self.progress.update(update)
+        line = {
+            "event": "step",
+            **update,
+            "totalSteps": self.cfg.training.steps,
+            "gradNorm": record.grad_norm,
+            "peakMemoryBytes": record.peak_memory_bytes,
+        }
+        print(json.dumps(line), flush=True)
+
+    def finish(self, summary: dict[str, Any]) -> None:
+        """Print the summary line and write the compact termination message."""
+        print(json.dumps({"event": "summary", **summary}), flush=True)
+        brief = {k: v for k, v in summary.items() if k != "losses"}
+        text = json.dumps(brief)[:TERMINATION_MESSAGE_LIMIT]
+        try:
+            with open(self.cfg.termination_log, "w", encoding="utf-8") as handle:
+                handle.write(text)
+        except OSError as error:
+            print(f"meshrun-trainer: cannot write termination log: {error}", file=sys.stderr)
+        if self.server is not None:
+            self.server.close()

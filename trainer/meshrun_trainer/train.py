@@ -1,0 +1,193 @@
+"""Build the parallel model for a layout and run the training loop."""
+
+from __future__ import annotations
+
+import resource
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from meshrun_trainer import checkpoint
+from meshrun_trainer.config import TrainConfig
+from meshrun_trainer.data import make_stream, replica_rows
+from meshrun_trainer.mesh import Mesh
+from meshrun_trainer.model import build_model, cross_entropy
+from meshrun_trainer.optim import clip_grad_norm, make_optimizer
+from meshrun_trainer.parallel import data_parallel_kind, parallelize
+from meshrun_trainer.pipeline import Schedule, build_schedule, stages_of_rank
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one optimizer step measured."""
+
+    step: int
+    """1-based optimizer step."""
+    loss: float
+    """Mean loss over the whole global batch (identical on every rank)."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    step_time_s: float
+    """Wall time of the step on this rank."""
+    tokens_per_s: float
+    """Global batch tokens divided by the step time."""
+    peak_memory_bytes: int
+    """This rank's peak memory so far (see :func:`peak_memory`)."""
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :func:`train` on one rank."""
+
+    records: list[StepRecord] = field(default_factory=list)
+    """One record per step run in this process (restored steps excluded)."""
+    resumed_from: int = 0
+    """Step of the checkpoint this run started from (0: fresh start)."""
+
+
+@dataclass
+class Runner:
+    """The parallelised model parts of this rank, their optimizers and the pipeline schedule."""
+
+    parts: list[nn.Module]
+    """Model chunks of this rank (one unless interleaved), possibly DDP-wrapped."""
+    optimizers: list[torch.optim.Optimizer]
+    """One optimizer per part (so checkpoint state maps to parts)."""
+    schedule: Schedule | None
+    """Pipeline schedule, None when pp == 1."""
+    is_first: bool
+    """This rank feeds token ids (holds the first stage)."""
+    is_last: bool
+    """This rank computes the loss (holds the last stage)."""
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+
+def peak_memory() -> tuple[int, str]:
+    """(bytes, kind): CUDA allocator peak on GPU, else the process RSS high-water mark."""
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_allocated(), "cuda.max_memory_allocated"
+    # ru_maxrss is in KiB on Linux (getrusage(2)).
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "ru_maxrss"
+
+
+def build_runner(cfg: TrainConfig, mesh: Mesh) -> Runner:
+    layout = cfg.layout
+    bf16 = cfg.training.precision == "bf16"
+    stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
+    parts: list[nn.Module] = []
+    for stage_id in stage_ids:
+        layers = layout.stage_layers[stage_id] if layout.pp > 1 else None
+        # Every rank initialises the full model from the same seed before splitting, so every
+        # layout starts from identical weights.
+        model = build_model(cfg.model, cfg.training.seed, layers, bf16=bf16)
+        parts.append(parallelize(model, layout, mesh))
+    zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
+    optimizers = [
+        make_optimizer(part.parameters(), cfg.training.learning_rate, zero1) for part in parts
+    ]
+    schedule = None
+    if layout.pp > 1:
+        accumulation = layout.grad_accumulation
+
+        def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+            return cross_entropy(output, target) / accumulation
+
+        schedule = build_schedule(parts, stage_ids, layout, mesh, loss_fn)
+    return Runner(
+        parts=parts,
+        optimizers=optimizers,
+        schedule=schedule,
+        is_first=0 in stage_ids,
+        is_last=layout.num_stages - 1 in stage_ids,
+    )
+
+
+def forward_backward(
+    cfg: TrainConfig, runner: Runner, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """Accumulate gradients over this replica's rows; return its mean loss.
+
+    Ranks without the last pipeline stage return 0 (they never see the loss).
+    """
+    accumulation = cfg.layout.grad_accumulation
+    total = torch.zeros((), device=inputs.device)
+    for x, y in zip(inputs.chunk(accumulation), targets.chunk(accumulation), strict=True):
+        if runner.schedule is None:
+            loss = cross_entropy(runner.parts[0](x), y) / accumulation
+            torch.autograd.backward(loss)
+            total += loss.detach()
+            continue
+        losses: list[torch.Tensor] = []
+        args = (x,) if runner.is_first else ()
+        if runner.is_last:
+            runner.schedule.step(*args, target=y, losses=losses)
+            total += torch.stack([loss.detach() for loss in losses]).mean()
+        else:
+            runner.schedule.step(*args)
+    return total
+
+
+def global_loss(cfg: TrainConfig, mesh: Mesh, local: torch.Tensor) -> float:
+    """Average the replicas' losses; the last pipeline stage shares its value with the others."""
+    loss = local.detach().float().clone()
+    if cfg.layout.pp > 1:
+        dist.all_reduce(loss, group=mesh.group("pp"))  # only the last stage is non-zero
+    if cfg.layout.dp > 1:
+        dist.all_reduce(loss, group=mesh.group("dp"))
+        loss /= cfg.layout.dp
+    return float(loss.item())
+
+
+def train(
+    cfg: TrainConfig,
+    mesh: Mesh,
+    on_step: Callable[[StepRecord], None] | None = None,
+) -> TrainResult:
+    """Run (or resume) training to ``cfg.training.steps``; every rank calls this."""
+    training = cfg.training
+    runner = build_runner(cfg, mesh)
+    result = TrainResult()
+    if training.checkpoint_dir:
+        result.resumed_from = checkpoint.restore_latest(training.checkpoint_dir, runner)
+    stream = make_stream(
+        training.dataset,
+        cfg.model.vocab,
+        cfg.model.seq_len,
+        training.global_batch_size,
+        training.seed,
+    )
+    pp_group = mesh.group("pp") if cfg.layout.pp > 1 else None
+    params = runner.parameters()
+    for step in range(result.resumed_from + 1, training.steps + 1):
+        started = time.perf_counter()
+        inputs, targets = stream.global_batch(step)
+        inputs = replica_rows(inputs, mesh.dp_rank, cfg.layout.dp).to(mesh.device)
+        targets = replica_rows(targets, mesh.dp_rank, cfg.layout.dp).to(mesh.device)
+        local = forward_backward(cfg, runner, inputs, targets)
+        norm = clip_grad_norm(params, training.max_grad_norm, pp_group)
+        for optimizer in runner.optimizers:
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+        loss = global_loss(cfg, mesh, local)
+        elapsed = time.perf_counter() - started
+        record = StepRecord(
+            step=step,
+            loss=loss,
+            grad_norm=float(norm.item()),
+            step_time_s=elapsed,
+            tokens_per_s=cfg.tokens_per_step / elapsed,
+            peak_memory_bytes=peak_memory()[0],
+        )
+        result.records.append(record)
+        if on_step is not None:
+            on_step(record)
+        every = training.checkpoint_every
+        if training.checkpoint_dir and ((every and step % every == 0) or step == training.steps):
+            checkpoint.save(training.checkpoint_dir, step, runner)
+    return result
