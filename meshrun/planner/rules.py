@@ -85,3 +85,11 @@ def check_rules(job: JobSpec) -> None:
         raise _fail(VIRTUAL_STAGES)
     if t.global_batch % t.micro_batch:
         raise _fail(BATCH)
+    procs = job.resources.proc_per_node
+    if s.tp is not None and procs % s.tp:
+        # The CRD's spec-level rule; here with the numbers filled in.
+        raise SpecError(
+            "spec.strategy.tensorParallel",
+            f"{s.tp} must divide spec.resources.numProcPerNode={procs} (a tensor-parallel group "
+            "stays inside one pod)",
+        )

@@ -1,0 +1,162 @@
+"""The CRD file: its shape, its defaults versus with_defaults, and its CEL messages."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meshrun import api
+from meshrun.planner import rules
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+CRD_PATH = ROOT / "crds" / api.CRD_FILE
+
+
+def crd() -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(CRD_PATH.read_text())
+    return loaded
+
+
+def version() -> dict[str, Any]:
+    served: dict[str, Any] = crd()["spec"]["versions"][0]
+    return served
+
+
+def walk(schema: dict[str, Any], path: str) -> list[tuple[str, dict[str, Any]]]:
+    """Every (dotted path, schema) below ``schema``, including itself."""
+    found = [(path, schema)]
+    for name, sub in schema.get("properties", {}).items():
+        found.extend(walk(sub, f"{path}.{name}"))
+    if "items" in schema:
+        found.extend(walk(schema["items"], f"{path}[]"))
+    return found
+
+
+def test_package_copy_matches_crds_folder() -> None:
+    packaged = Path(api.__file__).parent / "data" / api.CRD_FILE
+    assert packaged.read_bytes() == CRD_PATH.read_bytes(), (
+        f"run: cp {CRD_PATH.relative_to(ROOT)} meshrun/data/ (the package ships a copy)"
+    )
+
+
+def test_names_scope_and_status_subresource() -> None:
+    spec = crd()["spec"]
+    assert spec["group"] == api.GROUP
+    assert spec["names"]["kind"] == api.KIND
+    assert spec["names"]["plural"] == api.PLURAL
+    assert "ptj" in spec["names"]["shortNames"]
+    assert spec["scope"] == "Namespaced"
+    assert version()["name"] == api.VERSION
+    assert version()["subresources"] == {"status": {}}
+
+
+def test_printer_columns() -> None:
+    columns = [c["name"] for c in version()["additionalPrinterColumns"]]
+    assert columns == ["Strategy", "Layout", "GPUs", "Phase", "Age"]
+    status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for column in version()["additionalPrinterColumns"][:4]:
+        field = column["jsonPath"].removeprefix(".status.")
+        assert field in status, f"printer column {column['name']} reads unknown status.{field}"
+
+
+def test_every_spec_field_has_a_description() -> None:
+    schema = version()["schema"]["openAPIV3Schema"]
+    undocumented = [
+        path
+        for path, sub in walk(schema["properties"]["spec"], "spec")
+        if not sub.get("description") and not path.endswith("[]")
+    ]
+    assert undocumented == []
+
+
+def test_status_schema_has_what_the_operator_writes() -> None:
+    status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    for field in (
+        "phase",
+        "conditions",
+        "plan",
+        "placement",
+        "restarts",
+        "attempt",
+        "startTime",
+        "completionTime",
+        "progress",
+        "observedGeneration",
+    ):
+        assert field in status, field
+    progress = status["progress"]["properties"]
+    assert {"step", "totalSteps", "loss", "tokensPerSecond", "updatedAt"} <= set(progress)
+
+
+def test_immutable_sections() -> None:
+    spec = version()["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]
+    for section in ("resources", "strategy", "model"):
+        rule_texts = [r["rule"] for r in spec[section]["x-kubernetes-validations"]]
+        assert "self == oldSelf" in rule_texts, section
+    assert not any(
+        r["rule"] == "self == oldSelf"
+        for r in spec["runPolicy"].get("x-kubernetes-validations", [])
+    ), "runPolicy (suspend) must stay mutable"
+
+
+def all_defaults(schema: dict[str, Any], path: str = "") -> dict[str, Any]:
+    """{dotted path: default} for every defaulted field reachable through defaulted parents."""
+    found: dict[str, Any] = {}
+    for name, sub in schema.get("properties", {}).items():
+        if "default" in sub:
+            found[f"{path}{name}"] = sub["default"]
+            found.update(all_defaults(sub, f"{path}{name}."))
+    return found
+
+
+def lookup(document: dict[str, Any], dotted: str) -> Any:
+    value: Any = document
+    for part in dotted.split("."):
+        value = value[part]
+    return value
+
+
+def test_with_defaults_applies_every_crd_default() -> None:
+    spec_schema = version()["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    defaults = all_defaults(spec_schema)
+    assert len(defaults) >= 20, defaults
+    applied = api.with_defaults({"image": "x", "model": {"preset": "tiny"}})
+    for dotted, default in defaults.items():
+        value = lookup(applied, dotted)
+        if isinstance(default, dict):
+            assert isinstance(value, dict), dotted
+        else:
+            assert value == default, dotted
+
+
+def test_with_defaults_keeps_given_values_and_copies() -> None:
+    spec = {"image": "x", "model": {"preset": "tiny"}, "training": {"steps": 7}}
+    applied = api.with_defaults(spec)
+    assert applied["training"]["steps"] == 7
+    assert applied["training"]["precision"] == "bf16"
+    assert "precision" not in spec["training"], "with_defaults must not modify its input"
+
+
+def cel_messages() -> list[str]:
+    schema = version()["schema"]["openAPIV3Schema"]
+    return [
+        " ".join(rule["message"].split())
+        for _, sub in walk(schema, "")
+        for rule in sub.get("x-kubernetes-validations", [])
+    ]
+
+
+@pytest.mark.parametrize("rule", rules.ALL_RULES, ids=lambda r: r[0])
+def test_planner_rules_repeat_the_crd_messages(rule: tuple[str, str]) -> None:
+    assert rule[1] in cel_messages()
+
+
+def test_every_cel_message_names_a_spec_field() -> None:
+    messages = cel_messages()
+    assert len(messages) >= 12
+    assert all("spec." in message for message in messages), messages

@@ -1,0 +1,86 @@
+"""load_jobs and validate_spec: every example loads, bad files and fields are named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from meshrun.api import load_jobs, validate_spec
+from meshrun.errors import SpecError
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = sorted((Path(__file__).resolve().parents[2] / "examples").glob("*.yaml"))
+JOB = """\
+apiVersion: meshrun.dev/v1alpha1
+kind: ParallelTrainingJob
+metadata:
+  name: {name}
+spec:
+  image: trainer:1
+  model:
+    preset: tiny
+"""
+
+
+def test_every_example_loads() -> None:
+    names = {path.stem for path in EXAMPLES}
+    expected = {"ddp", "zero1", "zero2", "zero3", "pipeline", "tensor", "3d", "auto"}
+    assert expected | {"demo-3d-cpu"} <= names
+    for path in EXAMPLES:
+        jobs = load_jobs(path)
+        assert len(jobs) == 1 and jobs[0]["kind"] == "ParallelTrainingJob", path
+
+
+def test_several_documents(tmp_path: Path) -> None:
+    path = tmp_path / "two.yaml"
+    path.write_text(JOB.format(name="a") + "---\n" + JOB.format(name="b") + "---\n")
+    assert [job["metadata"]["name"] for job in load_jobs(path)] == ["a", "b"]
+
+
+@pytest.mark.parametrize(
+    ("text", "field", "words"),
+    [
+        (JOB.format(name="a").replace("v1alpha1", "v1"), ".apiVersion", "meshrun.dev/v1alpha1"),
+        (JOB.format(name="a").replace("kind: Parallel", "kind: Not"), ".kind", "must be"),
+        ("- 1\n- 2\n", "[0]", "mapping"),
+        ("", "", "no ParallelTrainingJob"),
+        ("a: [1,\n", "", "not valid YAML"),
+        (
+            JOB.format(name="a").replace("  model:\n    preset: tiny\n", ""),
+            "spec.model",
+            "required",
+        ),
+        (JOB.format(name="a") + "  strategy:\n    tensorParalel: 2\n", "tensorParalel", "unknown"),
+        (JOB.format(name="a") + "  strategy:\n    type: fsdp\n", "spec.strategy.type", "one of"),
+        (JOB.format(name="a") + "  resources:\n    numNodes: 0\n", "numNodes", "at least 1"),
+        (JOB.format(name="a") + "  resources:\n    numNodes: two\n", "numNodes", "integer"),
+        (JOB.format(name="a") + "  resources:\n    numNodes: true\n", "numNodes", "integer"),
+        (JOB.format(name="a") + "  training:\n    learningRate: 0\n", "learningRate", "greater"),
+        (JOB.format(name="a") + "  strategy:\n    zeroStage: 4\n", "zeroStage", "at most 3"),
+    ],
+)
+def test_bad_files_name_the_field(tmp_path: Path, text: str, field: str, words: str) -> None:
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(SpecError) as caught:
+        load_jobs(path)
+    assert field in caught.value.field
+    assert words in caught.value.rule
+    assert str(caught.value) == f"{caught.value.field}: {caught.value.rule}"
+
+
+def test_missing_file_is_a_spec_error(tmp_path: Path) -> None:
+    with pytest.raises(SpecError, match="cannot be read"):
+        load_jobs(tmp_path / "absent.yaml")
+
+
+def test_pod_template_accepts_anything() -> None:
+    validate_spec(
+        {
+            "image": "x",
+            "model": {"preset": "tiny"},
+            "podTemplate": {"spec": {"nodeSelector": {"a": "b"}, "anything": [1, {"x": 2}]}},
+        }
+    )

@@ -1,0 +1,171 @@
+"""``meshrun plan``: formats, exit codes, pictures, and errors without tracebacks."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+import yaml
+
+from meshrun.cli import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, main
+
+pytestmark = pytest.mark.unit
+
+ROOT = Path(__file__).resolve().parents[2]
+DEMO = ROOT / "examples" / "demo-3d-cpu.yaml"
+JOB = """\
+apiVersion: meshrun.dev/v1alpha1
+kind: ParallelTrainingJob
+metadata:
+  name: {name}
+spec:
+  image: trainer:1
+  resources: {{numNodes: 1, numProcPerNode: 8, acceleratorMemoryGiB: {gib}}}
+  strategy: {strategy}
+  model: {{preset: {preset}}}
+  training: {{globalBatchSize: 8}}
+"""
+
+
+def write_job(
+    tmp_path: Path,
+    gib: int = 80,
+    strategy: str = "{type: ddp}",
+    preset: str = "1b",
+    name: str = "job",
+) -> Path:
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(JOB.format(name=name, gib=gib, strategy=strategy, preset=preset))
+    return path
+
+
+def test_json_output_has_the_issue_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(DEMO), "-o", "json"]) == EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    for key in (
+        "worldSize",
+        "strategy",
+        "layout",
+        "model",
+        "pods",
+        "ranks",
+        "stages",
+        "memory",
+        "explanation",
+        "warnings",
+    ):
+        assert key in data, key
+    assert set(data["layout"]) >= {
+        "dp",
+        "pp",
+        "tp",
+        "zeroStage",
+        "pipelineSchedule",
+        "microBatches",
+        "gradAccumulation",
+    }
+    assert set(data["memory"]["perGpuBytes"]) == {
+        "params",
+        "grads",
+        "optimizer",
+        "activations",
+        "total",
+    }
+    assert data["pods"][1] == {"index": 1, "name": "demo-3d-cpu-1", "ranks": [4, 5, 6, 7]}
+    assert data["ranks"][5] == {"rank": 5, "pod": 1, "localRank": 1, "dp": 0, "pp": 1, "tp": 1}
+    assert data["stages"] == [
+        {"pp": 0, "virtual": 0, "layers": [0, 1]},
+        {"pp": 1, "virtual": 0, "layers": [2, 3]},
+    ]
+
+
+def test_yaml_and_text_output(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(DEMO), "-o", "yaml"]) == EXIT_OK
+    assert yaml.safe_load(capsys.readouterr().out)["layoutString"] == "dp2 x pp2 x tp2"
+    assert main(["plan", str(DEMO)]) == EXIT_OK
+    text = capsys.readouterr().out
+    for words in (
+        "demo-3d-cpu",
+        "dp2 x pp2 x tp2",
+        "Pipeline stages",
+        "demo-3d-cpu-1",
+        "DataParallel",
+    ):
+        assert words in text
+
+
+def test_invalid_spec_exits_2_with_the_field_on_stderr(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = write_job(tmp_path, strategy="{type: tensor, tensorParallel: 3}")
+    assert main(["plan", str(bad)]) == EXIT_INVALID
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert "spec.strategy.tensorParallel: 3 must divide spec.resources.numProcPerNode=8" in (
+        captured.err
+    )
+
+
+def test_plan_that_does_not_fit_exits_3_and_still_prints(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    big = write_job(tmp_path, gib=8, preset="7b")
+    assert main(["plan", str(big), "-o", "json"]) == EXIT_DOES_NOT_FIT
+    data = json.loads(capsys.readouterr().out)
+    assert data["memory"]["fits"] is False
+
+
+def test_several_jobs_worst_exit_code_and_a_list(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fits = write_job(tmp_path, name="a").read_text()
+    too_big = write_job(tmp_path, gib=8, preset="7b", name="b").read_text()
+    both = tmp_path / "both.yaml"
+    both.write_text(fits + "---\n" + too_big)
+    assert main(["plan", str(both), "-o", "json"]) == EXIT_DOES_NOT_FIT
+    assert [plan["name"] for plan in json.loads(capsys.readouterr().out)] == ["a", "b"]
+
+
+def test_svg_picture(tmp_path: Path) -> None:
+    target = tmp_path / "demo.svg"
+    assert main(["plan", str(DEMO), "-o", "json", "--picture", str(target)]) == EXIT_OK
+    root = ET.fromstring(target.read_text())
+    texts = [node.text for node in root.iter("{http://www.w3.org/2000/svg}text")]
+    assert "rank 7" in texts and "pp1 dp1" in texts and "demo-3d-cpu-1" in texts
+    fills = {
+        node.get("fill")
+        for node in root.iter("{http://www.w3.org/2000/svg}rect")
+        if node.get("rx") == "4"
+    }
+    assert len(fills) == 2, "two pipeline stages, two colours"
+    frames = [n for n in root.iter("{http://www.w3.org/2000/svg}rect") if n.get("stroke-dasharray")]
+    assert len(frames) == 4, "four TP groups of two"
+
+
+def test_png_picture(tmp_path: Path) -> None:
+    target = tmp_path / "demo.png"
+    assert main(["plan", str(DEMO), "-o", "json", "--picture", str(target)]) == EXIT_OK
+    assert target.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert target.stat().st_size > 5000
+
+
+def test_bad_picture_suffix_exits_2(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", str(DEMO), "--picture", str(tmp_path / "x.gif")]) == EXIT_INVALID
+    assert "--picture" in capsys.readouterr().err
+
+
+def test_real_process_missing_file_no_traceback(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "meshrun", "plan", str(tmp_path / "absent.yaml")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == EXIT_INVALID
+    assert "cannot be read" in result.stderr
+    assert "Traceback" not in result.stderr

@@ -1,0 +1,131 @@
+"""The memory estimate against its sources: the ZeRO paper and Korthikanti et al. 2022."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from meshrun.planner import plan_job
+from meshrun.planner.memory import in_flight
+from meshrun.planner.spec import GIB
+
+pytestmark = pytest.mark.unit
+
+
+def make_spec(
+    strategy: dict[str, Any],
+    nodes: int = 8,
+    procs: int = 8,
+    accelerator: str = "nvidia.com/gpu",
+    precision: str = "bf16",
+    model: dict[str, Any] | None = None,
+    batch: int = 64,
+) -> dict[str, Any]:
+    return {
+        "image": "trainer:1",
+        "resources": {
+            "numNodes": nodes,
+            "numProcPerNode": procs,
+            "accelerator": accelerator,
+            "acceleratorMemoryGiB": 80,
+        },
+        "strategy": strategy,
+        "model": model or {"preset": "7b"},
+        "training": {"globalBatchSize": batch, "microBatchSize": 1, "precision": precision},
+    }
+
+
+def model_states(spec: dict[str, Any]) -> tuple[int, int]:
+    """(params + grads + optimizer bytes per GPU, parameter count)."""
+    plan = plan_job(spec)
+    m = plan.memory
+    return m.params + m.grads + m.optimizer, plan.model.parameters()
+
+
+@pytest.mark.parametrize(
+    ("stage", "per_param", "paper_gb"),
+    [
+        # ZeRO paper, figure 1: psi = 7.5B, N = 64, K = 12.
+        (0, 16.0, 120.0),
+        (1, 4 + 12 / 64, 31.4),
+        (2, 2 + 14 / 64, 16.6),
+        (3, 16 / 64, 1.9),
+    ],
+)
+def test_zero_model_states_follow_the_paper(stage: int, per_param: float, paper_gb: float) -> None:
+    strategy = {"type": "zero", "zeroStage": stage} if stage else {"type": "ddp"}
+    states, psi = model_states(make_spec(strategy))
+    assert states == pytest.approx(per_param * psi, abs=64)
+    assert round(states / psi * 7.5, 1) == paper_gb
+
+
+def test_fp32_keeps_sixteen_bytes_split_four_four_eight() -> None:
+    plan = plan_job(make_spec({"type": "ddp"}, precision="fp32"))
+    psi = plan.model.parameters()
+    assert (plan.memory.params, plan.memory.grads, plan.memory.optimizer) == (
+        4 * psi,
+        4 * psi,
+        8 * psi,
+    )
+
+
+def test_tensor_parallel_divides_weights() -> None:
+    one = plan_job(make_spec({"type": "ddp"}, nodes=1)).memory
+    eight = plan_job(make_spec({"type": "tensor", "tensorParallel": 8}, nodes=1)).memory
+    assert eight.params == pytest.approx(one.params / 8, rel=1e-6)
+
+
+def test_pipeline_stage_holds_its_layers_and_the_embedding() -> None:
+    plan = plan_job(make_spec({"type": "pipeline", "pipelineParallel": 4}, nodes=1, procs=4))
+    model = plan.model
+    first = 8 * model.layer_parameters() + model.vocab * model.hidden
+    # Under 1F1B stage 0 keeps the most micro-batches in flight, so it is the worst rank.
+    assert plan.memory.params == 2 * first
+
+
+def activation_spec(accelerator: str, precision: str, tp: int = 1) -> dict[str, Any]:
+    model = {"layers": 1, "hidden": 1024, "heads": 16, "vocab": 1024, "seqLen": 2048}
+    strategy = {"type": "tensor", "tensorParallel": tp} if tp > 1 else {"type": "ddp"}
+    return make_spec(strategy, 1, 8, accelerator, precision, model, batch=8)
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "precision", "tp", "per_token_per_h"),
+    [
+        # Korthikanti et al. 2022, eq. 1 and 2: 34 + 5as/h, or 10 + 24/t + 5as/(ht).
+        ("cpu", "bf16", 1, 34 + 5 * 16 * 2048 / 1024),
+        ("cpu", "bf16", 4, 10 + 24 / 4 + 5 * 16 * 2048 / (1024 * 4)),
+        ("cpu", "fp32", 1, 2 * (34 + 5 * 16 * 2048 / 1024)),
+        # FlashAttention (bf16 on a GPU) keeps no score matrix.
+        ("nvidia.com/gpu", "bf16", 1, 34),
+    ],
+)
+def test_layer_activations_follow_korthikanti(
+    accelerator: str, precision: str, tp: int, per_token_per_h: float
+) -> None:
+    plan = plan_job(activation_spec(accelerator, precision, tp))
+    s, h, vocab = 2048, 1024, 1024
+    logits = 4 * s * vocab // tp
+    assert plan.memory.activations == int(s * h * per_token_per_h) + logits
+
+
+def test_schedules_hold_different_micro_batches_in_flight() -> None:
+    def stage0(schedule: str) -> float:
+        spec = make_spec(
+            {"type": "pipeline", "pipelineParallel": 4, "pipelineSchedule": schedule},
+            nodes=1,
+            procs=4,
+            batch=16,
+        )
+        return in_flight(plan_job(spec).layout, 0)
+
+    assert stage0("gpipe") == 16
+    assert stage0("1f1b") == 4
+    assert stage0("interleaved-1f1b") == pytest.approx(4 * (1 + 3 / 8))
+
+
+def test_fits_compares_with_accelerator_memory() -> None:
+    plan = plan_job(make_spec({"type": "ddp"}, nodes=1))
+    assert plan.memory.accelerator_bytes == 80 * GIB
+    assert plan.memory.total > 80 * GIB and not plan.memory.fits
