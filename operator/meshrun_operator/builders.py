@@ -19,6 +19,11 @@ from meshrun_operator.jobspec import ACCELERATOR_CPU, JobSettings, gang_schedule
 # process per GPU running the trainer package (docs/env-contract.md).
 DEFAULT_COMMAND = ["python", "-m", "torch.distributed.run", "-m", "meshrun_trainer"]
 
+# Checkpoints live here in every pod: on the PVC named by spec.training.checkpoint.volume (so a
+# restarted gang resumes), else on an emptyDir that dies with the pod.
+CHECKPOINT_MOUNT = "/checkpoints"
+CHECKPOINT_VOLUME = "meshrun-checkpoints"
+
 
 @dataclass(frozen=True)
 class JobRef:
@@ -162,6 +167,21 @@ def _stage_affinity(pod_spec: dict[str, Any], job: str, stage: int, topology_key
     )
 
 
+def _checkpoint_volume(
+    spec: Mapping[str, Any], pod_spec: dict[str, Any], container: dict[str, Any]
+) -> None:
+    claim = ((spec.get("training") or {}).get("checkpoint") or {}).get("volume")
+    source: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    )
+    volumes = pod_spec.setdefault("volumes", [])
+    if not any(v.get("name") == CHECKPOINT_VOLUME for v in volumes):
+        volumes.append({"name": CHECKPOINT_VOLUME, **source})
+    mounts = container.setdefault("volumeMounts", [])
+    if not any(m.get("name") == CHECKPOINT_VOLUME for m in mounts):
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT})
+
+
 def build_pod(
     job: JobRef,
     spec: Mapping[str, Any],
@@ -226,6 +246,7 @@ def build_pod(
     ports = container.setdefault("ports", [])
     if not any(p.get("name") == "metrics" for p in ports):
         ports.append({"name": "metrics", "containerPort": names.METRICS_PORT})
+    _checkpoint_volume(spec, pod_spec, container)
     _restricted_security(pod_spec, container)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 

@@ -42,6 +42,9 @@ class PodView:
     """status.podIP, for reading the trainer's /progress endpoint."""
     progress: Mapping[str, Any] | None = field(default=None, hash=False)
     """Training progress from the meshrun.dev/progress annotation, when present."""
+    owner_uid: str | None = None
+    """uid of the controlling owner (a job deleted and re-created under the same name has a
+    new uid, and its predecessor's pods must not count)."""
 
 
 def parse_progress(text: str | None) -> dict[str, Any] | None:
@@ -101,6 +104,10 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         pod_reason=status.get("reason"),
         pod_ip=status.get("podIP"),
         progress=parse_progress(annotations.get(names.ANNOTATION_PROGRESS)),
+        owner_uid=next(
+            (o.get("uid") for o in metadata.get("ownerReferences") or [] if o.get("controller")),
+            None,
+        ),
     )
 
 

@@ -1,0 +1,7 @@
+"""``python -m meshrun_operator``: the same as ``meshrun operator``."""
+
+import sys
+
+from meshrun_operator.main import main
+
+sys.exit(main())

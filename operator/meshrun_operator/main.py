@@ -1,0 +1,189 @@
+"""``meshrun operator``: run the kopf operator with explicit settings.
+
+Every kopf setting that matters is set here rather than left to kopf's defaults: peering,
+watch timeouts, and the finalizer, progress and diff-base keys under ``meshrun.dev`` (not
+``kopf.zalando.org``), so that ``kubectl get ptj -o yaml`` shows one vocabulary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from dataclasses import dataclass
+
+import kopf
+from prometheus_client import start_http_server
+
+from meshrun_operator import names
+from meshrun_operator.kube import Kube, load_api_client
+from meshrun_operator.lifecycle import Tuning
+from meshrun_operator.progress import ProgressReader
+from meshrun_operator.reconcile import OperatorContext, register
+
+
+@dataclass(frozen=True)
+class Options:
+    """Command-line options of ``meshrun operator``."""
+
+    namespaces: tuple[str, ...]
+    """Namespaces to serve; empty means every namespace (cluster-wide)."""
+    metrics_port: int
+    """Port of the Prometheus /metrics endpoint (0 disables it)."""
+    health_port: int
+    """Port of kopf's /healthz liveness endpoint (0 disables it)."""
+    peering: str | None
+    """KopfPeering name for active/standby replicas; None runs standalone."""
+    resync_seconds: float
+    """Interval of the per-job resync timer."""
+    workers: int
+    """Threads (and HTTP connections) for concurrent API calls."""
+    tuning: Tuning
+    """Backoff and grace periods."""
+    watch_nodes: bool
+    """Watch nodes to notice NotReady or deleted ones."""
+    progress_http: bool
+    """Also read the trainer's /progress endpoint on pod 0 (besides the pod annotation)."""
+    verbose: bool
+    """Debug logging."""
+
+
+def parse_args(argv: list[str]) -> Options:
+    parser = argparse.ArgumentParser(prog="meshrun operator", description=__doc__)
+    parser.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="serve this namespace (repeatable); default: all namespaces",
+    )
+    parser.add_argument(
+        "--metrics-port",
+        type=int,
+        default=8080,
+        help="Prometheus /metrics port (default 8080, 0 disables)",
+    )
+    parser.add_argument(
+        "--health-port", type=int, default=8081, help="/healthz port (default 8081, 0 disables)"
+    )
+    parser.add_argument(
+        "--peering",
+        metavar="NAME",
+        help="KopfPeering object for leader election (default: standalone)",
+    )
+    parser.add_argument(
+        "--resync-seconds",
+        type=float,
+        default=2.0,
+        help="how often each job is re-examined (default 2)",
+    )
+    parser.add_argument(
+        "--backoff-base-seconds",
+        type=float,
+        default=10.0,
+        help="first restart delay, doubled per restart (default 10)",
+    )
+    parser.add_argument(
+        "--backoff-max-seconds",
+        type=float,
+        default=300.0,
+        help="longest restart delay (default 300)",
+    )
+    parser.add_argument("--workers", type=int, default=32, help="concurrent API calls (default 32)")
+    parser.add_argument(
+        "--no-watch-nodes",
+        action="store_true",
+        help="do not watch nodes (no NotReady detection; for RBAC without nodes)",
+    )
+    parser.add_argument(
+        "--no-progress-http",
+        action="store_true",
+        help="read progress only from the meshrun.dev/progress pod annotation",
+    )
+    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    args = parser.parse_args(argv)
+    for flag in ("metrics_port", "health_port"):
+        value = getattr(args, flag)
+        if not 0 <= value <= 65535:
+            parser.error(f"--{flag.replace('_', '-')}: {value} must be a port (0-65535)")
+    for flag in ("resync_seconds", "backoff_base_seconds", "backoff_max_seconds", "workers"):
+        if getattr(args, flag) <= 0:
+            parser.error(f"--{flag.replace('_', '-')}: must be positive")
+    return Options(
+        namespaces=tuple(args.namespace),
+        metrics_port=args.metrics_port,
+        health_port=args.health_port,
+        peering=args.peering,
+        resync_seconds=args.resync_seconds,
+        workers=args.workers,
+        tuning=Tuning(
+            backoff_base_seconds=args.backoff_base_seconds,
+            backoff_max_seconds=args.backoff_max_seconds,
+        ),
+        watch_nodes=not args.no_watch_nodes,
+        progress_http=not args.no_progress_http,
+        verbose=args.verbose,
+    )
+
+
+def kopf_settings(options: Options) -> kopf.OperatorSettings:
+    """kopf's settings, every relevant one explicit."""
+    settings = kopf.OperatorSettings()
+    settings.persistence.finalizer = names.FINALIZER
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
+        prefix=names.PROGRESS_PREFIX
+    )
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+        prefix=names.PROGRESS_PREFIX, key=names.DIFFBASE_KEY
+    )
+    settings.peering.standalone = options.peering is None
+    settings.peering.name = options.peering or "meshrun"
+    settings.peering.clusterwide = not options.namespaces
+    settings.peering.mandatory = options.peering is not None
+    # The API server ends a watch after server_timeout; the client gives it a margin more,
+    # so a silently dead connection is noticed within ~5 minutes, not never.
+    settings.watching.server_timeout = 270
+    settings.watching.client_timeout = 300
+    settings.watching.connect_timeout = 30
+    settings.networking.request_timeout = 60
+    # Handler logs are not turned into Events; the reconciler posts its own, one per change.
+    settings.posting.level = logging.WARNING
+    settings.posting.reporting_component = names.MANAGED_BY
+    settings.execution.max_workers = options.workers
+    settings.batching.worker_limit = 256
+    return settings
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the operator until interrupted; 2 for bad options."""
+    try:
+        options = parse_args(sys.argv[1:] if argv is None else argv)
+    except SystemExit as stop:
+        return int(stop.code or 0)
+    logging.basicConfig(
+        level=logging.DEBUG if options.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    api = load_api_client(options.workers)
+    ctx = OperatorContext(
+        kube=Kube(api, workers=options.workers),
+        tuning=options.tuning,
+        resync_seconds=options.resync_seconds,
+        watch_nodes=options.watch_nodes,
+        progress=ProgressReader(enabled=options.progress_http),
+    )
+    registry = kopf.OperatorRegistry()
+    register(registry, ctx)
+    if options.metrics_port:
+        start_http_server(options.metrics_port)
+    liveness = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None
+    kopf.run(
+        registry=registry,
+        settings=kopf_settings(options),
+        clusterwide=not options.namespaces,
+        namespaces=options.namespaces,
+        standalone=options.peering is None,
+        peering_name=options.peering,
+        liveness_endpoint=liveness,
+    )
+    return 0

@@ -1,0 +1,46 @@
+"""Prometheus metrics of the operator (served on --metrics-port at /metrics)."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+JOBS_BY_PHASE = Gauge(
+    "meshrun_operator_jobs", "ParallelTrainingJobs the operator watches, by phase", ["phase"]
+)
+RECONCILE_SECONDS = Histogram(
+    "meshrun_operator_reconcile_seconds",
+    "Time of one reconcile of one job (decision, API calls and status patch)",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+)
+RECONCILE_ERRORS = Counter(
+    "meshrun_operator_reconcile_errors_total", "Reconciles that raised an error", ["kind"]
+)
+PODS_CREATED = Counter("meshrun_operator_pods_created_total", "Pods created")
+PODS_DELETED = Counter("meshrun_operator_pods_deleted_total", "Pods deleted", ["force"])
+RESTARTS = Counter(
+    "meshrun_operator_restarts_total", "Whole-gang restarts, by failure reason", ["reason"]
+)
+API_REQUESTS = Counter(
+    "meshrun_operator_api_requests_total",
+    "Requests the reconciler sent to the API server (kopf's watches not included)",
+    ["verb", "resource"],
+)
+
+PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
+
+
+class PhaseBook:
+    """The phase of every known job, so the gauge can be recomputed without a list call."""
+
+    def __init__(self) -> None:
+        self.phases: dict[str, str] = {}
+
+    def set(self, uid: str, phase: str | None) -> None:
+        if phase is None:
+            self.phases.pop(uid, None)
+        else:
+            self.phases[uid] = phase
+        for name in PHASES:
+            JOBS_BY_PHASE.labels(phase=name).set(
+                sum(1 for value in self.phases.values() if value == name)
+            )

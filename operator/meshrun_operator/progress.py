@@ -1,0 +1,50 @@
+"""Reading the trainer's ``/progress`` endpoint on rank 0 (docs/env-contract.md).
+
+On KWOK nodes pods have no real endpoint, so progress may also come from the pod annotation
+``meshrun.dev/progress`` (observe.py); the endpoint wins when both exist. An unreachable pod is
+not asked again for ``retry_after`` seconds, so fake pod IPs cost one timeout, not one per resync.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.request
+from typing import Any
+
+from meshrun_operator import names
+from meshrun_operator.observe import PodView, parse_progress
+
+
+class ProgressReader:
+    """Fetches /progress from pod 0 of a job, with a short timeout and a failure memory."""
+
+    def __init__(self, enabled: bool, timeout: float = 0.5, retry_after: float = 60.0) -> None:
+        self.enabled = enabled
+        self.timeout = timeout
+        self.retry_after = retry_after
+        self._failed_until: dict[str, float] = {}
+
+    def _fetch(self, url: str) -> dict[str, Any] | None:
+        with urllib.request.urlopen(url, timeout=self.timeout) as response:
+            return parse_progress(response.read().decode("utf-8", "replace"))
+
+    async def read(self, pod: PodView | None) -> dict[str, Any] | None:
+        """Progress of the pod holding rank 0, or None when unknown or unreachable."""
+        if not self.enabled or pod is None or pod.phase != "Running" or not pod.pod_ip:
+            return None
+        now = time.monotonic()
+        if self._failed_until.get(pod.pod_ip, 0.0) > now:
+            return None
+        url = f"http://{pod.pod_ip}:{names.METRICS_PORT}/progress"
+        try:
+            return await asyncio.to_thread(self._fetch, url)
+        except (OSError, ValueError):
+            self._failed_until[pod.pod_ip] = now + self.retry_after
+            return None
+
+
+def progress_annotation(progress: dict[str, Any]) -> str:
+    """The annotation value a trainer (or a test) writes on its pod."""
+    return json.dumps(progress, separators=(",", ":"))

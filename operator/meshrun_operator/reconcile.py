@@ -1,0 +1,226 @@
+"""Thin kopf handlers: observe, call lifecycle.decide, execute the decision, write status once.
+
+One idempotent ``reconcile`` runs on create, on resume (operator restart) and on a resync timer.
+Pods and nodes come from kopf indexes fed by watches, so a resync costs no API request unless
+something must change. Children have deterministic names, so a reconcile that runs twice or is
+killed halfway never creates a duplicate: a second create gets 409 and is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+import kopf
+
+from meshrun.envcontract import pod_env
+from meshrun.errors import SpecError
+from meshrun_operator import metrics, names
+from meshrun_operator.builders import (
+    CHECKPOINT_MOUNT,
+    JobRef,
+    build_pod,
+    build_podgroup,
+    build_service,
+)
+from meshrun_operator.kube import ChildRejected, Kube
+from meshrun_operator.lifecycle import (
+    Decision,
+    Evaluation,
+    Tuning,
+    decide,
+    evaluate,
+    read_state,
+)
+from meshrun_operator.observe import Observed, PodView, node_ready, pod_view
+from meshrun_operator.progress import ProgressReader
+
+
+@dataclass
+class OperatorContext:
+    """What every handler shares: the API door, the knobs and per-job locks."""
+
+    kube: Kube
+    """Asynchronous API calls."""
+    tuning: Tuning = field(default_factory=Tuning)
+    """Backoff and grace periods."""
+    resync_seconds: float = 2.0
+    """Interval of the resync timer (upper bound of the reaction time to pod changes)."""
+    watch_nodes: bool = True
+    """Watch nodes to detect NotReady or deleted ones (needs list/watch on nodes)."""
+    progress: ProgressReader = field(default_factory=lambda: ProgressReader(enabled=False))
+    """Reader of the trainer's /progress endpoint."""
+    phases: metrics.PhaseBook = field(default_factory=metrics.PhaseBook)
+    """Phase of every job for the jobs-by-phase gauge."""
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """One lock per job uid: the create handler and the timer never reconcile concurrently."""
+
+
+def plain(value: Any) -> Any:
+    """A deep copy of a kopf body (mapping views) as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def _without_none(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_without_none(v) for v in value]
+    return value
+
+
+async def _create_children(
+    ctx: OperatorContext, job: JobRef, ev: Evaluation, decision: Decision
+) -> None:
+    assert ev.settings is not None and ev.plan is not None
+    attempt = int(decision.status.get("attempt") or 0)
+    shared: list[Mapping[str, Any]] = [build_service(job)]
+    podgroup = build_podgroup(job, ev.settings)
+    if podgroup is not None:
+        shared.append(podgroup)
+    await ctx.kube.create_all(shared)
+    pods = []
+    for index in decision.create_pods:
+        env = pod_env(
+            ev.plan,
+            ev.spec,
+            job_name=job.name,
+            namespace=job.namespace,
+            pod_index=index,
+            master_addr=names.master_addr(job.name, job.namespace),
+            master_port=names.RENDEZVOUS_PORT,
+            attempt=attempt,
+            checkpoint_dir=CHECKPOINT_MOUNT,
+        )
+        pods.append(build_pod(job, ev.spec, ev.settings, ev.plan, index, attempt, env))
+    created = await ctx.kube.create_all(pods)
+    metrics.PODS_CREATED.inc(sum(created))
+    for pod, was_created in zip(pods, created, strict=True):
+        if was_created:
+            continue
+        existing = await ctx.kube.pod_attempt(job.namespace, pod["metadata"]["name"])
+        if existing != attempt:
+            # A pod of the previous attempt still holds the name: wait, and do not record
+            # this attempt as started (the status patch is skipped by the exception).
+            raise kopf.TemporaryError(
+                f"pod {pod['metadata']['name']} of attempt {existing} is still terminating",
+                delay=1,
+            )
+
+
+async def _execute(ctx: OperatorContext, job: JobRef, ev: Evaluation, decision: Decision) -> None:
+    if decision.delete_pods:
+        await ctx.kube.delete_pods(job.namespace, decision.delete_pods, decision.force_delete)
+        metrics.PODS_DELETED.labels(force=str(decision.force_delete)).inc(len(decision.delete_pods))
+    if decision.create_pods:
+        await _create_children(ctx, job, ev, decision)
+    if decision.delete_job:
+        await ctx.kube.delete_job(job.namespace, job.name)
+
+
+def _observe(body: Mapping[str, Any], pods_index: Any, nodes_index: Any) -> Observed:
+    meta = body["metadata"]
+    key = (meta["namespace"], meta["name"])
+    store = pods_index.get(key, []) if pods_index is not None else []
+    pods = tuple(p for p in store if p.owner_uid in (meta.get("uid"), None))
+    nodes = None
+    if nodes_index is not None:
+        nodes = {name: any(values) for name, values in nodes_index.items()}
+    return Observed(pods=pods, nodes=nodes)
+
+
+async def reconcile(
+    ctx: OperatorContext, body: kopf.Body, pods_index: Any, nodes_index: Any
+) -> Decision:
+    """Observe, decide, act, then write status and bookkeeping (only what changed)."""
+    job_body = plain(body)
+    meta = job_body["metadata"]
+    job = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    lock = ctx.locks.setdefault(job.uid, asyncio.Lock())
+    async with lock:
+        started = time.perf_counter()
+        observed = _observe(job_body, pods_index, nodes_index)
+        pod0 = next((p for p in observed.pods if p.index == 0), None)
+        progress = await ctx.progress.read(pod0)
+        observed = Observed(pods=observed.pods, nodes=observed.nodes, progress=progress)
+        ev = evaluate(job_body.get("spec") or {}, job.name)
+        now = datetime.now(UTC)
+        decision = decide(job_body, observed, now, ctx.tuning, ev)
+        try:
+            await _execute(ctx, job, ev, decision)
+        except ChildRejected as rejected:
+            # The API server refused a pod built from the user's podTemplate: a spec error.
+            error = SpecError("spec.podTemplate", rejected.message)
+            ev = Evaluation(spec=ev.spec, error=error)
+            decision = decide(job_body, observed, now, ctx.tuning, ev)
+            await _execute(ctx, job, ev, decision)
+        await _write(ctx, job, job_body, decision)
+        for event in decision.events:
+            kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+        if decision.status.get("restarts", 0) > (job_body.get("status") or {}).get("restarts", 0):
+            reason = (decision.state.get("lastFailure") or {}).get("reason", "Unknown")
+            metrics.RESTARTS.labels(reason=reason).inc()
+        ctx.phases.set(job.uid, decision.status.get("phase"))
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+    return decision
+
+
+async def _write(
+    ctx: OperatorContext, job: JobRef, job_body: Mapping[str, Any], decision: Decision
+) -> None:
+    old_status = _without_none(job_body.get("status") or {})
+    new_status = _without_none(decision.status)
+    old_state = _without_none(read_state(job_body))
+    new_state = _without_none(decision.state)
+    status = decision.status if new_status != old_status else None
+    state = new_state if new_state != old_state else None
+    if status is not None or state is not None:
+        await ctx.kube.patch_job(job.namespace, job.name, status, state)
+
+
+def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
+    """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global)."""
+
+    @kopf.on.login(registry=registry)
+    def login(**kwargs: Any) -> Any:
+        return kopf.login_via_client(**kwargs)
+
+    @kopf.index("v1", "pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    def meshrun_pods(**kwargs: Any) -> dict[tuple[str, str], PodView]:
+        key = (str(kwargs["namespace"]), str(kwargs["labels"][names.LABEL_JOB]))
+        return {key: pod_view(plain(kwargs["body"]))}
+
+    if ctx.watch_nodes:
+
+        @kopf.index("v1", "nodes", registry=registry)
+        def meshrun_nodes(**kwargs: Any) -> dict[str, bool]:
+            return {str(kwargs["name"]): node_ready(plain(kwargs["body"]))}
+
+    def nodes_of(kwargs: Mapping[str, Any]) -> Any:
+        return kwargs.get("meshrun_nodes") if ctx.watch_nodes else None
+
+    @kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
+    @kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
+    async def on_create(**kwargs: Any) -> None:
+        decision = await reconcile(ctx, kwargs["body"], kwargs["meshrun_pods"], nodes_of(kwargs))
+        if decision.invalid:
+            raise kopf.PermanentError(str(decision.state.get("message")))
+
+    @kopf.timer(
+        names.GROUP, names.VERSION, names.PLURAL, interval=ctx.resync_seconds, registry=registry
+    )
+    async def resync(**kwargs: Any) -> None:
+        await reconcile(ctx, kwargs["body"], kwargs["meshrun_pods"], nodes_of(kwargs))
+
+    @kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL, optional=True, registry=registry)
+    def forget(**kwargs: Any) -> None:
+        ctx.phases.set(str(kwargs["uid"]), None)
+        ctx.locks.pop(str(kwargs["uid"]), None)
