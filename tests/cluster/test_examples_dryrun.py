@@ -1,0 +1,140 @@
+"""The CRD on a real API server: examples accepted, defaults and CEL rules as meshrun.api says."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from subprocess import CompletedProcess
+from typing import Any
+
+import pytest
+import yaml
+
+from meshrun.api import with_defaults
+from meshrun.planner import plan_job
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+Kubectl = Callable[..., CompletedProcess[str]]
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+
+
+@pytest.fixture
+def ns(crds_installed: list[str], namespace: str) -> str:
+    assert "paralleltrainingjobs.meshrun.dev" in crds_installed
+    return namespace
+
+
+def load(path: Path) -> dict[str, Any]:
+    loaded: dict[str, Any] = yaml.safe_load(path.read_text())
+    return loaded
+
+
+def dry_run(kubectl: Kubectl, ns: str, job: dict[str, Any]) -> CompletedProcess[str]:
+    return kubectl(
+        "create",
+        "--dry-run=server",
+        "-n",
+        ns,
+        "-o",
+        "json",
+        "-f",
+        "-",
+        input=json.dumps(job),
+        check=False,
+    )
+
+
+@pytest.mark.parametrize("path", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_example_is_accepted_with_the_same_defaults(kubectl: Kubectl, ns: str, path: Path) -> None:
+    job = load(path)
+    result = dry_run(kubectl, ns, job)
+    assert result.returncode == 0, f"{path.name} rejected by the API server: {result.stderr}"
+    served = json.loads(result.stdout)["spec"]
+    assert served == with_defaults(job["spec"]), "server defaults differ from meshrun.api"
+    plan_job(served, job["metadata"]["name"])
+
+
+def base_job() -> dict[str, Any]:
+    return load(ROOT / "examples" / "demo-3d-cpu.yaml")
+
+
+@pytest.mark.parametrize(
+    ("section", "change", "message"),
+    [
+        ("strategy", {"tensorParallel": 3, "dataParallel": None}, "must divide spec.resources"),
+        ("strategy", {"dataParallel": 4}, "must equal spec.resources.numNodes"),
+        ("strategy", {"type": "auto"}, "spec.strategy.type auto chooses"),
+        (
+            "strategy",
+            {
+                "type": "zero",
+                "pipelineParallel": None,
+                "tensorParallel": None,
+                "dataParallel": None,
+            },
+            "spec.strategy.zeroStage must be 1, 2 or 3",
+        ),
+        ("strategy", {"virtualStages": 2}, "spec.strategy.virtualStages above 1"),
+        ("model", {"preset": None, "layers": 2}, "spec.model needs a preset"),
+        ("model", {"hidden": 65, "heads": 4}, "spec.model.heads must divide"),
+        ("training", {"globalBatchSize": 9}, "multiple of spec.training.microBatchSize"),
+    ],
+)
+def test_cel_rules_reject_with_field_names(
+    kubectl: Kubectl, ns: str, section: str, change: dict[str, Any], message: str
+) -> None:
+    job = base_job()
+    for key, value in change.items():
+        if value is None:
+            job["spec"][section].pop(key, None)
+        else:
+            job["spec"][section][key] = value
+    result = dry_run(kubectl, ns, job)
+    assert result.returncode != 0, f"the API server accepted {change}"
+    assert message in " ".join(result.stderr.split())
+
+
+def test_explain_describes_fields(kubectl: Kubectl, ns: str) -> None:
+    text = kubectl("explain", "ptj.spec.strategy").stdout
+    assert "tensorParallel" in text and "seeds' strategy table" in " ".join(text.split())
+
+
+def test_resources_strategy_model_are_immutable(kubectl: Kubectl, ns: str) -> None:
+    job = base_job()
+    job["spec"]["runPolicy"] = {"suspend": True}  # no pods even if an operator is watching
+    kubectl("create", "-n", ns, "-f", "-", input=json.dumps(job))
+    name = job["metadata"]["name"]
+    for patch, field in (
+        ({"resources": {"numNodes": 4}}, "spec.resources"),
+        ({"strategy": {"tensorParallel": 1}}, "spec.strategy"),
+        ({"model": {"preset": "small"}}, "spec.model"),
+    ):
+        result = kubectl(
+            "patch",
+            "ptj",
+            name,
+            "-n",
+            ns,
+            "--type",
+            "merge",
+            "-p",
+            json.dumps({"spec": patch}),
+            check=False,
+        )
+        assert result.returncode != 0 and f"{field} is immutable" in result.stderr, result.stderr
+    kubectl(
+        "patch",
+        "ptj",
+        name,
+        "-n",
+        ns,
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"spec": {"training": {"steps": 40}}}),
+    )
+    header = kubectl("get", "ptj", "-n", ns).stdout.splitlines()[0].split()
+    assert header == ["NAME", "STRATEGY", "LAYOUT", "GPUS", "PHASE", "AGE"]
