@@ -1,0 +1,148 @@
+"""Impossible or inconsistent specs: each error names the field and the rule it breaks."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from meshrun.errors import SpecError
+from meshrun.planner import plan_job
+
+pytestmark = pytest.mark.unit
+
+
+def make_spec(**sections: dict[str, Any]) -> dict[str, Any]:
+    """A tiny 2 x 4 CPU job; keyword arguments replace keys inside each section."""
+    spec: dict[str, Any] = {
+        "image": "trainer:1",
+        "resources": {"numNodes": 2, "numProcPerNode": 4, "accelerator": "cpu"},
+        "strategy": {"type": "ddp"},
+        "model": {"preset": "tiny"},
+        "training": {"globalBatchSize": 8, "microBatchSize": 1},
+    }
+    for name, values in sections.items():
+        spec[name] = {**spec.get(name, {}), **copy.deepcopy(values)}
+    return spec
+
+
+@pytest.mark.parametrize(
+    ("sections", "field", "words"),
+    [
+        (
+            {"strategy": {"type": "tensor", "tensorParallel": 3}},
+            "spec.strategy.tensorParallel",
+            "3 must divide",
+        ),
+        (
+            {"strategy": {"type": "tensor", "tensorParallel": 8}},
+            "spec.strategy.tensorParallel",
+            "numProcPerNode=4",
+        ),
+        (
+            {"strategy": {"type": "pipeline", "pipelineParallel": 8}},
+            "spec.strategy.pipelineParallel",
+            "spec.model.layers=4",
+        ),
+        (
+            {
+                "strategy": {
+                    "type": "hybrid",
+                    "dataParallel": 2,
+                    "pipelineParallel": 2,
+                    "tensorParallel": 4,
+                }
+            },
+            "spec.strategy",
+            "must equal",
+        ),
+        (
+            {"strategy": {"type": "ddp", "dataParallel": 4}},
+            "spec.strategy.dataParallel",
+            "world size 8",
+        ),
+        ({"strategy": {"type": "ddp", "tensorParallel": 2}}, "spec.strategy.type", "must be 1"),
+        ({"strategy": {"type": "ddp", "zeroStage": 2}}, "spec.strategy.zeroStage", "use type zero"),
+        ({"strategy": {"type": "zero"}}, "spec.strategy.zeroStage", "1, 2 or 3"),
+        ({"strategy": {"type": "auto", "tensorParallel": 2}}, "spec.strategy.type", "auto chooses"),
+        (
+            {"strategy": {"type": "pipeline", "tensorParallel": 2}},
+            "spec.strategy.tensorParallel",
+            "use hybrid",
+        ),
+        (
+            {"strategy": {"type": "tensor", "pipelineParallel": 2}},
+            "spec.strategy.pipelineParallel",
+            "use hybrid",
+        ),
+        (
+            {"strategy": {"type": "pipeline", "virtualStages": 2}},
+            "spec.strategy.virtualStages",
+            "interleaved",
+        ),
+        (
+            {
+                "strategy": {
+                    "type": "pipeline",
+                    "pipelineSchedule": "interleaved-1f1b",
+                    "pipelineParallel": 4,
+                }
+            },
+            "spec.strategy.pipelineParallel",
+            "virtual stages",
+        ),
+        (
+            {"strategy": {"type": "pipeline", "microBatches": 3}},
+            "spec.strategy.microBatches",
+            "must divide",
+        ),
+        (
+            {
+                "strategy": {
+                    "type": "pipeline",
+                    "pipelineSchedule": "interleaved-1f1b",
+                    "microBatches": 1,
+                }
+            },
+            "spec.strategy.microBatches",
+            "multiple of pipelineParallel",
+        ),
+        (
+            {"training": {"globalBatchSize": 6}},
+            "spec.training.globalBatchSize",
+            "dataParallel x microBatchSize",
+        ),
+        (
+            {"training": {"globalBatchSize": 9, "microBatchSize": 2}},
+            "spec.training.globalBatchSize",
+            "multiple of spec.training.microBatchSize",
+        ),
+        (
+            {"model": {"preset": "tiny", "heads": 3}},
+            "spec.model.heads",
+            "must divide spec.model.hidden",
+        ),
+        (
+            {"model": {"preset": "tiny", "kvHeads": 3}},
+            "spec.model.kvHeads",
+            "must divide spec.model.heads",
+        ),
+        ({"model": {"preset": None, "layers": 2}}, "spec.model.preset", "must be a string"),
+        (
+            {"model": {"layers": 2, "hidden": 64}, "strategy": {"type": "ddp"}},
+            "spec.model",
+            "missing",
+        ),
+    ],
+)
+def test_bad_specs_name_field_and_rule(
+    sections: dict[str, dict[str, Any]], field: str, words: str
+) -> None:
+    spec = make_spec(**sections)
+    if sections.get("model", {}).get("layers") == 2 and "preset" not in sections["model"]:
+        del spec["model"]["preset"]
+    with pytest.raises(SpecError) as caught:
+        plan_job(spec)
+    assert caught.value.field == field
+    assert words in caught.value.rule
