@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from trainer_launch import cpu_env, run, torchrun
 
 pytestmark = pytest.mark.trainer

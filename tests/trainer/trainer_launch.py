@@ -20,7 +20,7 @@ def free_port() -> int:
 def cpu_env(**extra: str) -> dict[str, str]:
     """The current environment with one OpenMP thread per process (the machine has 2 cores)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHRUN_", "PET_"))}
-    env.update(OMP_NUM_THREADS="1", MESHRUN_METRICS_PORT="0", **extra)
+    env.update({"OMP_NUM_THREADS": "1", "MESHRUN_METRICS_PORT": "0", **extra})
     return env
 
 

@@ -1,0 +1,238 @@
+"""``meshrun run FILE --local``: plan a job and run it on this machine, one torchrun per pod.
+
+Each "pod" gets exactly the environment the operator would give it (meshrun.envcontract.pod_env)
+with 127.0.0.1 as the master address, so a local run exercises the same contract as a cluster.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import IO, Any
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
+
+from meshrun.api import load_jobs, with_defaults
+from meshrun.envcontract import TRAINER_COMMAND, pod_env
+from meshrun.errors import SpecError
+from meshrun.planner import plan_job
+from meshrun_trainer.config import ConfigError, from_env
+
+MAX_LOCAL_PROCESSES = 64
+"""More processes than this on one machine is almost surely a mistake (a GPU-sized job)."""
+
+
+class UsageError(Exception):
+    """Bad input: reported on stderr with exit code 2."""
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="meshrun run", description="Run a ParallelTrainingJob file on this machine."
+    )
+    parser.add_argument("file", help="YAML file with a ParallelTrainingJob")
+    parser.add_argument("--local", action="store_true", help="run here (required)")
+    parser.add_argument("--job", help="name of the job to run when the file holds several")
+    parser.add_argument("--summary-json", metavar="PATH", help="write the run summary here")
+    parser.add_argument("--plot", metavar="PATH.png", help="draw the loss curve here")
+    parser.add_argument(
+        "--checkpoint-dir",
+        metavar="DIR",
+        help="checkpoint here and resume from the newest complete checkpoint in it",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    return parser
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _pick_job(path: str, name: str | None) -> dict[str, Any]:
+    jobs = load_jobs(path)
+    if name is not None:
+        jobs = [j for j in jobs if j.get("metadata", {}).get("name") == name]
+        if not jobs:
+            raise UsageError(f"--job: no ParallelTrainingJob named {name!r} in {path}")
+    if len(jobs) != 1:
+        raise UsageError(f"{path}: holds {len(jobs)} jobs; choose one with --job NAME")
+    return jobs[0]
+
+
+def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
+    """Plan the job and build each pod's environment; UsageError/SpecError on bad input."""
+    if not args.local:
+        raise UsageError("only --local is supported here; use the operator to run on a cluster")
+    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise UsageError(f"--plot: {args.plot} must end in .png, .svg or .pdf")
+    job = _pick_job(args.file, args.job)
+    name = str(job.get("metadata", {}).get("name", "job"))
+    spec = with_defaults(job.get("spec", {}))
+    plan = plan_job(spec, name).to_dict()
+    if plan["worldSize"] > MAX_LOCAL_PROCESSES:
+        raise UsageError(
+            f"spec.resources: {plan['worldSize']} processes exceed the local limit of "
+            f"{MAX_LOCAL_PROCESSES}; run it on a cluster"
+        )
+    master_port = free_port()
+    envs = []
+    for pod in plan["pods"]:
+        index = int(pod["index"])
+        env = pod_env(
+            plan,
+            spec,
+            job_name=name,
+            namespace="local",
+            pod_index=index,
+            master_addr="127.0.0.1",
+            master_port=master_port,
+            checkpoint_dir=args.checkpoint_dir,
+        )
+        env["MESHRUN_TERMINATION_LOG"] = str(workdir / f"pod-{index}-termination.json")
+        env["MESHRUN_METRICS_PORT"] = str(free_port()) if index == 0 else "0"
+        envs.append(env)
+    try:  # the trainer's own checks, before any process starts
+        from_env(envs[0])
+    except ConfigError as error:
+        raise UsageError(f"the planned job cannot train: {error}") from None
+    return plan, envs
+
+
+def _launch(envs: list[dict[str, str]], workdir: Path) -> tuple[list[subprocess.Popen[str]], Any]:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("MESHRUN_", "PET_"))}
+    base.setdefault("OMP_NUM_THREADS", "1")  # torchrun's default too; avoids oversubscription
+    command = [sys.executable, *TRAINER_COMMAND[1:]]
+    procs: list[subprocess.Popen[str]] = []
+    logs: list[IO[str]] = []
+    for index, env in enumerate(envs):
+        log = open(workdir / f"pod-{index}.log", "w", encoding="utf-8")  # noqa: SIM115
+        logs.append(log)
+        procs.append(
+            subprocess.Popen(
+                command,
+                env={**base, **env},
+                stdout=subprocess.PIPE if index == 0 else log,
+                stderr=log,
+                text=True,
+            )
+        )
+    return procs, logs
+
+
+def _follow(
+    proc: subprocess.Popen[str], plan: Mapping[str, Any], quiet: bool
+) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """Read rank 0's JSON lines, drive the progress bar; return (step events, summary event)."""
+    steps: list[dict[str, Any]] = []
+    summary: dict[str, Any] | None = None
+    total = int(plan.get("layout", {}).get("steps", 0)) or None
+    console = Console(stderr=True)
+    columns = (
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        TextColumn("step {task.completed}/{task.total}"),
+        TextColumn("{task.fields[info]}"),
+        TimeRemainingColumn(),
+    )
+    with Progress(*columns, console=console, disable=quiet) as progress:
+        task = progress.add_task(plan.get("name", "job"), total=total, info="starting")
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if not line.startswith('{"event"'):
+                console.print(line.rstrip(), markup=False, highlight=False)
+                continue
+            event = json.loads(line)
+            if event["event"] == "summary":
+                summary = event
+            elif event["event"] == "step":
+                steps.append(event)
+                info = f"loss {event['loss']:.4f}  {event['tokensPerSecond']:.0f} tok/s"
+                progress.update(task, completed=event["step"], total=event["totalSteps"], info=info)
+    return steps, summary
+
+
+def _tail(path: Path, lines: int = 30) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def build_summary(
+    plan: Mapping[str, Any], steps: list[dict[str, Any]], final: Mapping[str, Any], wall: float
+) -> dict[str, Any]:
+    losses = [float(s["loss"]) for s in steps]
+    return {
+        "job": plan.get("name"),
+        "strategy": plan.get("strategy"),
+        "worldSize": plan.get("worldSize"),
+        "layout": plan.get("layout"),
+        "steps": final.get("steps"),
+        "resumedFromStep": final.get("resumedFromStep", 0),
+        "losses": losses,
+        "finalLoss": losses[-1] if losses else final.get("finalLoss"),
+        "tokensPerSecond": final.get("tokensPerSecond"),
+        "peakMemoryBytes": final.get("peakMemoryBytes"),
+        "peakMemoryKind": final.get("peakMemoryKind"),
+        "trainerLayout": final.get("layout"),
+        "wallSeconds": wall,
+    }
+
+
+def run_job(args: argparse.Namespace) -> int:
+    with tempfile.TemporaryDirectory(prefix="meshrun-local-") as tmp:
+        workdir = Path(tmp)
+        plan, envs = prepare(args, workdir)
+        started = time.monotonic()
+        procs, logs = _launch(envs, workdir)
+        try:
+            steps, final = _follow(procs[0], plan, args.quiet)
+            codes = [p.wait() for p in procs]
+        except KeyboardInterrupt:
+            for p in procs:
+                p.terminate()
+            raise
+        finally:
+            for log in logs:
+                log.close()
+        wall = time.monotonic() - started
+        if any(codes) or final is None:
+            print(f"meshrun run: training failed (exit codes {codes})", file=sys.stderr)
+            for index in range(len(procs)):
+                print(
+                    f"--- pod {index} log (tail) ---\n{_tail(workdir / f'pod-{index}.log')}",
+                    file=sys.stderr,
+                )
+            return 1
+    summary = build_summary(plan, steps, final, wall)
+    print(
+        f"{summary['job']}: {len(steps)} steps, final loss {summary['finalLoss']:.4f}, "
+        f"{summary['tokensPerSecond']:.0f} tokens/s, {wall:.1f}s"
+    )
+    if args.summary_json:
+        Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    if args.plot:
+        from meshrun_trainer.plot import plot_losses
+
+        first = int(summary["resumedFromStep"]) + 1
+        plot_losses(
+            summary["losses"], args.plot, f"{summary['job']} ({plan['layoutString']})", first
+        )
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return run_job(args)
+    except (UsageError, SpecError, OSError) as error:
+        print(f"meshrun run: {error}", file=sys.stderr)
+        return 2
