@@ -22,7 +22,7 @@ log() { printf '[build-tools %(%H:%M:%S)T] %s\n' -1 "$*"; }
 # wrapper module so that replace directives (which `go install` refuses) can pin staging modules.
 build_in_wrapper() {
   local dir=$1 gomod=$2 ldflags=$3 version=$4; shift 4
-  local work
+  local work t0=$SECONDS
   work=$(mktemp -d)
   printf '%s\n' "$gomod" >"$work/go.mod"
   printf 'package tools\n' >"$work/tools.go"
@@ -40,6 +40,7 @@ build_in_wrapper() {
   )
   rm -rf "$work" "$dir"
   mv "$dir.partial" "$dir"
+  echo $((SECONDS - t0)) >"$dir/.build-seconds"
 }
 
 build_kube() {
@@ -75,7 +76,8 @@ build_etcd() {
 go 1.24
 require go.etcd.io/etcd/server/v3 $ETCD_VERSION"
   build_in_wrapper "$dir" "$gomod" "-s -w" "$ETCD_VERSION" go.etcd.io/etcd/server/v3
-  mv "$dir/v3" "$dir/etcd" 2>/dev/null || true
+  # The main package is the module root, so go names the binary after "server".
+  mv "$dir/server" "$dir/etcd"
 }
 
 build_go_install() {  # NAME VERSION PKG...
@@ -85,11 +87,13 @@ build_go_install() {  # NAME VERSION PKG...
   for pkg in "$@"; do [[ -x $dir/$(basename "$pkg") ]] || missing=1; done
   ((missing)) || return 0
   log "building $name $version"
+  local t0=$SECONDS
   mkdir -p "$dir.partial"
   for pkg in "$@"; do
     GOBIN=$dir.partial go install -trimpath -ldflags "-s -w" "$pkg@$version"
   done
   rm -rf "$dir"; mv "$dir.partial" "$dir"
+  echo $((SECONDS - t0)) >"$dir/.build-seconds"
 }
 
 build_kwok() {
@@ -117,6 +121,7 @@ targets=("$@")
 for t in "${targets[@]}"; do
   start=$SECONDS
   "build_$t"
-  log "$t ready ($((SECONDS - start)) s)"
+  ((SECONDS - start > 1)) && log "$t built ($((SECONDS - start)) s)"
 done
+log "tools ready in $CACHE"
 link_all

@@ -1,0 +1,116 @@
+#!/usr/bin/env bash
+# The local control plane: etcd, kube-apiserver, kube-controller-manager, kube-scheduler (all
+# built from Go modules by hack/build-tools.sh) and the KWOK controller, run as plain processes
+# by kwokctl's binary runtime, plus NODES fake GPU nodes.
+# The KWOK controller manages only nodes annotated kwok.x-k8s.io/node=fake (the extra args below
+# override kwokctl's manage-all-nodes), so a real kubelet node can join the same cluster.
+#
+#   hack/cluster.sh up      start, or reuse a running cluster (idempotent); NODES=N nodes
+#   hack/cluster.sh down    stop every process and remove the cluster's state
+#   hack/cluster.sh status  say whether it is up
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+source "$ROOT/hack/versions.env"
+CACHE=${MESHRUN_CACHE:-$HOME/.cache/meshrun}
+# MESHRUN_CLUSTER_DIR / MESHRUN_CLUSTER_NAME let a benchmark run a second, throwaway cluster.
+STATE=${MESHRUN_CLUSTER_DIR:-$ROOT/.cluster}
+BIN=$ROOT/.cluster/bin
+KUBECONFIG_OUT=$STATE/kubeconfig
+NAME=${MESHRUN_CLUSTER_NAME:-meshrun}
+NODES=${NODES:-8}
+export KWOK_WORKDIR=$STATE/kwok
+KWOKCTL=$BIN/kwokctl
+KUBECTL=$BIN/kubectl
+
+log() { printf '[cluster %(%H:%M:%S)T] %s\n' -1 "$*"; }
+kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_OUT" "$@"; }
+
+healthy() {
+  [[ -s $KUBECONFIG_OUT ]] && kc get --raw /readyz >/dev/null 2>&1
+}
+
+# Only the fake nodes this script made (label type=kwok) beyond NODES are removed.
+sync_nodes() {
+  local t0=$SECONDS
+  python3 "$ROOT/hack/kwok/nodes.py" "$NODES" >"$STATE/nodes.json"
+  if ((NODES > 0)); then
+    kc apply --server-side --force-conflicts -f "$STATE/nodes.json" >/dev/null
+  fi
+  local extra
+  extra=$(kc get nodes -l type=kwok -o name | sort | awk -v n="$NODES" 'NR > n')
+  [[ -n $extra ]] && kc delete --wait=false $extra >/dev/null
+  log "waiting for $NODES fake GPU nodes to be Ready"
+  local deadline=$((SECONDS + 300)) ready=0
+  while ((SECONDS < deadline)); do
+    ready=$(kc get nodes -l type=kwok --no-headers 2>/dev/null | awk '$2 == "Ready"' | wc -l)
+    ((ready >= NODES)) && break
+    sleep 1
+  done
+  if ((ready < NODES)); then
+    log "only $ready of $NODES nodes became Ready within 300 s"; return 1
+  fi
+  log "$NODES nodes Ready ($((SECONDS - t0)) s)"
+}
+
+up() {
+  for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl; do
+    [[ -x $BIN/$b ]] || { echo "missing $BIN/$b: run 'make tools' (hack/build-tools.sh)" >&2; exit 1; }
+  done
+  mkdir -p "$STATE"
+  if healthy; then
+    log "reusing the running cluster"
+  else
+    # A cluster whose processes died (machine restart, killed session) is removed first.
+    "$KWOKCTL" delete cluster --name "$NAME" >/dev/null 2>&1 || true
+    local t0=$SECONDS
+    log "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok-controller"
+    KWOK_KUBE_VERSION=$KUBE_VERSION KWOK_ETCD_VERSION=${ETCD_VERSION#v} KWOK_KUBECTL_BINARY=$BIN/kubectl "$KWOKCTL" create cluster \
+      --name "$NAME" --runtime binary \
+      --config "$ROOT/hack/kwok/stages.yaml" \
+      --extra-args kwok-controller=manage-all-nodes=false \
+      --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+      --kube-apiserver-binary "$BIN/kube-apiserver" \
+      --kube-controller-manager-binary "$BIN/kube-controller-manager" \
+      --kube-scheduler-binary "$BIN/kube-scheduler" \
+      --etcd-binary "$BIN/etcd" \
+      --kwok-controller-binary "$BIN/kwok" \
+      --disable-qps-limits \
+      --kubeconfig "$KUBECONFIG_OUT" \
+      --wait 120s --quiet-pull
+    kc config use-context "kwok-$NAME" >/dev/null
+    log "control plane up ($((SECONDS - t0)) s)"
+  fi
+  sync_nodes
+  kc version 2>/dev/null | sed 's/^/  /'
+  cat <<MSG
+
+The local cluster is up. Point kubectl at it:
+  export KUBECONFIG=$KUBECONFIG_OUT
+  export PATH=$BIN:\$PATH
+  kubectl get nodes -L nvidia.com/gpu.count,topology.meshrun.dev/rack
+Stop it with: make cluster-down
+MSG
+}
+
+down() {
+  if [[ -x $KWOKCTL ]]; then
+    "$KWOKCTL" delete cluster --name "$NAME" >/dev/null 2>&1 || true
+  fi
+  # Belt and braces: no process started from this cluster's folder may outlive it.
+  local pids
+  pids=$(pgrep -f -- "$KWOK_WORKDIR/clusters/$NAME" || true)
+  if [[ -n $pids ]]; then
+    kill $pids 2>/dev/null || true
+    sleep 1
+    kill -9 $pids 2>/dev/null || true
+  fi
+  rm -rf "$KWOK_WORKDIR" "$KUBECONFIG_OUT" "$STATE/nodes.json"
+  log "cluster removed"
+}
+
+case ${1:-} in
+  up) up ;;
+  down) down ;;
+  status) if healthy; then echo "up: $KUBECONFIG_OUT"; else echo "down"; exit 1; fi ;;
+  *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
+esac

@@ -1,0 +1,119 @@
+"""Session plumbing shared by every test.
+
+Cluster tests (marker ``cluster``) talk to a real kube-apiserver: the local control plane that
+``hack/cluster.sh up`` starts (reused when it is already running), or the user's own cluster
+when MESHRUN_TEST_KUBECONFIG names a kubeconfig. Each test gets a fresh namespace.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+CLUSTER_BIN = ROOT / ".cluster" / "bin"
+LOCAL_KUBECONFIG = ROOT / ".cluster" / "kubeconfig"
+CRD_DIR = ROOT / "crds"
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+
+def _kubectl_binary() -> str:
+    local = CLUSTER_BIN / "kubectl"
+    return str(local) if local.exists() else "kubectl"
+
+
+def _run_kubectl(
+    kubeconfig: str, *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    cmd = [_kubectl_binary(), "--kubeconfig", kubeconfig, *args]
+    proc = subprocess.run(cmd, input=input, capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"kubectl {' '.join(args)} failed ({proc.returncode}):\n{proc.stderr}{proc.stdout}"
+        )
+    return proc
+
+
+@pytest.fixture(scope="session")
+def kubeconfig() -> str:
+    """Path of a kubeconfig for a real cluster: the user's, or the local one (started here)."""
+    own = os.environ.get("MESHRUN_TEST_KUBECONFIG")
+    if own:
+        return own
+    status = subprocess.run(
+        [str(ROOT / "hack" / "cluster.sh"), "status"], capture_output=True, text=True
+    )
+    if status.returncode != 0:
+        up = subprocess.run(
+            [str(ROOT / "hack" / "cluster.sh"), "up"], capture_output=True, text=True, timeout=900
+        )
+        if up.returncode != 0:
+            pytest.fail(f"could not start the local cluster:\n{up.stdout}\n{up.stderr}")
+    return str(LOCAL_KUBECONFIG)
+
+
+@pytest.fixture(scope="session")
+def kubectl(kubeconfig: str) -> Kubectl:
+    """``kubectl(*args, input=None, check=True)`` bound to the test cluster."""
+
+    def run(
+        *args: str, input: str | None = None, check: bool = True, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
+        return _run_kubectl(kubeconfig, *args, input=input, check=check, timeout=timeout)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def api_client(kubeconfig: str) -> Iterator[Any]:
+    """A kubernetes.client.ApiClient for the test cluster."""
+    from kubernetes import client, config
+
+    configuration = client.Configuration()
+    config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    with client.ApiClient(configuration) as api:
+        yield api
+
+
+@pytest.fixture(scope="session")
+def crds_installed(kubectl: Kubectl) -> list[str]:
+    """Apply every CRD under crds/ and wait until the API server serves them."""
+    names: list[str] = []
+    for path in sorted(CRD_DIR.glob("*.yaml")):
+        kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
+        doc = kubectl("get", "-f", str(path), "-o", "json").stdout
+        obj = json.loads(doc)
+        items = obj.get("items", [obj])
+        names += [item["metadata"]["name"] for item in items]
+    for name in names:
+        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+    return names
+
+
+@pytest.fixture
+def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace for one test, deleted (without waiting) afterwards."""
+    base = request.node.name.lower().replace("_", "-")
+    base = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
+    name = f"t-{base}-{uuid.uuid4().hex[:6]}"
+    kubectl("create", "namespace", name)
+    # The service account controller must create "default" before pods can be admitted.
+    from waiting import wait_for
+
+    wait_for(
+        lambda: (
+            kubectl("get", "serviceaccount", "default", "-n", name, check=False).returncode == 0
+        ),
+        30,
+        f"serviceaccount default in namespace {name}",
+    )
+    yield name
+    kubectl("delete", "namespace", name, "--wait=false", check=False)
