@@ -85,6 +85,11 @@ def check_rules(job: JobSpec) -> None:
         raise _fail(VIRTUAL_STAGES)
     if t.global_batch % t.micro_batch:
         raise _fail(BATCH)
+    if t.dataset == "corpus" and job.model.vocab < 256:
+        raise SpecError(
+            "spec.training.dataset",
+            f"corpus is byte-tokenized and needs spec.model.vocab >= 256, got {job.model.vocab}",
+        )
     procs = job.resources.proc_per_node
     if s.tp is not None and procs % s.tp:
         # The CRD's spec-level rule; here with the numbers filled in.

@@ -72,6 +72,8 @@ class Training:
     """Sequences per forward pass on one rank."""
     precision: str
     """bf16 or fp32."""
+    dataset: str | None
+    """synthetic, corpus, or None for the trainer's choice."""
 
 
 @dataclass(frozen=True)
@@ -120,6 +122,7 @@ def parse_spec(spec: Mapping[str, Any]) -> JobSpec:
         global_batch=train["globalBatchSize"],
         micro_batch=train["microBatchSize"],
         precision=train["precision"],
+        dataset=train.get("dataset"),
     )
     preset, model = resolve_model(full["model"])
     return JobSpec(resources, strategy, training, model, preset)

@@ -134,6 +134,11 @@ def make_spec(**sections: dict[str, Any]) -> dict[str, Any]:
             "spec.model",
             "missing",
         ),
+        (
+            {"model": {"preset": "tiny", "vocab": 128}, "training": {"dataset": "corpus"}},
+            "spec.training.dataset",
+            "vocab >= 256",
+        ),
     ],
 )
 def test_bad_specs_name_field_and_rule(
