@@ -1,0 +1,77 @@
+"""``meshrun run FILE --local``: a real two-pod run through the CLI, and its input errors."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_launch import REPO, cpu_env
+
+pytestmark = pytest.mark.trainer
+
+JOB = """\
+apiVersion: meshrun.dev/v1alpha1
+kind: ParallelTrainingJob
+metadata:
+  name: local-pp
+spec:
+  image: meshrun/trainer:test
+  resources: {numNodes: 2, numProcPerNode: 1, accelerator: cpu}
+  strategy: {type: pipeline, pipelineParallel: 2, pipelineSchedule: gpipe, microBatches: 2}
+  model: {preset: tiny}
+  training: {steps: 6, globalBatchSize: 4, precision: fp32, learningRate: 0.01}
+"""
+
+
+def meshrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "meshrun", *args]
+    return subprocess.run(
+        cmd, cwd=REPO, env=cpu_env(), capture_output=True, text=True, timeout=timeout, check=False
+    )
+
+
+@pytest.mark.timeout(300)
+def test_two_pods_train_and_write_summary_and_plot(tmp_path: Path) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB)
+    summary_path, plot = tmp_path / "summary.json", tmp_path / "loss.png"
+    proc = meshrun(
+        "run", str(job), "--local", "--summary-json", str(summary_path), "--plot", str(plot)
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["steps"] == 6 and len(summary["losses"]) == 6
+    assert summary["finalLoss"] == summary["losses"][-1] < summary["losses"][0]
+    assert summary["layout"]["pp"] == 2 and summary["layout"]["pipelineSchedule"] == "gpipe"
+    assert summary["worldSize"] == 2 and len(summary["peakMemoryBytes"]) == 2
+    assert all(b > 10_000_000 for b in summary["peakMemoryBytes"])  # a torch process: > 10 MB
+    assert summary["peakMemoryKind"] == "ru_maxrss"
+    assert summary["tokensPerSecond"] > 0
+    assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "local-pp: 6 steps, final loss" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["missing.yaml", "--local"], "missing.yaml"),
+        (["JOB"], "only --local is supported"),
+        (["JOB", "--local", "--plot", "x.txt"], "--plot: x.txt must end in"),
+        (["BAD", "--local"], "spec.strategy.tensorParallel"),
+        (["JOB", "--local", "--job", "nope"], "--job: no ParallelTrainingJob named 'nope'"),
+    ],
+)
+def test_bad_input_exits_2_with_a_clear_message(
+    args: list[str], message: str, tmp_path: Path
+) -> None:
+    job, bad = tmp_path / "job.yaml", tmp_path / "bad.yaml"
+    job.write_text(JOB)
+    bad.write_text(JOB.replace("pipelineParallel: 2", "pipelineParallel: 2, tensorParallel: 3"))
+    argv = [str(job) if a == "JOB" else str(bad) if a == "BAD" else a for a in args]
+    proc = meshrun("run", *argv, timeout=60)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr
+    assert "Traceback" not in proc.stderr

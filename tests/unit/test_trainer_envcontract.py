@@ -1,0 +1,84 @@
+"""pod_env: the operator/trainer contract, round-tripped through the trainer's own parser."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from meshrun_trainer.config import from_env
+
+from meshrun.api import load_jobs, with_defaults
+from meshrun.envcontract import pod_env
+from meshrun.planner import plan_job
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
+
+
+def planned(name: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+    job = load_jobs(EXAMPLES / f"{name}.yaml")[0]
+    spec = with_defaults(job["spec"])
+    return plan_job(spec, job["metadata"]["name"]).to_dict(), spec
+
+
+def test_demo_job_env_for_second_pod() -> None:
+    plan, spec = planned("demo-3d-cpu")
+    env = pod_env(
+        plan,
+        spec,
+        job_name="demo",
+        namespace="ns",
+        pod_index=1,
+        master_addr="demo-0.demo",
+        master_port=29501,
+        attempt=2,
+        checkpoint_dir="/ckpt",
+    )
+    assert env["PET_NNODES"] == "2" and env["PET_NPROC_PER_NODE"] == "4"
+    assert env["PET_NODE_RANK"] == "1" and env["MESHRUN_POD_INDEX"] == "1"
+    assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == "demo-0.demo"
+    assert env["PET_MASTER_PORT"] == env["MASTER_PORT"] == "29501"
+    assert env["WORLD_SIZE"] == "8" and env["MESHRUN_ATTEMPT"] == "2"
+    assert env["MESHRUN_STAGE_LAYERS"] == "0-1,2-3"
+    assert env["MESHRUN_CHECKPOINT_DIR"] == "/ckpt" and env["MESHRUN_CHECKPOINT_EVERY"] == "5"
+    assert "RANK" not in env and "LOCAL_RANK" not in env, "torchrun sets these per process"
+    assert all(isinstance(v, str) for v in env.values())
+    cfg = from_env(env)
+    assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (2, 2, 2)
+    assert cfg.training.steps == 20 and cfg.training.precision == "fp32"
+    assert cfg.job_name == "demo" and cfg.namespace == "ns" and cfg.attempt == 2
+
+
+@pytest.mark.parametrize(
+    "name", ["ddp", "zero1", "zero2", "zero3", "pipeline", "tensor", "3d", "auto"]
+)
+def test_every_example_parses_in_the_trainer(name: str) -> None:
+    plan, spec = planned(name)
+    env = pod_env(plan, spec, job_name=name, namespace="ns", pod_index=0, master_addr="m")
+    cfg = from_env(env)
+    layout = plan["layout"]
+    assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (
+        layout["dp"],
+        layout["pp"],
+        layout["tp"],
+    )
+    assert cfg.layout.world_size == plan["worldSize"]
+    assert cfg.model.parameters() == plan["model"]["parameters"]
+    assert cfg.layout.stage_layers[-1][1] == cfg.model.layers - 1
+
+
+def test_interleaved_stage_ranges_are_in_stage_order() -> None:
+    plan, spec = planned("3d")
+    env = pod_env(plan, spec, job_name="x", namespace="ns", pod_index=0, master_addr="m")
+    firsts = [int(r.split("-")[0]) for r in env["MESHRUN_STAGE_LAYERS"].split(",")]
+    assert (
+        firsts == sorted(firsts)
+        and len(firsts) == plan["layout"]["pp"] * plan["layout"]["virtualStages"]
+    )
+
+
+def test_pod_index_out_of_range_is_an_error() -> None:
+    plan, spec = planned("ddp")
+    with pytest.raises(ValueError, match="pod_index: 5 must be in"):
+        pod_env(plan, spec, job_name="x", namespace="ns", pod_index=5, master_addr="m")

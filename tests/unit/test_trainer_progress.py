@@ -1,0 +1,72 @@
+"""Rank 0's progress: JSON step lines, /metrics and /progress over real HTTP, termination log."""
+
+from __future__ import annotations
+
+import json
+import urllib.request
+from pathlib import Path
+
+import pytest
+from meshrun_trainer.config import from_env
+from meshrun_trainer.progress import Metrics, ProgressServer, Reporter
+from meshrun_trainer.train import StepRecord
+
+pytestmark = pytest.mark.unit
+
+
+def test_step_lines_endpoints_and_termination_message(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    log = tmp_path / "termination-log"
+    cfg = from_env(
+        {
+            "MESHRUN_MODEL_PRESET": "tiny",
+            "MESHRUN_STEPS": "5",
+            "MESHRUN_JOB_NAME": "j1",
+            "MESHRUN_METRICS_PORT": "0",  # no fixed port in tests: we start one below
+            "MESHRUN_TERMINATION_LOG": str(log),
+        }
+    )
+    reporter = Reporter(cfg)
+    assert reporter.server is None
+    reporter.server = ProgressServer(0, reporter.metrics, reporter.progress)
+    base = f"http://127.0.0.1:{reporter.server.port}"
+    reporter.on_step(StepRecord(3, 4.25, 0.9, 0.5, 1024.0, 12345))
+
+    line = json.loads(capsys.readouterr().out.strip())
+    assert line["event"] == "step" and line["step"] == 3 and line["loss"] == 4.25
+    assert line["totalSteps"] == 5 and line["peakMemoryBytes"] == 12345
+
+    with urllib.request.urlopen(f"{base}/progress", timeout=5) as response:
+        progress = json.load(response)
+    assert progress["step"] == 3 and progress["totalSteps"] == 5
+    assert progress["tokensPerSecond"] == 1024.0 and progress["stepTimeSeconds"] == 0.5
+    with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
+        metrics = response.read().decode()
+    assert 'meshrun_trainer_step{job="j1",namespace="default"} 3.0' in metrics
+    assert 'meshrun_trainer_loss{job="j1",namespace="default"} 4.25' in metrics
+    assert "meshrun_trainer_tokens_total" in metrics
+
+    reporter.finish({"status": "Succeeded", "finalLoss": 4.25, "losses": [5.0, 4.25]})
+    message = json.loads(log.read_text())
+    assert message == {"status": "Succeeded", "finalLoss": 4.25}, "no per-step list in 4 KiB"
+
+
+def test_unwritable_termination_log_does_not_fail(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    cfg = from_env(
+        {
+            "MESHRUN_MODEL_PRESET": "tiny",
+            "MESHRUN_METRICS_PORT": "0",
+            "MESHRUN_TERMINATION_LOG": str(tmp_path / "missing" / "log"),
+        }
+    )
+    Reporter(cfg).finish({"status": "Succeeded"})
+    assert "cannot write termination log" in capsys.readouterr().err
+
+
+def test_metrics_registry_is_per_reporter() -> None:
+    cfg = from_env({"MESHRUN_MODEL_PRESET": "tiny"})
+    # Two registries in one process must not clash (tests build several reporters).
+    assert Metrics(cfg).registry is not Metrics(cfg).registry
