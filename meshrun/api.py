@@ -166,10 +166,15 @@ def load_jobs(path: str | Path) -> list[dict[str, Any]]:
         text = source.read_text(encoding="utf-8")
     except OSError as error:
         raise SpecError(str(source), f"cannot be read ({error.strerror or error})") from None
+    return parse_jobs(text, str(source))
+
+
+def parse_jobs(text: str, source: str = "<stdin>") -> list[dict[str, Any]]:
+    """The ParallelTrainingJob objects in YAML ``text``; ``source`` names it in errors."""
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as error:
-        raise SpecError(str(source), f"is not valid YAML ({error})") from None
+        raise SpecError(source, f"is not valid YAML ({error})") from None
     if not documents:
-        raise SpecError(str(source), "holds no ParallelTrainingJob")
+        raise SpecError(source, "holds no ParallelTrainingJob")
     return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]

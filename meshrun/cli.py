@@ -34,7 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Plan the ParallelTrainingJob(s) in FILE. Exit 0 when the plan fits, 2 for "
         "an invalid spec, 3 when it is valid but does not fit in accelerator memory.",
     )
-    plan.add_argument("file", metavar="FILE", help="YAML file with one or more jobs")
+    plan.add_argument("file", metavar="FILE", help="YAML file with one or more jobs (- for stdin)")
     plan.add_argument(
         "-o", "--output", choices=("text", "json", "yaml"), default="text", help="format"
     )
@@ -81,7 +81,7 @@ def _delegate(command: str, argv: list[str]) -> int:
 
 def plan_command(file: str, output: str, picture: str | None) -> int:
     """Plan every job in ``file``; print them; return the exit code."""
-    from meshrun.api import load_jobs
+    from meshrun.api import load_jobs, parse_jobs
     from meshrun.errors import SpecError
     from meshrun.planner import Plan, plan_job
 
@@ -89,7 +89,7 @@ def plan_command(file: str, output: str, picture: str | None) -> int:
         print(f"meshrun plan: --picture: {picture} must end in .svg or .png", file=sys.stderr)
         return EXIT_INVALID
     try:
-        jobs = load_jobs(file)
+        jobs = parse_jobs(sys.stdin.read()) if file == "-" else load_jobs(file)
         plans: list[Plan] = [plan_job(job["spec"], name=job["metadata"]["name"]) for job in jobs]
     except SpecError as error:
         print(f"meshrun plan: invalid job in {file}: {error}", file=sys.stderr)

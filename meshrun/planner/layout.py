@@ -54,9 +54,10 @@ class Layout:
 def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
     """(dp, pp, tp) for the types whose degrees follow from the spec alone.
 
-    ddp/zero: all processes data-parallel. tensor: TP over the pod by default. pipeline: one
-    stage per pod when there are several pods, else one per process. hybrid: the missing one
-    of the three from the world size (the planner searches when two or more are missing).
+    ddp/zero: all processes data-parallel. tensor: the widest TP inside a pod that the model's
+    head counts and widths allow. pipeline: one stage per pod when there are several pods, else
+    one per process, capped by the layers. hybrid: the missing one of the three from the world
+    size (the planner searches when two or more are missing).
     """
     s, world = job.strategy, job.resources.world_size
     if s.type in ("ddp", "zero"):
@@ -68,12 +69,17 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
         return world, 1, 1
     if s.type == "tensor":
         tp = s.tp or (_quotient(world, s.dp, "dataParallel") if s.dp else None)
-        tp = tp or job.resources.proc_per_node
+        tp = tp or max(t for t in _divisors(job.resources.proc_per_node) if _tp_fits_model(job, t))
         return _quotient(world, tp, "tensorParallel"), 1, tp
     if s.type == "pipeline":
         pp = s.pp or (_quotient(world, s.dp, "dataParallel") if s.dp else None)
         if pp is None:
-            pp = job.resources.num_nodes if job.resources.num_nodes > 1 else world
+            wanted = job.resources.num_nodes if job.resources.num_nodes > 1 else world
+            chunks = job.strategy.virtual_stages or (
+                2 if job.strategy.schedule == "interleaved-1f1b" else 1
+            )
+            deepest = max(1, job.model.layers // chunks)
+            pp = max(p for p in _divisors(world) if p <= min(wanted, deepest))
         return _quotient(world, pp, "pipelineParallel"), pp, 1
     given = {"dataParallel": s.dp, "pipelineParallel": s.pp, "tensorParallel": s.tp}
     missing = [name for name, value in given.items() if value is None]
@@ -93,6 +99,16 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
                 )
     given[missing[0]] = world // known
     return given["dataParallel"] or 1, given["pipelineParallel"] or 1, given["tensorParallel"] or 1
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _tp_fits_model(job: JobSpec, tp: int) -> bool:
+    """Whether TP degree ``tp`` divides every dimension TP splits."""
+    m = job.model
+    return all(size % tp == 0 for size in (m.heads, m.kv_heads, m.ffn_hidden, m.vocab))
 
 
 def _quotient(world: int, degree: int, name: str) -> int:

@@ -169,3 +169,16 @@ def test_real_process_missing_file_no_traceback(tmp_path: Path) -> None:
     assert result.returncode == EXIT_INVALID
     assert "cannot be read" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_reads_stdin() -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "meshrun", "plan", "-", "-o", "json"],
+        input=DEMO.read_text(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == EXIT_OK, result.stderr
+    assert json.loads(result.stdout)["worldSize"] == 8

@@ -181,3 +181,13 @@ def test_sixteen_thousand_gpus_plan_quickly() -> None:
     }
     # bench/planner.py measures ~10 ms; the bound leaves room for a loaded CI machine.
     assert elapsed < 1.0
+
+
+def test_default_degrees_respect_the_model() -> None:
+    one_pod = {"numNodes": 1, "numProcPerNode": 8}
+    # tiny has 4 heads: TP 8 would not divide them, so the widest valid TP is 4.
+    tensor = plan_job(make_spec(resources=one_pod, strategy={"type": "tensor"})).layout
+    assert (tensor.dp, tensor.tp) == (2, 4)
+    # tiny has 4 layers: at most 4 stages, not one per process.
+    pipeline = plan_job(make_spec(resources=one_pod, strategy={"type": "pipeline"})).layout
+    assert (pipeline.dp, pipeline.pp) == (2, 4)
