@@ -1,0 +1,33 @@
+# meshrun images. Build one target:  docker build --target trainer -t meshrun/trainer:0.1.0 .
+# No build step downloads from anywhere but the Python package index (pip).
+
+# ---- base: Python, a non-root user (uid 1000), the project source -------------------------------
+FROM python:3.11-slim AS base
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN groupadd --gid 1000 meshrun && useradd --uid 1000 --gid 1000 --create-home meshrun
+WORKDIR /opt/meshrun
+COPY pyproject.toml README.md ./
+COPY meshrun ./meshrun
+COPY operator ./operator
+COPY trainer ./trainer
+
+# ---- operator: placeholder, the operator target is added by the lead ------------------------------
+# FROM base AS operator
+# ...
+
+# ---- trainer: torch + the trainer package; runs under torchrun (PET_* env from the operator) ------
+FROM base AS trainer
+# From PyPI only by default (torch's PyPI wheels carry CUDA, so one image serves CPU and GPU
+# pods). TORCH_INDEX may name another package index, e.g. PyTorch's CPU-only wheels.
+ARG TORCH_INDEX=""
+RUN pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} ".[trainer]" \
+    && python -c "import meshrun_trainer, torch; print('torch', torch.__version__)"
+USER 1000:1000
+WORKDIR /home/meshrun
+# Rank 0's /metrics and /progress (docs/env-contract.md).
+EXPOSE 9400
+ENV OMP_NUM_THREADS=1
+ENTRYPOINT ["python", "-m", "torch.distributed.run", "-m", "meshrun_trainer"]
