@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
@@ -48,18 +49,8 @@ def render(plan: Plan) -> RenderableType:
         f"(world size {plan.world_size}), model {plan.preset or 'custom'} "
         f"({plan.model.parameters() / 1e9:.2f}B parameters)",
     )
-    layout = Table(title="Layout", title_justify="left")
-    for column in (
-        "dp",
-        "pp",
-        "tp",
-        "ZeRO",
-        "schedule",
-        "micro-batches",
-        "virtual",
-        "grad acc",
-        "bubble",
-    ):
+    layout = Table(box=box.SIMPLE_HEAD, title="Layout", title_justify="left")
+    for column in ("dp", "pp", "tp", "ZeRO", "schedule", "micro", "virtual", "accum", "bubble"):
         layout.add_column(column, justify="right")
     layout.add_row(
         str(lay.dp),
@@ -72,7 +63,9 @@ def render(plan: Plan) -> RenderableType:
         str(lay.grad_accumulation),
         f"{lay.bubble_fraction():.0%}",
     )
-    memory = Table(title="Memory per accelerator (estimate)", title_justify="left")
+    memory = Table(
+        box=box.SIMPLE_HEAD, title="Memory per accelerator (estimate)", title_justify="left"
+    )
     for column in ("params", "grads", "optimizer", "activations", "total", "limit", "fits"):
         memory.add_column(column, justify="right")
     limit = gib(mem.accelerator_bytes) if mem.accelerator_bytes else "unchecked"
@@ -85,13 +78,13 @@ def render(plan: Plan) -> RenderableType:
         limit,
         Text("yes", "green") if mem.fits else Text("NO", "bold red"),
     )
-    stages = Table(title="Pipeline stages", title_justify="left")
+    stages = Table(box=box.SIMPLE_HEAD, title="Pipeline stages", title_justify="left")
     stages.add_column("stage", justify="right")
     stages.add_column("chunk", justify="right")
     stages.add_column("layers")
     for stage in plan.stages:
         stages.add_row(str(stage.pp), str(stage.virtual), f"{stage.first}-{stage.last}")
-    pods = Table(title="Pods", title_justify="left")
+    pods = Table(box=box.SIMPLE_HEAD, title="Pods", title_justify="left")
     for column in ("pod", "ranks", "pp", "dp", "tp"):
         pods.add_column(column)
     for pod in range(min(plan.num_nodes, MAX_POD_ROWS)):
