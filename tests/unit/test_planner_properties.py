@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from meshrun.errors import SpecError
 from meshrun.planner import Plan, plan_job
+from meshrun.planner.ranks import dp_groups, pp_groups, tp_groups
 
 pytestmark = pytest.mark.unit
 
@@ -73,6 +74,28 @@ def check_invariants(plan: Plan) -> None:
 @given(hybrid_specs())
 def test_every_valid_hybrid_plan_is_consistent(spec: dict[str, Any]) -> None:
     check_invariants(plan_job(spec, "prop"))
+
+
+@settings(max_examples=100, deadline=None)
+@given(hybrid_specs())
+def test_process_groups_partition_the_ranks(spec: dict[str, Any]) -> None:
+    plan = plan_job(spec)
+    world, lay = plan.world_size, plan.layout
+    for groups, size, axis in (
+        (tp_groups(world, lay.tp), lay.tp, "tp"),
+        (dp_groups(world, lay.dp, lay.tp), lay.dp, "dp"),
+        (pp_groups(world, lay.dp, lay.tp), lay.pp, "pp"),
+    ):
+        assert sorted(r for g in groups for r in g) == list(range(world)), axis
+        assert all(len(g) == size for g in groups), axis
+        for group in groups:
+            coords = [plan.coords(r) for r in group]
+            # Members differ only along their own axis.
+            for other in {"tp", "dp", "pp"} - {axis}:
+                assert len({getattr(c, other) for c in coords}) == 1, (axis, other)
+            assert sorted(getattr(c, axis) for c in coords) == list(range(size))
+    for group in tp_groups(world, lay.tp):
+        assert len({plan.coords(r).pod for r in group}) == 1, "TP group inside one pod"
 
 
 @settings(max_examples=100, deadline=None)
