@@ -182,3 +182,17 @@ def test_reads_stdin() -> None:
     )
     assert result.returncode == EXIT_OK, result.stderr
     assert json.loads(result.stdout)["worldSize"] == 8
+
+
+def test_plan_needs_neither_torch_nor_kopf() -> None:
+    probe = (
+        "import sys\n"
+        "from meshrun.cli import main\n"
+        f"code = main(['plan', {str(DEMO)!r}, '-o', 'json'])\n"
+        "heavy = [m for m in ('torch', 'kopf', 'kubernetes', 'matplotlib') if m in sys.modules]\n"
+        "sys.exit(10 if heavy else code)\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == EXIT_OK, result.stderr
