@@ -164,6 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if options.verbose else logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
+    if not options.verbose:
+        # kopf logs every successful timer run at INFO (twice a second per job): keep warnings.
+        for noisy in ("kopf.objects", "aiohttp.access"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
     api = load_api_client(options.workers)
     ctx = OperatorContext(
         kube=Kube(api, workers=options.workers),

@@ -189,38 +189,47 @@ async def _write(
 def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global)."""
 
-    @kopf.on.login(registry=registry)
+    @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> Any:
         return kopf.login_via_client(**kwargs)
 
-    @kopf.index("v1", "pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    @kopf.index(
+        "v1", "pods", id="meshrun_pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
+    )
     def meshrun_pods(**kwargs: Any) -> dict[tuple[str, str], PodView]:
         key = (str(kwargs["namespace"]), str(kwargs["labels"][names.LABEL_JOB]))
         return {key: pod_view(plain(kwargs["body"]))}
 
     if ctx.watch_nodes:
 
-        @kopf.index("v1", "nodes", registry=registry)
+        @kopf.index("v1", "nodes", id="meshrun_nodes", registry=registry)
         def meshrun_nodes(**kwargs: Any) -> dict[str, bool]:
             return {str(kwargs["name"]): node_ready(plain(kwargs["body"]))}
 
     def nodes_of(kwargs: Mapping[str, Any]) -> Any:
         return kwargs.get("meshrun_nodes") if ctx.watch_nodes else None
 
-    @kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
-    @kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, registry=registry)
+    @kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)
+    @kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)
     async def on_create(**kwargs: Any) -> None:
         decision = await reconcile(ctx, kwargs["body"], kwargs["meshrun_pods"], nodes_of(kwargs))
         if decision.invalid:
             raise kopf.PermanentError(str(decision.state.get("message")))
 
     @kopf.timer(
-        names.GROUP, names.VERSION, names.PLURAL, interval=ctx.resync_seconds, registry=registry
+        names.GROUP,
+        names.VERSION,
+        names.PLURAL,
+        id="resync",
+        interval=ctx.resync_seconds,
+        registry=registry,
     )
     async def resync(**kwargs: Any) -> None:
         await reconcile(ctx, kwargs["body"], kwargs["meshrun_pods"], nodes_of(kwargs))
 
-    @kopf.on.delete(names.GROUP, names.VERSION, names.PLURAL, optional=True, registry=registry)
+    @kopf.on.delete(
+        names.GROUP, names.VERSION, names.PLURAL, id="forget", optional=True, registry=registry
+    )
     def forget(**kwargs: Any) -> None:
         ctx.phases.set(str(kwargs["uid"]), None)
         ctx.locks.pop(str(kwargs["uid"]), None)

@@ -1,0 +1,274 @@
+"""Cluster-test plumbing: the operator as a real subprocess, jobs, pods and fake nodes.
+
+The operator runs exactly as users run it (``python -m meshrun_operator``) against the real
+API server, restricted to the test's namespace so parallel tests and other operators never
+reconcile each other's jobs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from meshrun_operator import names
+from waiting import wait_for
+
+Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+
+FAST_FLAGS = [
+    "--resync-seconds",
+    "0.5",
+    "--backoff-base-seconds",
+    "1",
+    "--backoff-max-seconds",
+    "2",
+    "--no-progress-http",
+]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+class OperatorProcess:
+    """``python -m meshrun_operator --namespace NS`` with its log in a file."""
+
+    def __init__(
+        self, kubeconfig: str, namespace: str, log_dir: Path, extra: list[str] | None = None
+    ) -> None:
+        self.kubeconfig, self.namespace = kubeconfig, namespace
+        self.log_path = log_dir / f"operator-{namespace}.log"
+        self.extra = extra or []
+        self.metrics_port, self.health_port = free_port(), free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> OperatorProcess:
+        env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
+        log = self.log_path.open("ab")
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "meshrun_operator",
+                "--namespace",
+                self.namespace,
+                "--metrics-port",
+                str(self.metrics_port),
+                "--health-port",
+                str(self.health_port),
+                *FAST_FLAGS,
+                *self.extra,
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+        )
+        wait_for(
+            self.healthy,
+            60,
+            f"operator /healthz on port {self.health_port}",
+            interval=0.3,
+            describe=self.log_tail,
+        )
+        return self
+
+    def healthy(self) -> bool:
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
+        return http_get(f"http://127.0.0.1:{self.health_port}/healthz") is not None
+
+    def metrics(self) -> str:
+        return http_get(f"http://127.0.0.1:{self.metrics_port}/metrics") or ""
+
+    def kill(self) -> None:
+        """SIGKILL: no cleanup at all, as when a node dies under the operator."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+            self.proc.wait(timeout=30)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def http_get(url: str) -> str | None:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return str(response.read().decode())
+    except OSError:
+        return None
+
+
+def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
+    """A small GPU job (2 pods x 4 GPUs, tiny model); keyword arguments replace spec keys."""
+    base: dict[str, Any] = {
+        "image": "meshrun/trainer:test",
+        "resources": {"numNodes": 2, "numProcPerNode": 4},
+        "strategy": {"type": "ddp"},
+        "model": {"preset": "tiny"},
+        "training": {"steps": 10, "globalBatchSize": 16, "microBatchSize": 2},
+    }
+    base.update(spec)
+    return {
+        "apiVersion": names.API_VERSION,
+        "kind": names.KIND,
+        "metadata": {"name": name},
+        "spec": base,
+    }
+
+
+class Cluster:
+    """kubectl helpers bound to one namespace."""
+
+    def __init__(self, kubectl: Kubectl, namespace: str) -> None:
+        self.kubectl, self.ns = kubectl, namespace
+
+    def apply(
+        self, manifest: dict[str, Any], check: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        return self.kubectl(
+            "apply", "-n", self.ns, "-f", "-", input=json.dumps(manifest), check=check
+        )
+
+    def job(self, name: str) -> dict[str, Any]:
+        out = self.kubectl("get", names.PLURAL, name, "-n", self.ns, "-o", "json").stdout
+        job: dict[str, Any] = json.loads(out)
+        return job
+
+    def status(self, name: str) -> dict[str, Any]:
+        status: dict[str, Any] = self.job(name).get("status") or {}
+        return status
+
+    def condition(self, name: str, kind: str) -> dict[str, Any]:
+        for condition in self.status(name).get("conditions") or []:
+            if condition.get("type") == kind:
+                return dict(condition)
+        return {}
+
+    def pods(self, job: str) -> list[dict[str, Any]]:
+        out = self.kubectl(
+            "get", "pods", "-n", self.ns, "-l", names.selector(job), "-o", "json"
+        ).stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return sorted(items, key=lambda p: p["metadata"]["name"])
+
+    def live_pods(self, job: str) -> list[dict[str, Any]]:
+        return [p for p in self.pods(job) if not p["metadata"].get("deletionTimestamp")]
+
+    def annotate(self, kind: str, name: str, *pairs: str, namespaced: bool = True) -> None:
+        where = ["-n", self.ns] if namespaced else []
+        self.kubectl("annotate", kind, name, *where, "--overwrite", *pairs)
+
+    def finish(self, pod: str, outcome: str, exit_code: int | None = None) -> None:
+        pairs = [f"sim.meshrun.dev/outcome={outcome}"]
+        if exit_code is not None:
+            pairs.append(f"sim.meshrun.dev/exit-code={exit_code}")
+        self.annotate("pod", pod, *pairs)
+
+    def events(self, name: str) -> list[dict[str, Any]]:
+        out = self.kubectl(
+            "get",
+            "events",
+            "-n",
+            self.ns,
+            "--field-selector",
+            f"involvedObject.name={name}",
+            "-o",
+            "json",
+        ).stdout
+        items: list[dict[str, Any]] = json.loads(out)["items"]
+        return items
+
+    def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
+        status: dict[str, Any] = wait_for(
+            lambda: (s := self.status(name)).get("phase") == phase and s,
+            timeout,
+            f"job {name} to reach phase {phase}",
+            describe=lambda: {k: v for k, v in self.status(name).items() if k != "plan"},
+        )
+        return status
+
+    def wait_running_pods(
+        self, name: str, count: int, attempt: int = 0, timeout: float = 60
+    ) -> list[dict[str, Any]]:
+        def ready() -> list[dict[str, Any]] | None:
+            pods = [
+                p
+                for p in self.live_pods(name)
+                if p["metadata"]["labels"].get(names.LABEL_ATTEMPT) == str(attempt)
+                and p.get("status", {}).get("phase") == "Running"
+            ]
+            return pods if len(pods) == count else None
+
+        pods: list[dict[str, Any]] = wait_for(
+            ready,
+            timeout,
+            f"{count} Running pods of job {name} attempt {attempt}",
+            describe=lambda: [
+                (p["metadata"]["name"], p.get("status", {}).get("phase")) for p in self.pods(name)
+            ],
+        )
+        return pods
+
+
+def fake_node(name: str) -> dict[str, Any]:
+    """A private KWOK node, tainted so that only the test that tolerates it lands there."""
+    resources = {"cpu": "32", "memory": "256Gi", "pods": "110", "nvidia.com/gpu": "8"}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {"kwok.x-k8s.io/node": "fake", "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {"type": "kwok-test", "kubernetes.io/hostname": name},
+        },
+        "spec": {
+            "taints": [{"key": "meshrun.dev/test-node", "value": name, "effect": "NoSchedule"}]
+        },
+        "status": {"allocatable": resources, "capacity": resources},
+    }
+
+
+def on_node(name: str) -> dict[str, Any]:
+    """A podTemplate that pins pods to the private node ``name``."""
+    return {
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": name},
+            "tolerations": [
+                {
+                    "key": "meshrun.dev/test-node",
+                    "operator": "Equal",
+                    "value": name,
+                    "effect": "NoSchedule",
+                }
+            ],
+        }
+    }
+
+
+def wait_seconds(seconds: float) -> None:
+    """A deliberate pause, only where a test must show that something does NOT happen."""
+    time.sleep(seconds)

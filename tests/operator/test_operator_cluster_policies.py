@@ -1,0 +1,133 @@
+"""On the real control plane: invalid specs, suspend, deadlines, TTL and gang timeout."""
+
+from __future__ import annotations
+
+import pytest
+from meshrun_operator import names
+from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
+from waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+
+def test_the_api_server_rejects_a_bad_spec_and_an_immutable_change(cluster: Cluster) -> None:
+    bad = job_manifest("bad", runPolicy={"cleanPodPolicy": "Sometimes"})
+    result = cluster.apply(bad, check=False)
+    assert result.returncode != 0 and "cleanPodPolicy" in result.stderr
+
+    cluster.apply(job_manifest("fixed"))
+    changed = job_manifest("fixed", resources={"numNodes": 4, "numProcPerNode": 4})
+    result = cluster.apply(changed, check=False)
+    assert result.returncode != 0, "changing resources of an existing job must be refused"
+    assert "resources" in result.stderr
+
+
+def test_a_spec_accepted_but_impossible_gets_invalid_and_no_pods(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    long_name = "a" * 62  # the API server allows it; the pod hostname a...a-1 would be 64 long
+    cluster.apply(job_manifest(long_name))
+    status = cluster.wait_phase(long_name, "Failed")
+    invalid = cluster.condition(long_name, "Invalid")
+    assert invalid["status"] == "True" and invalid["message"].startswith("metadata.name:")
+    assert status.get("placement", []) == []
+    warnings = [e for e in cluster.events(long_name) if e["type"] == "Warning"]
+    assert any(e["reason"] == "InvalidSpec" and "metadata.name" in e["message"] for e in warnings)
+    assert cluster.pods(long_name) == []
+
+
+def test_suspend_creates_nothing_and_resume_starts_the_gang(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    cluster.apply(job_manifest("paused", runPolicy={"suspend": True}))
+    cluster.wait_phase("paused", "Suspended")
+    wait_seconds(2)  # several resyncs: still nothing may be created
+    assert cluster.pods("paused") == []
+
+    cluster.kubectl(
+        "patch",
+        names.PLURAL,
+        "paused",
+        "-n",
+        cluster.ns,
+        "--type=merge",
+        "-p",
+        '{"spec": {"runPolicy": {"suspend": false}}}',
+    )
+    cluster.wait_running_pods("paused", 2)
+    cluster.wait_phase("paused", "Running")
+
+    cluster.kubectl(
+        "patch",
+        names.PLURAL,
+        "paused",
+        "-n",
+        cluster.ns,
+        "--type=merge",
+        "-p",
+        '{"spec": {"runPolicy": {"suspend": true}}}',
+    )
+    cluster.wait_phase("paused", "Suspended")
+    wait_for(lambda: cluster.pods("paused") == [], 30, "pods deleted on suspend")
+    assert cluster.condition("paused", "Suspended")["status"] == "True"
+
+
+def test_active_deadline_fails_the_job(cluster: Cluster, operator_process: OperatorProcess) -> None:
+    cluster.apply(job_manifest("late", runPolicy={"activeDeadlineSeconds": 3}))
+    cluster.wait_phase("late", "Failed", timeout=60)
+    assert cluster.condition("late", "Failed")["reason"] == "DeadlineExceeded"
+    wait_for(lambda: cluster.live_pods("late") == [], 30, "pods deleted after the deadline")
+
+
+def test_no_progress_restarts_the_gang(cluster: Cluster, operator_process: OperatorProcess) -> None:
+    policy = {"progressDeadlineSeconds": 3, "backoffLimit": 2}
+    cluster.apply(job_manifest("hung", runPolicy=policy))
+    cluster.wait_running_pods("hung", 2)
+    wait_for(
+        lambda: cluster.status("hung").get("restarts", 0) >= 1,
+        60,
+        "a restart after 3 s without progress",
+    )
+    assert cluster.condition("hung", "Restarting")["reason"] == "ProgressDeadlineExceeded"
+
+
+def test_ttl_deletes_the_finished_job_and_its_pods(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    cluster.apply(job_manifest("brief", runPolicy={"ttlSecondsAfterFinished": 2}))
+    cluster.wait_running_pods("brief", 2)
+    for pod in ("brief-0", "brief-1"):
+        cluster.finish(pod, "Succeeded")
+    cluster.wait_phase("brief", "Succeeded")
+    gone = cluster.kubectl
+    wait_for(
+        lambda: gone("get", names.PLURAL, "brief", "-n", cluster.ns, check=False).returncode != 0,
+        60,
+        "the job deleted by its TTL",
+    )
+    # The garbage collector removes the children through their owner references.
+    wait_for(lambda: cluster.pods("brief") == [], 60, "pods garbage-collected with the job")
+
+
+def test_gang_timeout_releases_a_partial_gang(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    # Both pods want all 8 GPUs of the same node: one can be bound, the other never.
+    template = {"spec": {"nodeSelector": {"kubernetes.io/hostname": "gpu-node-0007"}}}
+    cluster.apply(
+        job_manifest(
+            "partial",
+            resources={"numNodes": 2, "numProcPerNode": 8},
+            podTemplate=template,
+            scheduling={"gangTimeoutSeconds": 3},
+        )
+    )
+    wait_for(
+        lambda: cluster.condition("partial", "Scheduled").get("reason") == "GangTimeout",
+        60,
+        "Scheduled=False with reason GangTimeout",
+    )
+    status = cluster.status("partial")
+    assert status["restarts"] == 0 and status["attempt"] >= 1
+    assert status["phase"] == "Pending"
+    assert any(e["reason"] == "GangTimeout" for e in cluster.events("partial"))
