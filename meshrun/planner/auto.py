@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from meshrun.errors import SpecError
+from meshrun.planner.explain import parameter_text
 from meshrun.planner.layout import Layout, Stage, complete_layout, split_layers
 from meshrun.planner.memory import (
     MemoryEstimate,
@@ -107,6 +108,33 @@ def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> li
     return [degrees for _, degrees in sorted(found)]
 
 
+def situation(job: JobSpec) -> tuple[bool, bool, str]:
+    """(model fits one GPU, largest layer fits one GPU, a sentence saying so)."""
+    res, model = job.resources, job.model
+    single = estimate_memory(
+        job, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1), split_layers(model.layers, 1, 1)
+    )
+    largest = max(model.layer_parameters(), model.vocab * model.hidden)
+    layer_bytes = largest * sum(bytes_per_parameter(job.training.precision))
+    layer_bytes += layer_activation_bytes(job, 1, job.training.micro_batch)
+    layer_fits = layer_bytes <= res.accelerator_bytes
+    sentence = (
+        f"The model ({parameter_text(model.parameters())} parameters) needs about "
+        f"{single.total / GIB:.1f} GiB per GPU unsharded against "
+        f"{res.accelerator_bytes / GIB:.0f} GiB: "
+    )
+    if single.fits:
+        sentence += "it fits one GPU."
+    elif layer_fits:
+        sentence += "it does not fit one GPU."
+    else:
+        sentence += (
+            f"it does not fit one GPU, and its largest layer ({layer_bytes / GIB:.1f} GiB with "
+            "its states) does not either."
+        )
+    return single.fits, layer_fits, sentence
+
+
 def choose_auto(job: JobSpec) -> Choice:
     """Apply the seeds' table to this job."""
     res, world = job.resources, job.resources.world_size
@@ -118,30 +146,7 @@ def choose_auto(job: JobSpec) -> Choice:
             "so the simplest strategy, DDP, is chosen."
         )
         return choice
-    single = estimate_memory(
-        job, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1), split_layers(job.model.layers, 1, 1)
-    )
-    fits_one = single.fits
-    largest = max(job.model.layer_parameters(), job.model.vocab * job.model.hidden)
-    layer_bytes = largest * sum(bytes_per_parameter(job.training.precision))
-    layer_bytes += layer_activation_bytes(job, 1, job.training.micro_batch)
-    layer_fits = layer_bytes <= res.accelerator_bytes
-    situation = (
-        f"The model ({job.model.parameters() / 1e9:.2f}B parameters) needs about "
-        f"{single.total / GIB:.1f} GiB per GPU unsharded against "
-        f"{res.accelerator_bytes / GIB:.0f} GiB: "
-        + (
-            "it fits one GPU."
-            if fits_one
-            else "it does not fit one GPU"
-            + (
-                "."
-                if layer_fits
-                else f", and its largest layer ({layer_bytes / GIB:.1f} GiB "
-                "with its states) does not either."
-            )
-        )
-    )
+    fits_one, layer_fits, sentence = situation(job)
     zero = [(world, 1, 1, stage) for stage in (1, 2, 3)]
     if world == 1:
         row, candidates = "a single GPU: DDP with one process", [ddp]
@@ -170,7 +175,7 @@ def choose_auto(job: JobSpec) -> Choice:
         row += "(PP across nodes, TP inside, DP) with ZeRO-1"
         candidates = [*zero[:2], *model_parallel(job, 1)]
     choice = first_fit(job, candidates) or evaluate(job, ddp, "ddp")
-    choice.reasons.append(situation)
+    choice.reasons.append(sentence)
     choice.reasons.append(f"Seeds' table row: {row}.")
     if not choice.memory.fits:
         choice.reasons.append(

@@ -13,6 +13,14 @@ ZERO_WHAT = {
 }
 
 
+def parameter_text(count: int) -> str:
+    """A parameter count as 6.74B or 246.3K."""
+    for scale, suffix in ((1e9, "B"), (1e6, "M"), (1e3, "K")):
+        if count >= scale:
+            return f"{count / scale:.2f}{suffix}"
+    return str(count)
+
+
 def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
     """What the layout does, in the seeds' terms."""
     lines: list[str] = []

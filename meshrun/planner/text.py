@@ -7,6 +7,7 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from meshrun.planner.explain import parameter_text
 from meshrun.planner.plan import Plan
 
 MAX_POD_ROWS = 16
@@ -47,7 +48,7 @@ def render(plan: Plan) -> RenderableType:
         (lay.text(), "bold cyan"),
         f" on {plan.num_nodes} pod(s) x {plan.proc_per_node} {device} "
         f"(world size {plan.world_size}), model {plan.preset or 'custom'} "
-        f"({plan.model.parameters() / 1e9:.2f}B parameters)",
+        f"({parameter_text(plan.model.parameters())} parameters)",
     )
     layout = Table(box=box.SIMPLE_HEAD, title="Layout", title_justify="left")
     for column in ("dp", "pp", "tp", "ZeRO", "schedule", "micro", "virtual", "accum", "bubble"):
