@@ -138,3 +138,60 @@ def test_resources_strategy_model_are_immutable(kubectl: Kubectl, ns: str) -> No
     )
     header = kubectl("get", "ptj", "-n", ns).stdout.splitlines()[0].split()
     assert header == ["NAME", "STRATEGY", "LAYOUT", "GPUS", "PHASE", "AGE"]
+
+
+def test_status_schema_keeps_what_operator_and_trainer_write(kubectl: Kubectl, ns: str) -> None:
+    job = base_job()
+    job["spec"]["runPolicy"] = {"suspend": True}
+    kubectl("create", "-n", ns, "-f", "-", input=json.dumps(job))
+    name = job["metadata"]["name"]
+    plan = plan_job(with_defaults(job["spec"]), name)
+    status = {
+        "phase": "Running",
+        "strategy": plan.strategy,
+        "layout": plan.layout.text(),
+        "gpus": plan.world_size,
+        "plan": {**plan.status_summary(), "extraKeyTheOperatorAdds": "kept"},
+        "placement": [
+            {"pod": f"{name}-0", "node": "n0", "firstRank": 0, "lastRank": 3, "phase": "Running"}
+        ],
+        "conditions": [
+            {
+                "type": "Running",
+                "status": "True",
+                "reason": "AllPodsRunning",
+                "message": "8 processes",
+                "lastTransitionTime": "2026-01-01T00:00:00Z",
+            }
+        ],
+        "restarts": 1,
+        "attempt": 1,
+        "startTime": "2026-01-01T00:00:00Z",
+        # /progress as the trainer serves it (docs/env-contract.md) plus the operator's ETA.
+        "progress": {
+            "step": 5,
+            "totalSteps": 20,
+            "loss": 4.5,
+            "tokensPerSecond": 1234.5,
+            "stepTimeSeconds": 0.25,
+            "updatedAt": 1764400000.25,
+            "etaSeconds": 3.75,
+        },
+        "observedGeneration": 1,
+    }
+    kubectl(
+        "patch",
+        "ptj",
+        name,
+        "-n",
+        ns,
+        "--subresource=status",
+        "--type",
+        "merge",
+        "-p",
+        json.dumps({"status": status}),
+    )
+    stored = json.loads(kubectl("get", "ptj", name, "-n", ns, "-o", "json").stdout)["status"]
+    assert stored == status, "the status schema pruned or changed fields"
+    row = kubectl("get", "ptj", name, "-n", ns, "--no-headers").stdout.split()
+    assert row[1:9] == ["hybrid", "dp2", "x", "pp2", "x", "tp2", "8", "Running"], row
