@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -56,7 +57,13 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
     if args.command in ("run", "operator"):
         return _delegate(args.command, list(args.rest))
-    return plan_command(args.file, args.output, args.picture)
+    try:
+        return plan_command(args.file, args.output, args.picture)
+    except BrokenPipeError:
+        # `meshrun plan ... | head`: the reader left. Point stdout at /dev/null so the
+        # interpreter's final flush does not fail again (Python docs, "Note on SIGPIPE").
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 DELEGATES = {

@@ -196,3 +196,26 @@ def test_plan_needs_neither_torch_nor_kopf() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=False
     )
     assert result.returncode == EXIT_OK, result.stderr
+
+
+def test_closed_pipe_is_not_a_traceback() -> None:
+    big = DEMO.read_text().replace("numNodes: 2", "numNodes: 4096")
+    big = big.replace("dataParallel: 2", "dataParallel: 4096").replace(
+        "globalBatchSize: 8", "globalBatchSize: 16384"
+    )
+    process = subprocess.Popen(
+        [sys.executable, "-m", "meshrun", "plan", "-", "-o", "json"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert process.stdin is not None and process.stdout is not None
+    process.stdin.write(big.encode())
+    process.stdin.close()
+    assert process.stdout.read(100).startswith(b"{")
+    process.stdout.close()  # like `| head`: the reader leaves while megabytes remain
+    assert process.wait(timeout=60) == 1
+    assert process.stderr is not None
+    stderr = process.stderr.read()
+    process.stderr.close()
+    assert b"Traceback" not in stderr
