@@ -14,9 +14,22 @@ COPY meshrun ./meshrun
 COPY operator ./operator
 COPY trainer ./trainer
 
-# ---- operator: placeholder, the operator target is added by the lead ------------------------------
-# FROM base AS operator
-# ...
+# ---- operator: kopf + the kubernetes client, no torch; non-root, read-only-rootfs friendly ------
+FROM base AS operator
+# The operator extra only (kopf, kubernetes, prometheus-client); the import check fails the build
+# if torch ever creeps in through a dependency, which would add gigabytes to a small controller.
+RUN pip install ".[operator]" \
+    && python -c "import meshrun_operator.main, kopf" \
+    && ! python -c "import torch" 2>/dev/null \
+    && rm -rf build ./*.egg-info
+# Nothing is written at run time but /tmp (an emptyDir in the chart) and no .pyc files
+# (PYTHONDONTWRITEBYTECODE in base), so readOnlyRootFilesystem: true works.
+USER 1000:1000
+WORKDIR /home/meshrun
+# /metrics and /healthz (the chart's operator.metricsPort and operator.healthPort).
+EXPOSE 8080 8081
+# The same main() as `meshrun operator`; arguments are its flags (--namespace, --metrics-port).
+ENTRYPOINT ["python", "-m", "meshrun_operator"]
 
 # ---- trainer: torch + the trainer package; runs under torchrun (PET_* env from the operator) ------
 FROM base AS trainer

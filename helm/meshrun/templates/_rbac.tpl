@@ -1,0 +1,65 @@
+{{/*
+The operator's permissions, grouped by purpose. Every verb here is one the operator really uses
+(meshrun_operator/kube.py and reconcile.py for its own calls, kopf for watching and
+bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these rules.
+*/}}
+
+{{/* Rules on namespaced objects: a ClusterRole in cluster-wide mode, a Role per namespace otherwise. */}}
+{{- define "meshrun.namespacedRules" -}}
+# ParallelTrainingJobs: kopf lists and watches them and patches its finalizer and bookkeeping
+# annotations (meshrun.dev/*); the reconciler deletes a job once ttlSecondsAfterFinished ran out.
+- apiGroups: [meshrun.dev]
+  resources: [paralleltrainingjobs]
+  verbs: [list, watch, patch, delete]
+# Job status: written with one merge patch of the status subresource per change.
+- apiGroups: [meshrun.dev]
+  resources: [paralleltrainingjobs/status]
+  verbs: [patch]
+# Children carry ownerReferences with blockOwnerDeletion; API servers with the
+# OwnerReferencesPermissionEnforcement admission plugin (OpenShift) require this to create them.
+- apiGroups: [meshrun.dev]
+  resources: [paralleltrainingjobs/finalizers]
+  verbs: [update]
+# Gang pods: watched through a kopf index, created together, read when a name is still held by a
+# pod of the previous attempt, deleted for a whole-gang restart. No update or patch.
+- apiGroups: [""]
+  resources: [pods]
+  verbs: [list, watch, get, create, delete]
+# Rendezvous: one headless Service per job, created once and garbage-collected with the job.
+- apiGroups: [""]
+  resources: [services]
+  verbs: [create]
+# Events on jobs: the reconciler's and kopf's (warnings and errors) for `kubectl describe`.
+- apiGroups: [""]
+  resources: [events]
+  verbs: [create]
+{{- if .Values.rbac.podGroups }}
+# Gang scheduling: a PodGroup per job for volcano or scheduler-plugins coscheduling.
+- apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
+  resources: [podgroups]
+  verbs: [create]
+{{- end }}
+{{- end }}
+
+{{/* Rules on cluster-scoped objects: read-only, in both modes. */}}
+{{- define "meshrun.clusterRules" -}}
+# kopf notices the ParallelTrainingJob CRD being installed, upgraded or removed while it runs
+# (without this it scans the API only at start and logs a warning).
+- apiGroups: [apiextensions.k8s.io]
+  resources: [customresourcedefinitions]
+  verbs: [list, watch]
+{{- if .Values.watchNamespaces }}
+# Namespaced mode only: kopf lists and watches Namespace objects to resolve the namespaces it
+# serves; without this it retries the 403 for about a minute before starting (kopf
+# _core/reactor/observation.py). Read-only: names and labels, not what is inside.
+- apiGroups: [""]
+  resources: [namespaces]
+  verbs: [list, watch]
+{{- end }}
+{{- if .Values.operator.watchNodes }}
+# Node health: pods on a NotReady or deleted node are replaced instead of hanging (Kubeflow #2072).
+- apiGroups: [""]
+  resources: [nodes]
+  verbs: [list, watch]
+{{- end }}
+{{- end }}
