@@ -75,10 +75,7 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
         pp = s.pp or (_quotient(world, s.dp, "dataParallel") if s.dp else None)
         if pp is None:
             wanted = job.resources.num_nodes if job.resources.num_nodes > 1 else world
-            chunks = job.strategy.virtual_stages or (
-                2 if job.strategy.schedule == "interleaved-1f1b" else 1
-            )
-            deepest = max(1, job.model.layers // chunks)
+            deepest = max(1, job.model.layers // chunks_per_rank(job, 2))
             pp = max(p for p in _divisors(world) if p <= min(wanted, deepest))
         return _quotient(world, pp, "pipelineParallel"), pp, 1
     given = {"dataParallel": s.dp, "pipelineParallel": s.pp, "tensorParallel": s.tp}
@@ -143,19 +140,22 @@ def check_degrees(job: JobSpec, dp: int, pp: int, tp: int) -> None:
     ):
         if size % tp:
             raise SpecError(tp_field, f"{tp} must divide spec.model.{what}={size}")
-    virtual = job.strategy.virtual_stages or 1
-    if (
-        pp > 1
-        and job.strategy.schedule == "interleaved-1f1b"
-        and job.strategy.virtual_stages is None
-    ):
-        virtual = 2
+    virtual = chunks_per_rank(job, pp)
     if pp * virtual > model.layers:
+        stages = f"{pp} stages" + (f" x {virtual} virtual stages" if virtual > 1 else "")
         raise SpecError(
             f"{STRATEGY}.pipelineParallel",
-            f"{pp} stages x {virtual} virtual stages must not exceed spec.model.layers="
-            f"{model.layers} (each stage needs a layer)",
+            f"{stages} must not exceed spec.model.layers={model.layers} (each stage needs a layer)",
         )
+
+
+def chunks_per_rank(job: JobSpec, pp: int) -> int:
+    """Model chunks per pipeline rank: virtualStages, 2 by default for interleaved-1f1b."""
+    if pp == 1:
+        return 1
+    if job.strategy.schedule != "interleaved-1f1b":
+        return job.strategy.virtual_stages or 1
+    return job.strategy.virtual_stages or 2
 
 
 def complete_layout(job: JobSpec, dp: int, pp: int, tp: int, zero_stage: int) -> Layout:
@@ -177,15 +177,17 @@ def complete_layout(job: JobSpec, dp: int, pp: int, tp: int, zero_stage: int) ->
             f"{STRATEGY}.microBatches",
             f"{micro} must divide globalBatchSize / (dataParallel x microBatchSize) = {passes}",
         )
-    virtual = 1
+    virtual = chunks_per_rank(job, pp)
     if s.schedule == "interleaved-1f1b":
-        virtual = s.virtual_stages or 2
-        # Megatron-LM's interleaved schedule runs micro-batches in groups of pp
-        # (Narayanan et al. 2021, section 2.2); torch.distributed.pipelining follows it.
-        if micro % pp:
+        # Megatron-LM runs interleaved micro-batches in groups of pp (Narayanan et al. 2021,
+        # section 2.2); torch's ScheduleInterleaved1F1B relaxes that to whole "rounds" of
+        # max(1, m // pp) and raises ValueError otherwise (torch 2.13 pipelining/schedules.py).
+        rounds = max(1, micro // pp)
+        if micro % rounds:
             raise SpecError(
                 f"{STRATEGY}.microBatches",
-                f"{micro} must be a multiple of pipelineParallel={pp} for interleaved-1f1b",
+                f"{micro} must be a multiple of max(1, microBatches // pipelineParallel) = "
+                f"{rounds} for interleaved-1f1b",
             )
     elif s.virtual_stages not in (None, 1):
         raise SpecError(

@@ -99,14 +99,18 @@ def make_spec(**sections: dict[str, Any]) -> dict[str, Any]:
         ),
         (
             {
+                # torch's ScheduleInterleaved1F1B: 9 micro-batches on 4 stages make 2 rounds.
                 "strategy": {
                     "type": "pipeline",
+                    "pipelineParallel": 4,
                     "pipelineSchedule": "interleaved-1f1b",
-                    "microBatches": 1,
-                }
+                    "microBatches": 9,
+                },
+                "model": {"layers": 8},
+                "training": {"globalBatchSize": 18},
             },
             "spec.strategy.microBatches",
-            "multiple of pipelineParallel",
+            "multiple of max(1, microBatches // pipelineParallel) = 2",
         ),
         (
             {"training": {"globalBatchSize": 6}},
