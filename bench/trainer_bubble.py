@@ -1,0 +1,124 @@
+"""Measured pipeline bubble for p = 2, 4 and m = 4, 8 beside (p - 1) / (m + p - 1).
+
+Run: .venv/bin/python bench/trainer_bubble.py [--schedule 1f1b|gpipe]  (launches 4 processes)
+
+Bubble fraction (Narayanan et al. 2021, arXiv 2104.04473, section 2.2): the share of a pipeline
+step a stage sits idle, (p - 1) / (m + p - 1) for GPipe and 1F1B. Measured per rank as
+1 - busy / step, where busy = m x (forward + backward of one micro-batch through this rank's
+stage), timed on the same rank without any communication, and step is the wall time of one
+schedule step; the table shows the mean over ranks. Layers are split evenly so stages are equal.
+On a CPU box with fewer cores than ranks the ranks share cores, which inflates both times alike;
+the numbers are closest to the formula on one accelerator per rank.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _launch import ensure_torchrun, layout_env
+
+WORLD = 4
+
+if __name__ == "__main__":
+    ensure_torchrun(WORLD)
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+from meshrun_trainer.config import from_env  # noqa: E402
+from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
+from meshrun_trainer.model import build_model  # noqa: E402
+from meshrun_trainer.train import build_runner, forward_backward  # noqa: E402
+
+MICRO_BATCH = 2
+REPEATS = 5
+BASE = {
+    "MESHRUN_MODEL_LAYERS": "8",
+    "MESHRUN_MODEL_HIDDEN": "256",
+    "MESHRUN_MODEL_HEADS": "4",
+    "MESHRUN_MODEL_VOCAB": "256",
+    "MESHRUN_MODEL_SEQ_LEN": "128",
+    "MESHRUN_MODEL_FFN_HIDDEN": "768",
+}
+
+
+def stage_busy_time(cfg, stage_layers: tuple[int, int], first: bool, m: int) -> float:  # type: ignore[no-untyped-def]
+    """Forward + backward of m micro-batches through this stage alone (no communication)."""
+    model = build_model(cfg.model, 0, stage_layers)
+    shape = (MICRO_BATCH, cfg.model.seq_len)
+    x = (
+        torch.randint(0, cfg.model.vocab, shape)
+        if first
+        else torch.randn(*shape, cfg.model.hidden, requires_grad=True)
+    )
+    out = model(x)
+    out.float().pow(2).mean().backward()  # warm-up
+    times = []
+    for _ in range(REPEATS):
+        start = time.perf_counter()
+        for _ in range(m):
+            model(x).float().pow(2).mean().backward()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def step_time(cfg, mesh, m: int) -> float:  # type: ignore[no-untyped-def]
+    runner = build_runner(cfg, mesh)
+    batch = m * MICRO_BATCH
+    x = torch.randint(0, cfg.model.vocab, (batch, cfg.model.seq_len))
+    forward_backward(cfg, runner, x, x)  # warm-up (shape inference)
+    times = []
+    for _ in range(REPEATS):
+        dist.barrier()
+        start = time.perf_counter()
+        forward_backward(cfg, runner, x, x)
+        times.append(time.perf_counter() - start)
+        for opt in runner.optimizers:
+            opt.zero_grad(set_to_none=True)
+    return statistics.median(times)
+
+
+def main() -> None:
+    schedule = sys.argv[sys.argv.index("--schedule") + 1] if "--schedule" in sys.argv else "1f1b"
+    device = pick_device()
+    init_distributed(device)
+    rank = dist.get_rank()
+    rows = []
+    for p in (2, 4):
+        for m in (4, 8):
+            env = layout_env(
+                BASE,
+                pp=str(p),
+                dp=str(WORLD // p),
+                pipeline_schedule=schedule,
+                micro_batches=str(m),
+                global_batch_size=str(m * MICRO_BATCH * (WORLD // p)),
+            )
+            cfg = from_env(env)
+            mesh = build_mesh(cfg.layout, device)
+            # Data parallel replicas run their own pipelines side by side; each rank's bubble
+            # is measured against its own stage.
+            step = step_time(cfg, mesh, m)
+            layers = cfg.layout.stage_layers[mesh.pp_rank]
+            busy = stage_busy_time(cfg, layers, mesh.pp_rank == 0, m)
+            bubble = torch.tensor([1.0 - busy / step], dtype=torch.float64)
+            gathered = [torch.zeros_like(bubble) for _ in range(WORLD)]
+            dist.all_gather(gathered, bubble)
+            rows.append((p, m, [float(g) for g in gathered], step))
+    if rank == 0:
+        print(f"pipeline bubble, schedule {schedule}, {WORLD} processes (dp = 4 / p)")
+        print(f"{'p':>2} {'m':>2} {'measured':>9} {'formula':>8} {'step s':>7}  per-rank")
+        for p, m, bubbles, step in rows:
+            formula = (p - 1) / (m + p - 1)
+            mean = statistics.mean(bubbles)
+            per_rank = " ".join(f"{b:.2f}" for b in bubbles)
+            print(f"{p:>2} {m:>2} {mean:>9.3f} {formula:>8.3f} {step:>7.3f}  {per_rank}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,85 @@
+"""Training throughput (tokens/s) of each strategy on 4 processes, one launch for all.
+
+Run: .venv/bin/python bench/trainer_throughput.py  (launches 4 processes; CPU unless CUDA)
+
+Each layout trains the same ~3.9M-parameter model on the same global batch for STEPS steps; the
+figure is global tokens per second over steps 2..STEPS (step 1 pays one-off set-up costs such as
+pipeline shape inference). On a 2-core CPU box the ranks share cores, so the comparison shows
+communication and scheduling overheads rather than scaling.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _launch import ensure_torchrun, layout_env
+
+WORLD = 4
+
+if __name__ == "__main__":
+    ensure_torchrun(WORLD)
+
+import torch.distributed as dist  # noqa: E402
+from meshrun_trainer.config import from_env  # noqa: E402
+from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
+from meshrun_trainer.train import train  # noqa: E402
+
+STEPS = 6
+BASE = {
+    "MESHRUN_MODEL_LAYERS": "4",
+    "MESHRUN_MODEL_HIDDEN": "256",
+    "MESHRUN_MODEL_HEADS": "4",
+    "MESHRUN_MODEL_VOCAB": "1024",
+    "MESHRUN_MODEL_SEQ_LEN": "64",
+    "MESHRUN_MODEL_FFN_HIDDEN": "768",
+    "MESHRUN_GLOBAL_BATCH_SIZE": "16",
+    "MESHRUN_STEPS": str(STEPS),
+}
+LAYOUTS = {
+    "DDP (dp4)": {"dp": "4"},
+    "ZeRO-1 (dp4)": {"dp": "4", "zero_stage": "1"},
+    "ZeRO-2 (dp4)": {"dp": "4", "zero_stage": "2"},
+    "ZeRO-3 (dp4)": {"dp": "4", "zero_stage": "3"},
+    "PP4 1F1B m4": {"pp": "4", "micro_batches": "4"},
+    "PP2 x DP2 1F1B m4": {"pp": "2", "dp": "2", "micro_batches": "4"},
+    "PP2 interleaved v2 x DP2": {
+        "pp": "2",
+        "dp": "2",
+        "micro_batches": "4",
+        "pipeline_schedule": "interleaved-1f1b",
+        "virtual_stages": "2",
+    },
+    "TP4 + SP": {"tp": "4"},
+    "DP2 x TP2": {"dp": "2", "tp": "2"},
+    "PP2 x TP2": {"pp": "2", "tp": "2", "micro_batches": "4"},
+}
+
+
+def main() -> None:
+    device = pick_device()
+    init_distributed(device)
+    rows = []
+    for name, layout in LAYOUTS.items():
+        cfg = from_env(layout_env(BASE, **layout))
+        result = train(cfg, build_mesh(cfg.layout, device))
+        timed = result.records[1:]
+        seconds = statistics.median(r.step_time_s for r in timed)
+        rows.append((name, cfg.tokens_per_step / seconds, seconds, result.records[-1].loss))
+    if dist.get_rank() == 0:
+        params = from_env(BASE).model.parameters()
+        print(
+            f"throughput, {WORLD} processes on {device.type}, {params:,} parameters, "
+            f"{from_env(BASE).tokens_per_step} tokens per step"
+        )
+        print(f"{'layout':28} {'tokens/s':>10} {'step s':>8} {'loss':>8}")
+        for name, tps, seconds, loss in rows:
+            print(f"{name:28} {tps:>10,.0f} {seconds:>8.3f} {loss:>8.4f}")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
