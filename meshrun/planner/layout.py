@@ -178,6 +178,13 @@ def complete_layout(job: JobSpec, dp: int, pp: int, tp: int, zero_stage: int) ->
             f"{micro} must divide globalBatchSize / (dataParallel x microBatchSize) = {passes}",
         )
     virtual = chunks_per_rank(job, pp)
+    if s.schedule == "1f1b" and micro < pp:
+        # torch's Schedule1F1B raises ValueError below one micro-batch per stage.
+        raise SpecError(
+            f"{STRATEGY}.microBatches",
+            f"{micro} must be at least pipelineParallel={pp} for 1f1b; use pipelineSchedule "
+            "gpipe for fewer (microBatches 1 is plain model parallelism)",
+        )
     if s.schedule == "interleaved-1f1b":
         # Megatron-LM runs interleaved micro-batches in groups of pp (Narayanan et al. 2021,
         # section 2.2); torch's ScheduleInterleaved1F1B relaxes that to whole "rounds" of

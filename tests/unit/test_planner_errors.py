@@ -113,6 +113,11 @@ def make_spec(**sections: dict[str, Any]) -> dict[str, Any]:
             "multiple of max(1, microBatches // pipelineParallel) = 2",
         ),
         (
+            {"strategy": {"type": "pipeline", "microBatches": 1}},
+            "spec.strategy.microBatches",
+            "at least pipelineParallel=2 for 1f1b; use pipelineSchedule gpipe",
+        ),
+        (
             {"training": {"globalBatchSize": 6}},
             "spec.training.globalBatchSize",
             "dataParallel x microBatchSize",

@@ -29,7 +29,11 @@ def hybrid_specs(draw: st.DrawFn) -> dict[str, Any]:
     pp = draw(st.sampled_from([p for p in range(1, 9) if (world // tp) % p == 0]))
     dp = world // (tp * pp)
     micro = draw(st.integers(1, 2))
-    batch = dp * micro * draw(st.integers(1, 4))
+    schedule = draw(st.sampled_from(["gpipe", "1f1b"]))
+    passes = draw(st.integers(1, 4))
+    if schedule == "1f1b":
+        passes = max(passes, pp)  # torch's Schedule1F1B needs a micro-batch per stage
+    batch = dp * micro * passes
     return {
         "image": "trainer:1",
         "resources": {"numNodes": nodes, "numProcPerNode": procs, "acceleratorMemoryGiB": 1},
@@ -39,7 +43,7 @@ def hybrid_specs(draw: st.DrawFn) -> dict[str, Any]:
             "pipelineParallel": pp,
             "tensorParallel": tp,
             "zeroStage": draw(st.integers(0, 3)),
-            "pipelineSchedule": draw(st.sampled_from(["gpipe", "1f1b"])),
+            "pipelineSchedule": schedule,
         },
         "model": MODEL,
         "training": {"globalBatchSize": batch, "microBatchSize": micro},
