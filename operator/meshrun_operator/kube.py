@@ -29,6 +29,10 @@ CUSTOM_KINDS = {
 }
 
 
+class StaleJob(Exception):
+    """A patch lost the race with another write to the job (optimistic concurrency)."""
+
+
 class ChildRejected(Exception):
     """The API server refused a child object as invalid (HTTP 400/422): the spec is at fault."""
 
@@ -141,24 +145,40 @@ class Kube:
         self,
         namespace: str,
         name: str,
+        resource_version: str,
         status: Mapping[str, Any] | None,
         state: Mapping[str, Any] | None,
-    ) -> None:
-        """Write the status (one merge patch of /status) and the bookkeeping annotation."""
+    ) -> dict[str, Any] | None:
+        """Write the bookkeeping annotation, then the status (one merge patch of /status).
+
+        Each patch carries the resourceVersion it was computed from as a precondition: a
+        decision made on a stale copy gets 409 Conflict (StaleJob) instead of overwriting newer
+        data. Returns the job as the API server holds it after the last patch.
+        """
+        latest: dict[str, Any] | None = None
+        version = resource_version
         if state is not None:
-            body = {
-                "metadata": {
-                    "annotations": {
-                        names.ANNOTATION_STATE: json.dumps(
-                            state, sort_keys=True, separators=(",", ":")
-                        )
-                    }
-                }
-            }
-            await self._call(
+            text = json.dumps(state, sort_keys=True, separators=(",", ":"))
+            meta = {"resourceVersion": version, "annotations": {names.ANNOTATION_STATE: text}}
+            latest = await self._patch(
+                "", self.custom.patch_namespaced_custom_object, namespace, name, {"metadata": meta}
+            )
+            version = str(latest["metadata"]["resourceVersion"])
+        if status is not None:
+            body = {"metadata": {"resourceVersion": version}, "status": status}
+            latest = await self._patch(
+                "/status", self.custom.patch_namespaced_custom_object_status, namespace, name, body
+            )
+        return latest
+
+    async def _patch(
+        self, sub: str, fn: Callable[..., Any], namespace: str, name: str, body: Any
+    ) -> dict[str, Any]:
+        try:
+            result = await self._call(
                 "patch",
-                names.PLURAL,
-                self.custom.patch_namespaced_custom_object,
+                names.PLURAL + sub,
+                fn,
                 names.GROUP,
                 names.VERSION,
                 namespace,
@@ -166,18 +186,11 @@ class Kube:
                 name,
                 body,
             )
-        if status is not None:
-            await self._call(
-                "patch",
-                f"{names.PLURAL}/status",
-                self.custom.patch_namespaced_custom_object_status,
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.PLURAL,
-                name,
-                {"status": status},
-            )
+        except ApiException as error:
+            if error.status == 409:
+                raise StaleJob(f"{namespace}/{name} changed meanwhile: {_reason(error)}") from error
+            raise
+        return dict(result)
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:

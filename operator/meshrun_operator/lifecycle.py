@@ -156,6 +156,12 @@ def _run(draft: Draft, settings: JobSettings, plan: Mapping[str, Any], observed:
         draft.delete.extend(p.name for p in stale if not p.deleting)
         draft.waiting(f"waiting for {len(stale)} pod(s) of an earlier attempt to go away")
         return
+    if current and not state.get("attemptStartTime"):
+        # Pods exist but the write that recorded their creation was lost (operator killed
+        # between the two): start the clocks now rather than never.
+        state["attemptStartTime"] = draft.stamp
+        if not state.get("activeSince"):
+            state["activeSince"] = draft.stamp
     next_attempt = parse_time(state.get("nextAttemptTime"))
     if next_attempt is not None and now < next_attempt:
         draft.waiting(f"backing off until {state.get('nextAttemptTime')}")

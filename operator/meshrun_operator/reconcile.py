@@ -27,7 +27,7 @@ from meshrun_operator.builders import (
     build_podgroup,
     build_service,
 )
-from meshrun_operator.kube import ChildRejected, Kube
+from meshrun_operator.kube import ChildRejected, Kube, StaleJob
 from meshrun_operator.lifecycle import (
     Decision,
     Evaluation,
@@ -58,6 +58,9 @@ class OperatorContext:
     """Phase of every job for the jobs-by-phase gauge."""
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     """One lock per job uid: the create handler and the timer never reconcile concurrently."""
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The job as our last patch left it, by uid: kopf may hand a handler a body older than
+    our own last write, and deciding on it would undo that write."""
 
 
 def plain(value: Any) -> Any:
@@ -67,6 +70,23 @@ def plain(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [plain(v) for v in value]
     return value
+
+
+def newest(body: dict[str, Any], cached: dict[str, Any] | None) -> dict[str, Any]:
+    """The more recent of two copies of a job, by resourceVersion.
+
+    resourceVersion is formally opaque, but every API server backed by etcd uses the etcd
+    revision, an increasing integer; when either is not an integer the watched body wins.
+    """
+    if cached is None:
+        return body
+    try:
+        newer = int(cached["metadata"]["resourceVersion"]) > int(
+            body["metadata"]["resourceVersion"]
+        )
+    except (KeyError, TypeError, ValueError):
+        return body
+    return cached if newer else body
 
 
 def _without_none(value: Any) -> Any:
@@ -141,12 +161,12 @@ async def reconcile(
     ctx: OperatorContext, body: kopf.Body, pods_index: Any, nodes_index: Any
 ) -> Decision:
     """Observe, decide, act, then write status and bookkeeping (only what changed)."""
-    job_body = plain(body)
-    meta = job_body["metadata"]
+    meta = body["metadata"]
     job = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     lock = ctx.locks.setdefault(job.uid, asyncio.Lock())
     async with lock:
         started = time.perf_counter()
+        job_body = newest(plain(body), ctx.latest.get(job.uid))
         observed = _observe(job_body, pods_index, nodes_index)
         pod0 = next((p for p in observed.pods if p.index == 0), None)
         progress = await ctx.progress.read(pod0)
@@ -162,7 +182,13 @@ async def reconcile(
             ev = Evaluation(spec=ev.spec, error=error)
             decision = decide(job_body, observed, now, ctx.tuning, ev)
             await _execute(ctx, job, ev, decision)
-        await _write(ctx, job, job_body, decision)
+        try:
+            await _write(ctx, job, job_body, decision)
+        except StaleJob as stale:
+            # Someone (a user's edit, another replica) wrote in between: decide again on the
+            # next resync from the fresh object; the side effects above were idempotent.
+            ctx.latest.pop(job.uid, None)
+            raise kopf.TemporaryError(str(stale), delay=0.5) from stale
         for event in decision.events:
             kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
         if decision.status.get("restarts", 0) > (job_body.get("status") or {}).get("restarts", 0):
@@ -183,7 +209,10 @@ async def _write(
     status = decision.status if new_status != old_status else None
     state = new_state if new_state != old_state else None
     if status is not None or state is not None:
-        await ctx.kube.patch_job(job.namespace, job.name, status, state)
+        version = str(job_body["metadata"].get("resourceVersion", ""))
+        latest = await ctx.kube.patch_job(job.namespace, job.name, version, status, state)
+        if latest is not None:
+            ctx.latest[job.uid] = latest
 
 
 def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
@@ -233,3 +262,4 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
     def forget(**kwargs: Any) -> None:
         ctx.phases.set(str(kwargs["uid"]), None)
         ctx.locks.pop(str(kwargs["uid"]), None)
+        ctx.latest.pop(str(kwargs["uid"]), None)

@@ -119,6 +119,7 @@ def test_gang_timeout_releases_a_partial_gang(
             "partial",
             resources={"numNodes": 2, "numProcPerNode": 8},
             podTemplate=template,
+            training={"steps": 10, "globalBatchSize": 32, "microBatchSize": 2},
             scheduling={"gangTimeoutSeconds": 3},
         )
     )

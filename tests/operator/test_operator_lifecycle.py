@@ -289,3 +289,12 @@ def test_condition_transition_time_moves_only_when_status_flips() -> None:
     _, later = run(job, observe(*pods), 50)
     assert condition(later, "Running")["lastTransitionTime"] == "2026-01-01T12:00:02Z"
     assert condition(first, "Running") == condition(later, "Running")
+
+
+def test_lost_bookkeeping_is_rebuilt_so_deadlines_still_apply() -> None:
+    # Pods exist but the annotation recording their creation never got written.
+    job = make_job(runPolicy={"activeDeadlineSeconds": 10})
+    job, healed = run(job, observe(make_pod(0), make_pod(1)), 5)
+    assert healed.create_pods == () and healed.state["activeSince"] == "2026-01-01T12:00:05Z"
+    _, late = run(job, observe(make_pod(0), make_pod(1)), 15)
+    assert late.status["phase"] == "Failed"
