@@ -4,11 +4,16 @@ Run: .venv/bin/python bench/trainer_bubble.py [--schedule 1f1b|gpipe]  (launches
 
 Bubble fraction (Narayanan et al. 2021, arXiv 2104.04473, section 2.2): the share of a pipeline
 step a stage sits idle, (p - 1) / (m + p - 1) for GPipe and 1F1B. Measured per rank as
-1 - busy / step, where busy = m x (forward + backward of one micro-batch through this rank's
-stage), timed on the same rank without any communication, and step is the wall time of one
-schedule step; the table shows the mean over ranks. Layers are split evenly so stages are equal.
-On a CPU box with fewer cores than ranks the ranks share cores, which inflates both times alike;
-the numbers are closest to the formula on one accelerator per rank.
+1 - busy / step. step: wall time of one schedule step (torch.distributed.pipelining, real
+point-to-point sends), the slowest rank's, since the step ends when it does. busy: m x (forward
++ backward of one micro-batch). The tables show the mean over ranks. Two measurements:
+
+- timed stages: each stage's forward/backward sleeps a fixed time (busy is known exactly and
+  sleeping ranks do not compete for cores), so this isolates the schedule's own bubble plus the
+  per-message overhead of the sends;
+- model stages: the meshrun transformer split evenly, busy timed on each rank alone. With fewer
+  cores than ranks (this CI box: 2 cores, 4 ranks) the ranks slow each other unevenly and the
+  figure is only indicative; on one accelerator per rank it approaches the formula.
 """
 
 from __future__ import annotations
@@ -33,8 +38,14 @@ from meshrun_trainer.config import from_env  # noqa: E402
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.model import build_model  # noqa: E402
 from meshrun_trainer.train import build_runner, forward_backward  # noqa: E402
+from torch import nn  # noqa: E402
+from torch.distributed.device_mesh import init_device_mesh  # noqa: E402
+from torch.distributed.pipelining import PipelineStage  # noqa: E402
+from torch.distributed.pipelining.schedules import Schedule1F1B, ScheduleGPipe  # noqa: E402
 
 MICRO_BATCH = 2
+FORWARD_S, BACKWARD_S = 0.02, 0.04
+"""Timed stages: backward costs about twice the forward, as in a transformer."""
 REPEATS = 5
 BASE = {
     "MESHRUN_MODEL_LAYERS": "8",
@@ -44,6 +55,63 @@ BASE = {
     "MESHRUN_MODEL_SEQ_LEN": "128",
     "MESHRUN_MODEL_FFN_HIDDEN": "768",
 }
+
+
+class _Sleep(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):  # type: ignore[no-untyped-def,override]
+        time.sleep(FORWARD_S)
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad):  # type: ignore[no-untyped-def,override]
+        time.sleep(BACKWARD_S)
+        return grad
+
+
+class TimedStage(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return _Sleep.apply(self.linear(x))  # type: ignore[no-any-return]
+
+
+def timed_bubbles(schedule_name: str, p: int, m: int, device: torch.device) -> list[float]:
+    mesh = init_device_mesh(device.type, (p, WORLD // p), mesh_dim_names=("pp", "dp"))
+    pp_rank = mesh.get_local_rank("pp")
+    stage = PipelineStage(TimedStage(), pp_rank, p, device, group=mesh["pp"].get_group())
+    kind = ScheduleGPipe if schedule_name == "gpipe" else Schedule1F1B
+    schedule = kind(stage, n_microbatches=m, loss_fn=lambda out, _: out.pow(2).mean())
+    x = torch.randn(m * MICRO_BATCH, 8)
+
+    def step() -> None:
+        if pp_rank == 0:
+            schedule.step(x)
+        elif pp_rank == p - 1:
+            schedule.step(target=x, losses=[])
+        else:
+            schedule.step()
+
+    step()  # warm-up (shape inference)
+    times = []
+    for _ in range(3):
+        dist.barrier()
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    bubble = torch.tensor([1 - m * (FORWARD_S + BACKWARD_S) / pipeline_time(times)])
+    gathered = [torch.zeros_like(bubble) for _ in range(WORLD)]
+    dist.all_gather(gathered, bubble)
+    return [float(g) for g in gathered]
+
+
+def pipeline_time(times: list[float]) -> float:
+    """The step ends when the slowest rank ends: the median step time, maximised over ranks."""
+    step = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    dist.all_reduce(step, op=dist.ReduceOp.MAX)
+    return float(step)
 
 
 def stage_busy_time(cfg, stage_layers: tuple[int, int], first: bool, m: int) -> float:  # type: ignore[no-untyped-def]
@@ -79,7 +147,7 @@ def step_time(cfg, mesh, m: int) -> float:  # type: ignore[no-untyped-def]
         times.append(time.perf_counter() - start)
         for opt in runner.optimizers:
             opt.zero_grad(set_to_none=True)
-    return statistics.median(times)
+    return pipeline_time(times)
 
 
 def main() -> None:
@@ -87,6 +155,7 @@ def main() -> None:
     device = pick_device()
     init_distributed(device)
     rank = dist.get_rank()
+    timed = [(p, m, timed_bubbles(schedule, p, m, device)) for p in (2, 4) for m in (4, 8)]
     rows = []
     for p in (2, 4):
         for m in (4, 8):
@@ -111,6 +180,13 @@ def main() -> None:
             rows.append((p, m, [float(g) for g in gathered], step))
     if rank == 0:
         print(f"pipeline bubble, schedule {schedule}, {WORLD} processes (dp = 4 / p)")
+        print(f"timed stages (forward {FORWARD_S}s, backward {BACKWARD_S}s per micro-batch)")
+        print(f"{'p':>2} {'m':>2} {'measured':>9} {'formula':>8}  per-rank")
+        for p, m, bubbles in timed:
+            formula = (p - 1) / (m + p - 1)
+            per_rank = " ".join(f"{b:.3f}" for b in bubbles)
+            print(f"{p:>2} {m:>2} {statistics.mean(bubbles):>9.3f} {formula:>8.3f}  {per_rank}")
+        print("model stages (transformer, 8 layers split evenly)")
         print(f"{'p':>2} {'m':>2} {'measured':>9} {'formula':>8} {'step s':>7}  per-rank")
         for p, m, bubbles, step in rows:
             formula = (p - 1) / (m + p - 1)

@@ -28,7 +28,8 @@ import torch.distributed as dist  # noqa: E402
 from meshrun_trainer.config import from_env  # noqa: E402
 from meshrun_trainer.data import make_stream, replica_rows  # noqa: E402
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
-from meshrun_trainer.train import build_runner, forward_backward  # noqa: E402
+from meshrun_trainer.model import cross_entropy  # noqa: E402
+from meshrun_trainer.train import build_runner  # noqa: E402
 from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
@@ -80,12 +81,15 @@ def main() -> None:
         t = cfg.training
         x, y = make_stream("synthetic", cfg.model.vocab, cfg.model.seq_len, 8, 0).global_batch(1)
         dp = cfg.layout.dp
-        forward_backward(
-            cfg, runner, replica_rows(x, mesh.dp_rank, dp), replica_rows(y, mesh.dp_rank, dp)
-        )
+        model = runner.parts[0]
+        logits = model(replica_rows(x, mesh.dp_rank, dp))
+        # Between forward and backward: FSDP2 with reshard_after_forward=False (ZeRO-2) still
+        # holds whole parameters here, ZeRO-3 has resharded them.
+        in_step = sum(local_bytes(p) for p in model.parameters())
+        cross_entropy(logits, replica_rows(y, mesh.dp_rank, dp)).backward()
         for opt in runner.optimizers:
             opt.step()  # creates the Adam moments; grads are still held (no zero_grad yet)
-        measured = torch.tensor(model_state_bytes(runner), dtype=torch.float64)
+        measured = torch.tensor([*model_state_bytes(runner), in_step], dtype=torch.float64)
         gathered = [torch.zeros_like(measured) for _ in range(WORLD)]
         dist.all_gather(gathered, measured)
         psi = cfg.model.parameters()
@@ -95,23 +99,24 @@ def main() -> None:
         psi = rows[0][1]
         print(f"model-state bytes per rank, {WORLD} ranks, psi = {psi:,} parameters, fp32 + AdamW")
         print(
-            f"{'strategy':8} {'rank':>4} {'params':>12} {'grads':>12} {'optimizer':>12}"
-            f" {'total':>12} {'formula':>12} {'ratio':>6}"
+            f"{'strategy':8} {'rank':>4} {'params':>11} {'step params':>11} {'grads':>11}"
+            f" {'optimizer':>11} {'peak states':>11} {'formula':>11} {'ratio':>6}"
         )
         for stage, psi, per_rank, _ in rows:
             formula = FORMULA[stage] * psi
-            for rank, (w, g, o) in enumerate(per_rank):
-                total = w + g + o
+            for rank, (w, g, o, live) in enumerate(per_rank):
+                peak = max(w, live) + g + o
                 print(
-                    f"{NAMES[stage]:8} {rank:>4} {w:>12,.0f} {g:>12,.0f} {o:>12,.0f}"
-                    f" {total:>12,.0f} {formula:>12,.0f} {total / formula:>6.3f}"
+                    f"{NAMES[stage]:8} {rank:>4} {w:>11,.0f} {live:>11,.0f} {g:>11,.0f}"
+                    f" {o:>11,.0f} {peak:>11,.0f} {formula:>11,.0f} {peak / formula:>6.3f}"
                 )
         print(
-            "note: FSDP2 with reshard_after_forward=False (our ZeRO-2) keeps whole parameters only"
-            "\n  between forward and backward and reshards them after backward, so at rest (when"
-            "\n  measured here) it holds 16psi/N like ZeRO-3; the ZeRO-2 formula's 4psi is its"
-            "\n  in-step peak. ZeRO-1's optimizer share differs by rank from uneven parameter"
-            "\n  boundaries (ZeroRedundancyOptimizer assigns whole tensors)."
+            "params, grads, optimizer: bytes held after the optimizer step; step params: held"
+            "\n  between forward and backward; peak states = max(params, step params) + grads +"
+            "\n  optimizer, compared with the formula. FSDP2 with reshard_after_forward=False"
+            "\n  (our ZeRO-2) holds whole parameters only within the step and reshards them after"
+            "\n  backward, so at rest it holds 16psi/N like ZeRO-3. ZeRO-1 optimizer shares differ"
+            "\n  by rank: ZeroRedundancyOptimizer assigns whole tensors to ranks."
         )
     dist.destroy_process_group()
 
