@@ -31,6 +31,14 @@ STRATEGIES = {
     "zero3": {"type": "zero", "zeroStage": 3},
     "zero1": {"type": "zero", "zeroStage": 1},
     "pipeline": {"type": "pipeline", "pipelineParallel": 2, "microBatches": 4},
+    # two model chunks per rank: checkpoint state merges and splits per chunk
+    "interleaved": {
+        "type": "pipeline",
+        "pipelineParallel": 2,
+        "microBatches": 4,
+        "pipelineSchedule": "interleaved-1f1b",
+        "virtualStages": 2,
+    },
 }
 
 
@@ -116,6 +124,10 @@ def test_kill_one_rank_then_resume_is_bit_exact(strategy: str, tmp_path: Path) -
     done = sorted(p.name for p in crashed_dir.iterdir() if not p.name.endswith(".tmp"))
     assert done and done[-1] < f"step-{STEPS:08d}", f"the run was not cut short: {done}"
 
+    # Leftovers that must never be read: a half-written directory from a crash and a complete-
+    # looking directory without DCP's .metadata (written last by the coordinator).
+    (crashed_dir / f"step-{STEPS - 1:08d}.tmp").mkdir()
+    (crashed_dir / f"step-{STEPS - 2:08d}").mkdir()
     resumed = _events(_start(_env(layout, crashed_dir)))
     summary = next(e for e in resumed if e["event"] == "summary")
     first = summary["resumedFromStep"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import sys
 from typing import Any
 
@@ -11,7 +12,7 @@ import torch.distributed as dist
 from meshrun_trainer.config import ConfigError, TrainConfig, from_env
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.parallel import data_parallel_kind
-from meshrun_trainer.progress import Reporter
+from meshrun_trainer.progress import TERMINATION_MESSAGE_LIMIT, Reporter
 from meshrun_trainer.train import TrainResult, peak_memory, train
 
 
@@ -36,6 +37,20 @@ def summarize(cfg: TrainConfig, result: TrainResult, peaks: list[int]) -> dict[s
     }
 
 
+def write_failure(cfg: TrainConfig, error: BaseException) -> None:
+    """Put the error in the pod's termination message, so the operator can show why it failed."""
+    message = {
+        "status": "Failed",
+        "rank": dist.get_rank(),
+        "error": f"{type(error).__name__}: {error}"[: TERMINATION_MESSAGE_LIMIT - 100],
+    }
+    try:
+        with open(cfg.termination_log, "w", encoding="utf-8") as handle:
+            handle.write(json.dumps(message))
+    except OSError:
+        pass  # the original error matters more; torchrun reports it with the traceback
+
+
 def main() -> int:
     try:
         cfg = from_env()
@@ -46,7 +61,11 @@ def main() -> int:
     init_distributed(device)
     mesh = build_mesh(cfg.layout, device)
     reporter = Reporter(cfg) if dist.get_rank() == 0 else None
-    result = train(cfg, mesh, on_step=reporter.on_step if reporter else None)
+    try:
+        result = train(cfg, mesh, on_step=reporter.on_step if reporter else None)
+    except Exception as error:
+        write_failure(cfg, error)
+        raise
     peaks: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(peaks, peak_memory()[0])
     if reporter is not None:

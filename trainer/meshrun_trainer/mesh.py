@@ -8,6 +8,7 @@ pod and PP outermost, matching the planner's rank order rank = (pp * dp_size + d
 from __future__ import annotations
 
 import os
+import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -27,6 +28,12 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
     """Join the job's process group (env:// rendezvous set up by torchrun).
 
@@ -34,6 +41,12 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
     """
     if dist.is_initialized():
         return
+    if "RANK" not in os.environ:
+        # Started without torchrun (`python -m meshrun_trainer`): a world of one process.
+        for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(key, value)
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
 

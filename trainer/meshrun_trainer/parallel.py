@@ -10,6 +10,7 @@ dimension: ZeRO-0/1/2 use reshard_after_forward=False and ZeRO-3 True.
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 from torch import nn
@@ -27,6 +28,11 @@ from torch.nn.parallel import DistributedDataParallel
 from meshrun_trainer.config import Layout
 from meshrun_trainer.mesh import Mesh
 from meshrun_trainer.model import Transformer
+
+# FSDP2 warns when a wrapped module returns a view (an nn.Linear output on 3-D input is one),
+# because an in-place op on it would skip the pre-backward hook. Nothing here modifies model
+# outputs in place (the loss and pipeline stages read them), so the warning is noise.
+warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
 
 
 def data_parallel_kind(layout: Layout) -> str:

@@ -1,0 +1,62 @@
+"""``python -m meshrun_trainer`` on its own: success, bad configuration and a failing run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from trainer_launch import REPO, cpu_env
+
+pytestmark = pytest.mark.trainer
+
+
+def trainer(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+    log = tmp_path / "termination-log"
+    base = {
+        "MESHRUN_MODEL_PRESET": "tiny",
+        "MESHRUN_STEPS": "3",
+        "MESHRUN_TERMINATION_LOG": str(log),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "meshrun_trainer"],
+        cwd=REPO,
+        env=cpu_env(**base, **env),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    return proc, log
+
+
+@pytest.mark.timeout(180)
+def test_single_process_without_torchrun(tmp_path: Path) -> None:
+    proc, log = trainer(tmp_path, MESHRUN_DATASET="corpus")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    events = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3]
+    message = json.loads(log.read_text())
+    assert message["status"] == "Succeeded" and message["steps"] == 3
+    assert message["layout"]["dataParallel"] == "none"
+    assert len(message["peakMemoryBytes"]) == 1
+
+
+def test_bad_configuration_exits_2_naming_the_variable(tmp_path: Path) -> None:
+    proc, _ = trainer(tmp_path, MESHRUN_TP="3")
+    assert proc.returncode == 2
+    assert "invalid configuration: MESHRUN_TP: 3 must divide MESHRUN_MODEL_HEADS=4" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.timeout(180)
+def test_failure_reaches_the_termination_message(tmp_path: Path) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("a file where the checkpoint directory should be")
+    proc, log = trainer(tmp_path, MESHRUN_CHECKPOINT_DIR=str(blocker), MESHRUN_CHECKPOINT_EVERY="2")
+    assert proc.returncode != 0
+    message = json.loads(log.read_text())
+    assert message["status"] == "Failed" and message["rank"] == 0
+    assert "not-a-directory" in message["error"]
