@@ -5,7 +5,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from meshrun_trainer.checkpoint import latest_complete, step_dir
 
 pytestmark = pytest.mark.unit
