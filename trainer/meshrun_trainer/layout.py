@@ -1,0 +1,103 @@
+"""The parallel layout of a run and its rules: how many ranks along each mesh dimension, the
+pipeline schedule, and which layers each pipeline stage holds."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshrun.presets import ModelShape
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
+
+
+class ConfigError(ValueError):
+    """A configuration value breaks a rule; ``field`` names the variable, ``rule`` says why."""
+
+    def __init__(self, field: str, rule: str) -> None:
+        super().__init__(f"{field}: {rule}")
+        self.field = field
+        self.rule = rule
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How the world is split: DP x PP x TP, ZeRO stage and pipeline schedule."""
+
+    dp: int
+    """Data-parallel degree (replicas of each model shard)."""
+    pp: int
+    """Pipeline-parallel degree (ranks along the layer dimension)."""
+    tp: int
+    """Tensor-parallel degree (ranks sharing every layer's weights)."""
+    zero_stage: int
+    """ZeRO stage 0-3 applied along the data-parallel dimension."""
+    schedule: str
+    """Pipeline schedule: gpipe, 1f1b or interleaved-1f1b (ignored when pp == 1)."""
+    micro_batches: int
+    """Micro-batches per pipeline step (ignored when pp == 1)."""
+    virtual_stages: int
+    """Model chunks per pipeline rank (> 1 only for interleaved-1f1b)."""
+    grad_accumulation: int
+    """Forward/backward passes accumulated per optimizer step."""
+    stage_layers: tuple[tuple[int, int], ...]
+    """Inclusive layer range of each pipeline stage, pp * virtual_stages of them in stage order."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    @property
+    def num_stages(self) -> int:
+        return self.pp * self.virtual_stages
+
+
+def parse_stage_layers(
+    raw: str, field: str = "MESHRUN_STAGE_LAYERS"
+) -> tuple[tuple[int, int], ...]:
+    """Parse ``"0-1,2-3"`` into ((0, 1), (2, 3)) (inclusive ranges, stage order)."""
+    stages: list[tuple[int, int]] = []
+    for part in raw.split(","):
+        first, sep, last = part.strip().partition("-")
+        try:
+            stages.append((int(first), int(last if sep else first)))
+        except ValueError:
+            raise ConfigError(field, f"must look like '0-1,2-3', got {raw!r}") from None
+    return tuple(stages)
+
+
+def even_stage_layers(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
+    """Split ``layers`` into ``stages`` contiguous ranges, earlier stages taking the remainder."""
+    base, extra = divmod(layers, stages)
+    ranges, first = [], 0
+    for stage in range(stages):
+        count = base + (1 if stage < extra else 0)
+        ranges.append((first, first + count - 1))
+        first += count
+    return tuple(ranges)
+
+
+def validate_layout(layout: Layout, model: ModelShape) -> None:
+    """Check that the layout can split this model; raise ConfigError naming the variable."""
+    if layout.zero_stage > 3:
+        raise ConfigError("MESHRUN_ZERO_STAGE", f"must be 0-3, got {layout.zero_stage}")
+    if model.layers < layout.num_stages:
+        raise ConfigError("MESHRUN_PP", f"{layout.num_stages} stages need >= that many layers")
+    expected = 0
+    for first, last in layout.stage_layers:
+        if first != expected or last < first:
+            raise ConfigError(
+                "MESHRUN_STAGE_LAYERS", "ranges must be contiguous, non-empty and start at 0"
+            )
+        expected = last + 1
+    if expected != model.layers:
+        raise ConfigError("MESHRUN_STAGE_LAYERS", f"ranges must cover all {model.layers} layers")
+    tp = layout.tp
+    for name, value in (
+        ("HEADS", model.heads),
+        ("KV_HEADS", model.kv_heads),
+        ("FFN_HIDDEN", model.ffn_hidden),
+        ("VOCAB", model.vocab),
+        ("SEQ_LEN", model.seq_len),  # sequence parallel shards the sequence dimension
+    ):
+        if value % tp:
+            raise ConfigError("MESHRUN_TP", f"{tp} must divide MESHRUN_MODEL_{name}={value}")
