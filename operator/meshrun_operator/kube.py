@@ -192,6 +192,20 @@ class Kube:
             raise
         return dict(result)
 
+    async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
+        """The job as the API server holds it now."""
+        job: Any = await self._call(
+            "get",
+            names.PLURAL,
+            self.custom.get_namespaced_custom_object,
+            names.GROUP,
+            names.VERSION,
+            namespace,
+            names.PLURAL,
+            name,
+        )
+        return dict(job) if isinstance(job, Mapping) else {}
+
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
             await self._call(

@@ -115,7 +115,12 @@ def decide(
     if ev.error is not None or ev.settings is None or ev.plan is None:
         draft.invalid(ev.error or SpecError("spec", "could not be evaluated"), observed.pods)
     else:
-        draft.status["plan"] = dict(ev.plan_status or {})
+        plan = dict(ev.plan_status or {})
+        draft.status["plan"] = plan
+        # Printer columns (kubectl get ptj) read these top-level copies.
+        draft.status.update(
+            strategy=plan.get("strategy"), layout=plan.get("layout"), gpus=plan.get("gpus")
+        )
         _run(draft, ev.settings, ev.plan, observed)
     draft.announce_phase()
     return Decision(

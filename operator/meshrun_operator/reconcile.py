@@ -160,42 +160,71 @@ def _observe(body: Mapping[str, Any], pods_index: Any, nodes_index: Any) -> Obse
 async def reconcile(
     ctx: OperatorContext, body: kopf.Body, pods_index: Any, nodes_index: Any
 ) -> Decision:
-    """Observe, decide, act, then write status and bookkeeping (only what changed)."""
+    """Observe, decide, act, then write status and bookkeeping (only what changed).
+
+    When the write loses a race (kopf's own finalizer and annotation patches, a user's edit),
+    the job is read again and the whole round repeats: every side effect is idempotent, so
+    repeating is safe, and the status is never left behind the actions.
+    """
     meta = body["metadata"]
     job = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
     lock = ctx.locks.setdefault(job.uid, asyncio.Lock())
     async with lock:
         started = time.perf_counter()
         job_body = newest(plain(body), ctx.latest.get(job.uid))
-        observed = _observe(job_body, pods_index, nodes_index)
-        pod0 = next((p for p in observed.pods if p.index == 0), None)
-        progress = await ctx.progress.read(pod0)
-        observed = Observed(pods=observed.pods, nodes=observed.nodes, progress=progress)
-        ev = evaluate(job_body.get("spec") or {}, job.name)
-        now = datetime.now(UTC)
-        decision = decide(job_body, observed, now, ctx.tuning, ev)
-        try:
-            await _execute(ctx, job, ev, decision)
-        except ChildRejected as rejected:
-            # The API server refused a pod built from the user's podTemplate: a spec error.
-            error = SpecError("spec.podTemplate", rejected.message)
-            ev = Evaluation(spec=ev.spec, error=error)
-            decision = decide(job_body, observed, now, ctx.tuning, ev)
-            await _execute(ctx, job, ev, decision)
-        try:
-            await _write(ctx, job, job_body, decision)
-        except StaleJob as stale:
-            # Someone (a user's edit, another replica) wrote in between: decide again on the
-            # next resync from the fresh object; the side effects above were idempotent.
-            ctx.latest.pop(job.uid, None)
-            raise kopf.TemporaryError(str(stale), delay=0.5) from stale
-        for event in decision.events:
-            kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
-        if decision.status.get("restarts", 0) > (job_body.get("status") or {}).get("restarts", 0):
+        posted: set[tuple[str, str]] = set()
+        for round_left in reversed(range(MAX_ROUNDS)):
+            decision = await _round(ctx, job, job_body, pods_index, nodes_index)
+            try:
+                await _write(ctx, job, job_body, decision)
+            except StaleJob as stale:
+                ctx.latest.pop(job.uid, None)
+                if decision.create_pods or decision.delete_pods:
+                    _post(body, decision, posted)  # what was done must be told once
+                if not round_left:
+                    raise kopf.TemporaryError(str(stale), delay=0.5) from stale
+                job_body = await ctx.kube.get_job(job.namespace, job.name)
+                continue
+            break
+        _post(body, decision, posted)
+        old_restarts = (job_body.get("status") or {}).get("restarts", 0)
+        if decision.status.get("restarts", 0) > old_restarts:
             reason = (decision.state.get("lastFailure") or {}).get("reason", "Unknown")
             metrics.RESTARTS.labels(reason=reason).inc()
         ctx.phases.set(job.uid, decision.status.get("phase"))
         metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+    return decision
+
+
+MAX_ROUNDS = 3
+
+
+def _post(body: kopf.Body, decision: Decision, posted: set[tuple[str, str]]) -> None:
+    for event in decision.events:
+        if (event.reason, event.message) in posted:
+            continue
+        posted.add((event.reason, event.message))
+        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+
+
+async def _round(
+    ctx: OperatorContext, job: JobRef, job_body: dict[str, Any], pods_index: Any, nodes_index: Any
+) -> Decision:
+    """One observe-decide-act round on ``job_body``."""
+    observed = _observe(job_body, pods_index, nodes_index)
+    pod0 = next((p for p in observed.pods if p.index == 0), None)
+    progress = await ctx.progress.read(pod0)
+    observed = Observed(pods=observed.pods, nodes=observed.nodes, progress=progress)
+    ev = evaluate(job_body.get("spec") or {}, job.name)
+    now = datetime.now(UTC)
+    decision = decide(job_body, observed, now, ctx.tuning, ev)
+    try:
+        await _execute(ctx, job, ev, decision)
+    except ChildRejected as rejected:
+        # The API server refused a pod built from the user's podTemplate: a spec error.
+        ev = Evaluation(spec=ev.spec, error=SpecError("spec.podTemplate", rejected.message))
+        decision = decide(job_body, observed, now, ctx.tuning, ev)
+        await _execute(ctx, job, ev, decision)
     return decision
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
+from meshrun.api import VERSION, crd
 from meshrun_operator.builders import pod_ranks
 from meshrun_operator.conditions import format_time, parse_time
 from meshrun_operator.observe import PodView
@@ -46,7 +48,40 @@ def merge_progress(
     step_time = reported.get("stepTimeSeconds")
     if isinstance(total, int) and isinstance(step, int) and isinstance(step_time, (int, float)):
         progress["etaSeconds"] = round(max(total - step, 0) * float(step_time), 1)
-    return progress
+    return conform(progress, _progress_schema())
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "integer": (int,),
+    "number": (int, float),
+    "string": (str,),
+    "boolean": (bool,),
+}
+
+
+def conform(values: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, Any]:
+    """Keep only the fields the schema declares, with the declared JSON type.
+
+    The trainer's report is outside the operator's control; one field of the wrong type would
+    make the API server reject the whole status patch (422), so it is dropped instead.
+    """
+    properties = schema.get("properties") or {}
+    kept: dict[str, Any] = {}
+    for key, value in values.items():
+        expected = _JSON_TYPES.get(str((properties.get(key) or {}).get("type")))
+        if expected is None or isinstance(value, bool) != (bool in expected):
+            continue
+        if isinstance(value, expected):
+            kept[key] = value
+    return kept
+
+
+@functools.cache
+def _progress_schema() -> Mapping[str, Any]:
+    """status.progress of the CRD (the single source of truth, shipped in meshrun.api)."""
+    version = next(v for v in crd()["spec"]["versions"] if v["name"] == VERSION)
+    schema: Mapping[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    return dict(schema["properties"]["progress"])
 
 
 def last_progress_time(state: Mapping[str, Any], attempt: int) -> datetime | None:

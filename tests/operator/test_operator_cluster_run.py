@@ -56,7 +56,7 @@ def test_job_runs_to_succeeded_with_status_progress_and_events(
         "loss": 4.25,
         "tokensPerSecond": 1234.5,
         "stepTimeSeconds": 0.5,
-        "updatedAt": "2026-01-01T00:00:00Z",
+        "updatedAt": 1767225600.0,
     }
     cluster.annotate("pod", "train-0", f"{names.ANNOTATION_PROGRESS}={json.dumps(report)}")
     progress = wait_for(

@@ -199,7 +199,7 @@ def progress(step: int) -> dict[str, Any]:
         "loss": 2.5,
         "tokensPerSecond": 1000.0,
         "stepTimeSeconds": 0.5,
-        "updatedAt": "2026-01-01T12:00:00Z",
+        "updatedAt": 1767268800.0,
     }
 
 
@@ -298,3 +298,19 @@ def test_lost_bookkeeping_is_rebuilt_so_deadlines_still_apply() -> None:
     assert healed.create_pods == () and healed.state["activeSince"] == "2026-01-01T12:00:05Z"
     _, late = run(job, observe(make_pod(0), make_pod(1)), 15)
     assert late.status["phase"] == "Failed"
+
+
+def test_progress_fields_of_the_wrong_type_are_dropped_not_sent() -> None:
+    job = started_job()
+    report = {**progress(4), "updatedAt": "yesterday", "loss": "nan?", "extra": 1}
+    _, decision = run(job, observe(make_pod(0, progress=report), make_pod(1)), 5)
+    shown = decision.status["progress"]
+    assert shown["step"] == 4 and shown["tokensPerSecond"] == 1000.0
+    assert "updatedAt" not in shown and "loss" not in shown and "extra" not in shown
+
+
+def test_printer_columns_are_filled() -> None:
+    _, decision = run(make_job(), observe(), 0)
+    assert decision.status["strategy"] == "ddp"
+    assert decision.status["layout"] == "dp8 x pp1 x tp1"
+    assert decision.status["gpus"] == 8
