@@ -12,12 +12,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from meshrun.envcontract import TRAINER_COMMAND
 from meshrun_operator import names
 from meshrun_operator.jobspec import ACCELERATOR_CPU, JobSettings, gang_scheduler_kind
 
 # The trainer image's entrypoint: torchrun reads PET_* from the environment and starts one
 # process per GPU running the trainer package (docs/env-contract.md).
-DEFAULT_COMMAND = ["python", "-m", "torch.distributed.run", "-m", "meshrun_trainer"]
+DEFAULT_COMMAND = list(TRAINER_COMMAND)
 
 # Checkpoints live here in every pod: on the PVC named by spec.training.checkpoint.volume (so a
 # restarted gang resumes), else on an emptyDir that dies with the pod.
