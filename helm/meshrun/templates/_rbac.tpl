@@ -7,10 +7,11 @@ bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these
 {{/* Rules on namespaced objects: a ClusterRole in cluster-wide mode, a Role per namespace otherwise. */}}
 {{- define "meshrun.namespacedRules" -}}
 # ParallelTrainingJobs: kopf lists and watches them and patches its finalizer and bookkeeping
-# annotations (meshrun.dev/*); the reconciler deletes a job once ttlSecondsAfterFinished ran out.
+# annotations (meshrun.dev/*); the reconciler re-reads a job after a conflicting write (get) and
+# deletes it once ttlSecondsAfterFinished ran out.
 - apiGroups: [meshrun.dev]
   resources: [paralleltrainingjobs]
-  verbs: [list, watch, patch, delete]
+  verbs: [get, list, watch, patch, delete]
 # Job status: written with one merge patch of the status subresource per change.
 - apiGroups: [meshrun.dev]
   resources: [paralleltrainingjobs/status]

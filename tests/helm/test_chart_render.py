@@ -1,0 +1,183 @@
+"""The rendered chart: lint, schema errors, hardening, RBAC per mode, server-side dry run.
+
+Marked ``cluster``: these need the helm binary ``make tools`` builds, and the dry run needs the
+API server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from helm_support import CHART, Kubectl, find, helm, render, template, values_args
+from meshrun_operator.main import parse_args
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
+# Resources the operator must never be able to touch, in any mode.
+FORBIDDEN_RESOURCES = {"secrets", "configmaps", "serviceaccounts", "roles", "rolebindings", "*"}
+# No update (the operator patches), no escalate/bind/impersonate, no wildcard.
+USED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
+
+
+def rules_of(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    return [rule for obj in find(objects, kind) for rule in obj["rules"]]
+
+
+def deployment(values: dict[str, Any] | None = None) -> dict[str, Any]:
+    (found,) = find(render(values), "Deployment")
+    return found
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_helm_lint_strict_passes(values: dict[str, Any]) -> None:
+    out = helm("lint", "--strict", str(CHART), *values_args(values)).stdout
+    assert "0 chart(s) failed" in out
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({"operator": {"workers": 0}}, "/operator/workers"),
+        ({"operator": {"resyncSeconds": "-1"}}, "/operator/resyncSeconds"),
+        ({"watchNamespace": ["a"]}, "'watchNamespace' not allowed"),
+        ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
+        ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
+        ({"metrics": {"service": {"port": 70000}}}, "/metrics/service/port"),
+        (
+            {"metrics": {"serviceMonitor": {"enabled": True}, "service": {"enabled": False}}},
+            "metrics.serviceMonitor.enabled: needs metrics.service.enabled=true",
+        ),
+        (
+            {"serviceAccount": {"create": False, "name": ""}},
+            "serviceAccount.name: must name an existing ServiceAccount",
+        ),
+    ],
+)
+def test_bad_values_fail_naming_the_value(values: dict[str, Any], message: str) -> None:
+    proc = template(values, check=False)
+    assert proc.returncode != 0
+    assert message in proc.stderr
+
+
+def test_deployment_is_hardened_and_probed() -> None:
+    deploy = deployment()
+    spec = deploy["spec"]
+    assert spec["replicas"] == 1 and spec["strategy"] == {"type": "Recreate"}
+    pod = spec["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 1000
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = pod["containers"]
+    security = container["securityContext"]
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"metrics": 8080, "health": 8081}
+    for probe in ("livenessProbe", "readinessProbe"):
+        assert container[probe]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert {"name": "tmp", "mountPath": "/tmp"} in container["volumeMounts"]
+    assert container["image"] == "meshrun/operator:0.1.0"
+
+
+def test_rendered_flags_parse_to_the_values() -> None:
+    values = {
+        "watchNamespaces": ["team-a", "team-b"],
+        "operator": {
+            "watchNodes": False,
+            "progressHttp": False,
+            "resyncSeconds": 0.5,
+            "workers": 8,
+            "healthPort": 9091,
+        },
+    }
+    (container,) = deployment(values)["spec"]["template"]["spec"]["containers"]
+    assert container["command"] == ["python", "-m", "meshrun_operator"]
+    # The operator's own parser accepts every flag the chart renders, with the values' meaning.
+    options = parse_args(container["args"])
+    assert options.namespaces == ("team-a", "team-b")
+    assert options.watch_nodes is False and options.progress_http is False
+    assert options.resync_seconds == 0.5 and options.workers == 8
+    assert options.health_port == 9091 and options.metrics_port == 8080
+    assert options.peering is None  # one replica, standalone: Recreate never runs two
+
+
+def test_cluster_wide_mode_binds_the_job_rules_cluster_wide() -> None:
+    objects = render()
+    assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
+    (jobs,) = find(objects, "ClusterRole", "-jobs")
+    pods = [r for r in jobs["rules"] if r["resources"] == ["pods"]]
+    assert pods and set(pods[0]["verbs"]) == {"list", "watch", "get", "create", "delete"}
+    assert len(find(objects, "ClusterRoleBinding")) == 2
+
+
+def test_namespaced_mode_grants_jobs_rules_only_in_listed_namespaces() -> None:
+    objects = render(NAMESPACED)
+    roles = find(objects, "Role")
+    assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
+    bindings = find(objects, "RoleBinding")
+    assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
+    for binding in bindings:
+        (subject,) = binding["subjects"]
+        assert subject["namespace"] == "meshrun-system"
+    # What is granted cluster-wide is read-only and on cluster-scoped objects only.
+    cluster_rules = rules_of(objects, "ClusterRole")
+    assert {res for r in cluster_rules for res in r["resources"]} == {
+        "customresourcedefinitions",
+        "nodes",
+        "namespaces",
+    }
+    assert {verb for r in cluster_rules for verb in r["verbs"]} == {"list", "watch"}
+
+
+@pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
+def test_no_rule_reaches_secrets_or_wildcards(values: dict[str, Any]) -> None:
+    objects = render(values)
+    for rule in rules_of(objects, "ClusterRole") + rules_of(objects, "Role"):
+        assert not FORBIDDEN_RESOURCES & set(rule["resources"]), rule
+        assert "*" not in rule["apiGroups"], rule
+        finalizers = rule["resources"] == ["paralleltrainingjobs/finalizers"]
+        assert set(rule["verbs"]) <= ({"update"} if finalizers else USED_VERBS), rule
+
+
+def test_optional_permissions_follow_their_values() -> None:
+    objects = render({"operator": {"watchNodes": False}, "rbac": {"podGroups": False}})
+    resources = {res for r in rules_of(objects, "ClusterRole") for res in r["resources"]}
+    assert "nodes" not in resources and "podgroups" not in resources
+    assert "nodes" in {res for r in rules_of(render(), "ClusterRole") for res in r["resources"]}
+    assert find(render({"rbac": {"create": False}}), "ClusterRole") == []
+
+
+def test_service_monitor_scrapes_the_metrics_service() -> None:
+    objects = render({"metrics": {"serviceMonitor": {"enabled": True, "labels": {"p": "x"}}}})
+    (monitor,) = find(objects, "ServiceMonitor")
+    (service,) = find(objects, "Service", "-metrics")
+    assert (
+        monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    )
+    assert monitor["spec"]["endpoints"][0]["port"] == service["spec"]["ports"][0]["name"]
+    assert monitor["metadata"]["labels"]["p"] == "x"
+    assert find(render(), "ServiceMonitor") == []
+
+
+@pytest.mark.parametrize("mode", ["cluster-wide", "namespaced"])
+def test_server_side_dry_run_accepts_every_object(
+    mode: str,
+    kubectl: Kubectl,
+    namespace: str,
+    new_namespace: Callable[[str], str],
+    crds_installed: list[str],
+) -> None:
+    values: dict[str, Any] = {}
+    if mode == "namespaced":
+        values = {"watchNamespaces": [new_namespace("team-a"), new_namespace("team-b")]}
+    manifest = template(values, namespace=namespace).stdout
+    out = kubectl("apply", "--dry-run=server", "-f", "-", input=manifest).stdout
+    kinds = [line.split("/")[0] for line in out.splitlines() if "(server dry run)" in line]
+    expected = {"serviceaccount", "deployment.apps", "service"}
+    assert expected <= set(kinds), out
+    roles = [k for k in kinds if k.startswith("role.rbac")]
+    assert len(roles) == (2 if mode == "namespaced" else 0), out
