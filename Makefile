@@ -69,6 +69,10 @@ test: venv tools ## Every test: unit, trainer and cluster tests (starts the clus
 demo: cluster-up ## Run the main demo job on the local cluster
 	hack/demo.sh
 
+.PHONY: e2e-kind
+e2e-kind: ## kind end-to-end (needs Docker + internet): build images, helm install, run every example
+	hack/e2e-kind.sh
+
 .PHONY: bench
 bench: venv tools ## Run the benchmarks under bench/ (prints figures)
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

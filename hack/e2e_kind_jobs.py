@@ -1,0 +1,81 @@
+"""Shrink examples/*.yaml into jobs a CPU-only kind cluster can finish in a minute or two.
+
+The examples describe GPU clusters (up to 8 pods x 8 GPUs, 70b models, 1000 steps). On kind
+(no GPUs, a CI runner's few cores) each keeps its strategy and its shape of parallelism but runs
+the ``tiny`` preset on CPU processes for a few steps: at most MAX_NODES pods of MAX_PROCS
+processes, every explicit degree capped at 2 and the data-parallel degree recomputed so the
+degrees still multiply to the world size (the CRD's CEL rule).
+
+    python hack/e2e_kind_jobs.py IMAGE examples/*.yaml > jobs.yaml
+"""
+
+from __future__ import annotations
+
+import copy
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+MAX_NODES = 2
+"""Pods per job: kind runs them all on one or two Docker containers."""
+MAX_PROCS = 4
+"""Processes per pod (gloo on CPU; a GitHub runner has 4 cores)."""
+MAX_DEGREE = 2
+"""Cap of the explicit tensor and pipeline degrees (tiny has 4 layers and 4 heads)."""
+STEPS = 6
+"""Training steps: enough for a checkpoint, the progress report and a clean exit."""
+
+
+def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
+    """A CPU-sized copy of ``job`` with the same strategy type; ``job`` is not modified."""
+    small = copy.deepcopy(job)
+    spec = small["spec"]
+    spec["image"] = image
+    resources = spec.setdefault("resources", {})
+    nodes = min(int(resources.get("numNodes", 1)), MAX_NODES)
+    procs = min(int(resources.get("numProcPerNode", 1)), MAX_PROCS)
+    resources.update(numNodes=nodes, numProcPerNode=procs, accelerator="cpu")
+    resources.pop("acceleratorMemoryGiB", None)
+    strategy = spec.setdefault("strategy", {})
+    tp = min(int(strategy.get("tensorParallel", 1)), MAX_DEGREE, procs)
+    pp = min(int(strategy.get("pipelineParallel", 1)), MAX_DEGREE)
+    if "tensorParallel" in strategy:
+        strategy["tensorParallel"] = tp
+    if "pipelineParallel" in strategy:
+        strategy["pipelineParallel"] = pp
+    if "dataParallel" in strategy:
+        strategy["dataParallel"] = nodes * procs // (tp * pp)
+    if "virtualStages" in strategy:
+        strategy["virtualStages"] = min(int(strategy["virtualStages"]), 2)
+    if "microBatches" in strategy:
+        strategy["microBatches"] = min(int(strategy["microBatches"]), 4)
+    spec["model"] = {"preset": "tiny"}
+    training = spec.setdefault("training", {})
+    training.update(steps=STEPS, microBatchSize=1, globalBatchSize=16, precision="fp32")
+    training.pop("checkpoint", None)
+    return small
+
+
+def shrink_files(paths: Iterable[Path], image: str) -> list[dict[str, Any]]:
+    jobs = []
+    for path in paths:
+        for doc in yaml.safe_load_all(path.read_text()):
+            if doc and doc.get("kind") == "ParallelTrainingJob":
+                jobs.append(shrink(doc, image))
+    return jobs
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 2:
+        print("usage: e2e_kind_jobs.py IMAGE EXAMPLE.yaml...", file=sys.stderr)
+        return 2
+    jobs = shrink_files((Path(p) for p in argv[1:]), argv[0])
+    yaml.safe_dump_all(jobs, sys.stdout, sort_keys=False)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,67 @@
+"""The jobs `make e2e-kind` submits: every example, shrunk to CPU, still plans and keeps its
+strategy (the kind run itself needs Docker and internet; see docs/install.md)."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+import yaml
+from helm_support import ROOT
+
+from meshrun.api import with_defaults
+from meshrun.planner import plan_job
+
+pytestmark = pytest.mark.unit
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+IMAGE = "meshrun/trainer:e2e"
+
+
+def shrinker() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("e2e_kind_jobs", ROOT / "hack/e2e_kind_jobs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_every_example_shrinks_to_a_small_cpu_job_with_the_same_strategy(example: Path) -> None:
+    source = yaml.safe_load(example.read_text())
+    (job,) = shrinker().shrink_files([example], IMAGE)
+    spec = job["spec"]
+    assert spec["image"] == IMAGE and spec["model"] == {"preset": "tiny"}
+    assert spec["resources"]["accelerator"] == "cpu"
+    assert spec["strategy"]["type"] == source["spec"]["strategy"]["type"]
+    assert job["metadata"]["name"] == source["metadata"]["name"]
+    plan = plan_job(with_defaults(spec), job["metadata"]["name"]).to_dict()
+    assert plan["worldSize"] <= 8
+    degrees = plan["layout"]
+    assert degrees["dp"] * degrees["pp"] * degrees["tp"] == plan["worldSize"]
+    # Explicit degrees survive, scaled down; none is added or dropped.
+    assert spec["strategy"].keys() == source["spec"]["strategy"].keys()
+
+
+def test_shrinking_recomputes_data_parallel_so_degrees_match_the_world() -> None:
+    job: dict[str, Any] = {
+        "kind": "ParallelTrainingJob",
+        "metadata": {"name": "big"},
+        "spec": {
+            "resources": {"numNodes": 8, "numProcPerNode": 8},
+            "strategy": {
+                "type": "hybrid",
+                "dataParallel": 2,
+                "pipelineParallel": 4,
+                "tensorParallel": 8,
+            },
+        },
+    }
+    small = shrinker().shrink(job, IMAGE)
+    strategy = small["spec"]["strategy"]
+    degrees = [strategy[k] for k in ("dataParallel", "pipelineParallel", "tensorParallel")]
+    assert degrees == [2, 2, 2]
+    assert job["spec"]["strategy"]["tensorParallel"] == 8, "the input must not be modified"
