@@ -6,11 +6,13 @@ API server.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from collections.abc import Callable
 from typing import Any
 
 import pytest
-from helm_support import CHART, Kubectl, find, helm, render, template, values_args
+from helm_support import CHART, ROOT, Kubectl, find, helm, render, template, values_args
 from meshrun_operator.main import parse_args
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -181,3 +183,19 @@ def test_server_side_dry_run_accepts_every_object(
     assert expected <= set(kinds), out
     roles = [k for k in kinds if k.startswith("role.rbac")]
     assert len(roles) == (2 if mode == "namespaced" else 0), out
+
+
+def test_kind_e2e_jobs_pass_the_api_servers_validation(
+    kubectl: Kubectl, namespace: str, crds_installed: list[str]
+) -> None:
+    """What `make e2e-kind` submits is accepted by the CRD's schema and CEL rules."""
+    examples = sorted(str(p) for p in (ROOT / "examples").glob("*.yaml"))
+    jobs = subprocess.run(
+        [sys.executable, str(ROOT / "hack/e2e_kind_jobs.py"), "meshrun/trainer:e2e", *examples],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    out = kubectl("apply", "--dry-run=server", "-n", namespace, "-f", "-", input=jobs).stdout
+    accepted = [line for line in out.splitlines() if "created (server dry run)" in line]
+    assert len(accepted) == len(examples), out
