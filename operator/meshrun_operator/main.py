@@ -16,10 +16,11 @@ import kopf
 from prometheus_client import start_http_server
 
 from meshrun_operator import names
+from meshrun_operator.handlers import register
 from meshrun_operator.kube import Kube, load_api_client
 from meshrun_operator.lifecycle import Tuning
 from meshrun_operator.progress import ProgressReader
-from meshrun_operator.reconcile import OperatorContext, register
+from meshrun_operator.reconcile import OperatorContext
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,8 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = names.MANAGED_BY
     settings.execution.max_workers = options.workers
+    # No timers or daemons run (handlers.py), so nothing waits on this; kept short regardless.
+    settings.background.cancellation_polling = 1.0
     settings.batching.worker_limit = 256
     return settings
 

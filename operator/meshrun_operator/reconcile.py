@@ -1,9 +1,10 @@
-"""Thin kopf handlers: observe, call lifecycle.decide, execute the decision, write status once.
+"""One reconcile: observe, call lifecycle.decide, execute the decision, write status once.
 
-One idempotent ``reconcile`` runs on create, on resume (operator restart) and on a resync timer.
-Pods and nodes come from kopf indexes fed by watches, so a resync costs no API request unless
-something must change. Children have deterministic names, so a reconcile that runs twice or is
-killed halfway never creates a duplicate: a second create gets 409 and is a no-op.
+The idempotent ``reconcile`` runs on create, on resume (operator restart), whenever a job or one
+of its pods changes, and on a periodic resync (handlers.py). Pods and nodes come from kopf
+indexes fed by watches, so a resync costs no API request unless something must change.
+Children have deterministic names, so a reconcile that runs twice or is killed halfway never
+creates a duplicate: a second create gets 409 and is a no-op.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, cast
 
 import kopf
 
@@ -36,7 +37,7 @@ from meshrun_operator.lifecycle import (
     evaluate,
     read_state,
 )
-from meshrun_operator.observe import Observed, PodView, node_ready, pod_view
+from meshrun_operator.observe import Observed
 from meshrun_operator.progress import ProgressReader
 
 
@@ -49,7 +50,7 @@ class OperatorContext:
     tuning: Tuning = field(default_factory=Tuning)
     """Backoff and grace periods."""
     resync_seconds: float = 2.0
-    """Interval of the resync timer (upper bound of the reaction time to pod changes)."""
+    """Interval of the periodic resync of every job (deadlines, backoff, gang timeout)."""
     watch_nodes: bool = True
     """Watch nodes to detect NotReady or deleted ones (needs list/watch on nodes)."""
     progress: ProgressReader = field(default_factory=lambda: ProgressReader(enabled=False))
@@ -158,7 +159,7 @@ def _observe(body: Mapping[str, Any], pods_index: Any, nodes_index: Any) -> Obse
 
 
 async def reconcile(
-    ctx: OperatorContext, body: kopf.Body, pods_index: Any, nodes_index: Any
+    ctx: OperatorContext, body: Mapping[str, Any], pods_index: Any, nodes_index: Any
 ) -> Decision:
     """Observe, decide, act, then write status and bookkeeping (only what changed).
 
@@ -199,12 +200,17 @@ async def reconcile(
 MAX_ROUNDS = 3
 
 
-def _post(body: kopf.Body, decision: Decision, posted: set[tuple[str, str]]) -> None:
+def _post(body: Mapping[str, Any], decision: Decision, posted: set[tuple[str, str]]) -> None:
     for event in decision.events:
         if (event.reason, event.message) in posted:
             continue
         posted.add((event.reason, event.message))
-        kopf.event(body, type=event.type, reason=event.reason, message=event.message[:1000])
+        kopf.event(
+            cast(kopf.Body, body),
+            type=event.type,
+            reason=event.reason,
+            message=event.message[:1000],
+        )
 
 
 async def _round(
@@ -242,53 +248,3 @@ async def _write(
         latest = await ctx.kube.patch_job(job.namespace, job.name, version, status, state)
         if latest is not None:
             ctx.latest[job.uid] = latest
-
-
-def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> None:
-    """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global)."""
-
-    @kopf.on.login(id="login", registry=registry)
-    def login(**kwargs: Any) -> Any:
-        return kopf.login_via_client(**kwargs)
-
-    @kopf.index(
-        "v1", "pods", id="meshrun_pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
-    )
-    def meshrun_pods(**kwargs: Any) -> dict[tuple[str, str], PodView]:
-        key = (str(kwargs["namespace"]), str(kwargs["labels"][names.LABEL_JOB]))
-        return {key: pod_view(plain(kwargs["body"]))}
-
-    if ctx.watch_nodes:
-
-        @kopf.index("v1", "nodes", id="meshrun_nodes", registry=registry)
-        def meshrun_nodes(**kwargs: Any) -> dict[str, bool]:
-            return {str(kwargs["name"]): node_ready(plain(kwargs["body"]))}
-
-    def nodes_of(kwargs: Mapping[str, Any]) -> Any:
-        return kwargs.get("meshrun_nodes") if ctx.watch_nodes else None
-
-    @kopf.on.create(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)
-    @kopf.on.resume(names.GROUP, names.VERSION, names.PLURAL, id="reconcile", registry=registry)
-    async def on_create(**kwargs: Any) -> None:
-        decision = await reconcile(ctx, kwargs["body"], kwargs["meshrun_pods"], nodes_of(kwargs))
-        if decision.invalid:
-            raise kopf.PermanentError(str(decision.state.get("message")))
-
-    @kopf.timer(
-        names.GROUP,
-        names.VERSION,
-        names.PLURAL,
-        id="resync",
-        interval=ctx.resync_seconds,
-        registry=registry,
-    )
-    async def resync(**kwargs: Any) -> None:
-        await reconcile(ctx, kwargs["body"], kwargs["meshrun_pods"], nodes_of(kwargs))
-
-    @kopf.on.delete(
-        names.GROUP, names.VERSION, names.PLURAL, id="forget", optional=True, registry=registry
-    )
-    def forget(**kwargs: Any) -> None:
-        ctx.phases.set(str(kwargs["uid"]), None)
-        ctx.locks.pop(str(kwargs["uid"]), None)
-        ctx.latest.pop(str(kwargs["uid"]), None)
