@@ -57,7 +57,8 @@ LAYOUTS: dict[int, dict[str, dict[str, str]]] = {
         **{f"pp2-{s}-dp2": _pipeline(s, pp=2, dp=2) for s in SCHEDULES},
         "pp4-1f1b": _pipeline("1f1b", pp=4),
         "tp4": _layout(tp=4),
-        "dp2-tp2": _layout(dp=2, tp=2),
+        "dp2-tp2": _layout(dp=2, tp=2),  # ZeRO-0 in a hybrid: HSDP, shard size 1
+        "dp2-tp2-zero2": _layout(dp=2, tp=2, zero_stage="2"),
         "pp2-tp2": _pipeline("1f1b", pp=2, tp=2),
     },
     8: {

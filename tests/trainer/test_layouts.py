@@ -30,6 +30,7 @@ EXPECTED = {
         "pp4-1f1b",
         "tp4",
         "dp2-tp2",
+        "dp2-tp2-zero2",
         "pp2-tp2",
     },
     8: {"3d-pp2-dp2-tp2", "3d-pp2-zero3-tp2-interleaved"},

@@ -57,6 +57,12 @@ def main() -> int:
     except ConfigError as error:
         print(f"meshrun-trainer: invalid configuration: {error}", file=sys.stderr)
         return 2
+    if cfg.training.checkpoint_every and not cfg.training.checkpoint_dir:
+        print(
+            "meshrun-trainer: MESHRUN_CHECKPOINT_EVERY is set but MESHRUN_CHECKPOINT_DIR is not;"
+            " not checkpointing",
+            file=sys.stderr,
+        )
     device = pick_device()
     init_distributed(device)
     mesh = build_mesh(cfg.layout, device)

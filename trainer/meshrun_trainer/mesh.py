@@ -1,8 +1,10 @@
 """Process group and DeviceMesh setup.
 
-Mesh dimensions are (pp, dp, tp) with TP innermost, so a TP group is consecutive ranks inside one
-pod and PP outermost, matching the planner's rank order rank = (pp * dp_size + dp) * tp + tp_rank
-(the same order torchtitan and Megatron-LM use).
+Mesh dimensions are (pp, dp, dp_shard, tp) with TP innermost, so a TP group is consecutive ranks
+inside one pod and PP outermost, matching the planner's rank order
+rank = (pp * dp_size + dp) * tp + tp_rank (the same order torchtitan and Megatron-LM use).
+``dp_shard`` always has size 1: with ``dp`` it forms the 2-D mesh on which FSDP2 replicates
+without sharding (HSDP with shard size 1), the data parallelism hybrids use at ZeRO stage 0.
 """
 
 from __future__ import annotations
@@ -56,7 +58,7 @@ class Mesh:
     """The 3-D mesh and this rank's coordinates in it."""
 
     device_mesh: DeviceMesh
-    """Mesh with dimensions ("pp", "dp", "tp")."""
+    """Mesh with dimensions ("pp", "dp", "dp_shard", "tp"); dp_shard has size 1."""
     device: torch.device
     """Where this rank computes."""
     pp_rank: int
@@ -71,11 +73,13 @@ class Mesh:
 
 
 def build_mesh(layout: Layout, device: torch.device) -> Mesh:
-    """Create the (pp, dp, tp) mesh over the whole world; the world size must match the layout."""
+    """Create the mesh over the whole world; the world size must match the layout."""
     world = dist.get_world_size()
     assert world == layout.world_size, f"world {world} != layout {layout.world_size}"
     mesh = init_device_mesh(
-        device.type, (layout.pp, layout.dp, layout.tp), mesh_dim_names=("pp", "dp", "tp")
+        device.type,
+        (layout.pp, layout.dp, 1, layout.tp),
+        mesh_dim_names=("pp", "dp", "dp_shard", "tp"),
     )
     return Mesh(
         device_mesh=mesh,

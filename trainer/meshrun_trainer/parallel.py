@@ -4,8 +4,10 @@ Tensor parallel: DTensor ``parallelize_module`` with sequence parallel, the plan
 Llama (Megatron-LM column/row split, Korthikanti et al. 2022 for the sequence-parallel norms).
 Data parallel: DDP (ZeRO-0), DDP + ZeroRedundancyOptimizer (ZeRO-1), FSDP2 ``fully_shard`` with
 ``reshard_after_forward`` False (ZeRO-2) or True (ZeRO-3). DDP cannot wrap DTensor modules or a
-pipeline stage (REFERENCE section 4), so hybrids take data parallelism from FSDP2 on the "dp" mesh
-dimension: ZeRO-0/1/2 use reshard_after_forward=False and ZeRO-3 True.
+pipeline stage (REFERENCE section 4), so hybrids take data parallelism from FSDP2: ZeRO-0 replicates
+(HSDP on the ("dp", "dp_shard") mesh with shard size 1, DDP's memory), ZeRO-1/2 shard on "dp" with
+reshard_after_forward=False (FSDP2 has no optimizer-only sharding, so ZeRO-1 also shards
+gradients there) and ZeRO-3 with True.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a v
 
 
 def data_parallel_kind(layout: Layout) -> str:
-    """One of "none", "ddp", "ddp+zero1", "fsdp-zero2" or "fsdp-zero3"."""
+    """One of "none", "ddp", "ddp+zero1", "hsdp-replicate", "fsdp-zero2" or "fsdp-zero3"."""
     if layout.dp == 1:
         return "none"
     pure = layout.pp == 1 and layout.tp == 1
@@ -44,6 +46,8 @@ def data_parallel_kind(layout: Layout) -> str:
         return "ddp"
     if pure and layout.zero_stage == 1:
         return "ddp+zero1"
+    if layout.zero_stage == 0:
+        return "hsdp-replicate"
     return "fsdp-zero3" if layout.zero_stage == 3 else "fsdp-zero2"
 
 
@@ -82,9 +86,14 @@ def apply_tensor_parallel(model: Transformer, mesh: Mesh) -> None:
         parallelize_module(block, tp_mesh, block_plan)
 
 
-def apply_fsdp(model: Transformer, mesh: Mesh, reshard_after_forward: bool) -> None:
-    """FSDP2 per transformer block, then the root (embeddings, norm, head)."""
-    dp_mesh = mesh.device_mesh["dp"]
+def apply_fsdp(
+    model: Transformer, mesh: Mesh, reshard_after_forward: bool, replicate: bool = False
+) -> None:
+    """FSDP2 per transformer block, then the root (embeddings, norm, head).
+
+    ``replicate``: HSDP on (dp, dp_shard) with dp_shard of size 1, i.e. plain replication.
+    """
+    dp_mesh = mesh.device_mesh["dp", "dp_shard"] if replicate else mesh.device_mesh["dp"]
     for block in model.layers.values():
         fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
     fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
@@ -99,6 +108,8 @@ def parallelize(model: Transformer, layout: Layout, mesh: Mesh) -> nn.Module:
     if kind in ("ddp", "ddp+zero1"):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
         return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.group("dp"))
-    if kind.startswith("fsdp"):
+    if kind == "hsdp-replicate":
+        apply_fsdp(model, mesh, reshard_after_forward=False, replicate=True)
+    elif kind.startswith("fsdp"):
         apply_fsdp(model, mesh, reshard_after_forward=kind == "fsdp-zero3")
     return model
