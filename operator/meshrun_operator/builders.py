@@ -36,6 +36,8 @@ class JobRef:
     """metadata.namespace of the job (children live there too)."""
     uid: str
     """metadata.uid, for owner references (garbage collection deletes children with the job)."""
+    queue_label: str | None = None
+    """The job's kueue.x-k8s.io/queue-name label, used when spec.scheduling.queueName is unset."""
 
 
 def owner_reference(job: JobRef) -> dict[str, Any]:
@@ -228,6 +230,12 @@ def build_pod(
         metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
     if scheduling.topology_key:
         _stage_affinity(pod_spec, job.name, stage, scheduling.topology_key)
+    queue = scheduling.queue_name or job.queue_label
+    if queue:
+        # One Kueue pod group per attempt: Kueue admits the whole gang or none of it.
+        metadata["labels"][names.KUEUE_QUEUE_LABEL] = queue
+        metadata["labels"][names.KUEUE_POD_GROUP_LABEL] = f"{job.name}-{attempt}"
+        annotations[names.KUEUE_POD_GROUP_TOTAL] = str(settings.num_nodes)
 
     container = _trainer_container(pod_spec)
     container["image"] = settings.image

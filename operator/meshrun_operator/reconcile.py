@@ -168,7 +168,8 @@ async def reconcile(
     repeating is safe, and the status is never left behind the actions.
     """
     meta = body["metadata"]
-    job = JobRef(name=meta["name"], namespace=meta["namespace"], uid=meta["uid"])
+    queue_label = (meta.get("labels") or {}).get(names.KUEUE_QUEUE_LABEL)
+    job = JobRef(meta["name"], meta["namespace"], meta["uid"], queue_label)
     lock = ctx.locks.setdefault(job.uid, asyncio.Lock())
     async with lock:
         started = time.perf_counter()
