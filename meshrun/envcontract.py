@@ -104,6 +104,7 @@ def pod_env(
         "MESHRUN_SEED": str(training.get("seed", 0)),
         "MESHRUN_DATASET": _dataset(training, int(model["vocab"])),
         "MESHRUN_CHECKPOINT_EVERY": str(checkpoint.get("everySteps", 0)),
+        "MESHRUN_CHECKPOINT_KEEP": str(checkpoint.get("keep", 2)),
         # progress
         "MESHRUN_METRICS_PORT": str(METRICS_PORT),
         "MESHRUN_TERMINATION_LOG": TERMINATION_LOG,

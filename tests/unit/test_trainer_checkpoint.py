@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meshrun_trainer.checkpoint import latest_complete, step_dir
+from meshrun_trainer.checkpoint import complete_steps, latest_complete, prune, step_dir
 
 pytestmark = pytest.mark.unit
 
@@ -36,3 +36,13 @@ def test_no_checkpoint_means_a_fresh_start(tmp_path: Path, state: str) -> None:
 def test_step_dirs_sort_by_step() -> None:
     assert step_dir("/c", 9).name < step_dir("/c", 10).name
     assert step_dir("/c", 123).name == "step-00000123"
+
+
+@pytest.mark.parametrize(("keep", "left"), [(2, [8, 10]), (1, [10]), (0, [2, 4, 6, 8, 10])])
+def test_prune_keeps_the_newest_complete_ones(tmp_path: Path, keep: int, left: list[int]) -> None:
+    for step in (2, 4, 6, 8, 10):
+        make(tmp_path, step_dir(tmp_path, step).name, metadata=True)
+    make(tmp_path, "step-00000012.tmp", metadata=False)
+    prune(tmp_path, keep)
+    assert complete_steps(tmp_path) == left
+    assert (tmp_path / "step-00000012.tmp").is_dir(), "in-flight writes are not ours to delete"

@@ -46,17 +46,8 @@ def step_dir(root: str | Path, step: int) -> Path:
 
 def latest_complete(root: str | Path) -> tuple[int, Path] | None:
     """The newest complete checkpoint under ``root`` as (step, path), or None."""
-    best: tuple[int, Path] | None = None
-    path = Path(root)
-    if not path.is_dir():
-        return None
-    for entry in path.iterdir():
-        match = COMPLETE.match(entry.name)
-        if match and (entry / ".metadata").is_file():
-            step = int(match.group(1))
-            if best is None or step > best[0]:
-                best = (step, entry)
-    return best
+    steps = complete_steps(root)
+    return (steps[-1], step_dir(root, steps[-1])) if steps else None
 
 
 def _sharded_zero1(runner: Runner) -> bool:
@@ -89,7 +80,29 @@ def _rank_file(directory: Path) -> Path:
     return directory / f"rank-{dist.get_rank():05d}.pt"
 
 
-def save(root: str | Path, step: int, runner: Runner) -> Path:
+def complete_steps(root: str | Path) -> list[int]:
+    """Steps of the complete checkpoints under ``root``, oldest first."""
+    path = Path(root)
+    if not path.is_dir():
+        return []
+    steps = []
+    for entry in path.iterdir():
+        match = COMPLETE.match(entry.name)
+        if match and (entry / ".metadata").is_file():
+            steps.append(int(match.group(1)))
+    return sorted(steps)
+
+
+def prune(root: str | Path, keep: int) -> list[int]:
+    """Delete all but the newest ``keep`` complete checkpoints (0 keeps all); return the deleted."""
+    steps = complete_steps(root)
+    doomed = steps[:-keep] if keep else []
+    for step in doomed:
+        shutil.rmtree(step_dir(root, step), ignore_errors=True)
+    return doomed
+
+
+def save(root: str | Path, step: int, runner: Runner, keep: int = 0) -> Path:
     """Write the checkpoint of ``step``; collective, every rank calls it."""
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
@@ -108,6 +121,7 @@ def save(root: str | Path, step: int, runner: Runner) -> Path:
             os.fsync(fd)  # make the rename durable before anyone relies on it
         finally:
             os.close(fd)
+        prune(root, keep)  # only after the new one is visible
     dist.barrier()
     return final
 

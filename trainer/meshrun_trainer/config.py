@@ -60,6 +60,8 @@ class Training:
     """Directory of distributed checkpoints; None disables checkpointing."""
     checkpoint_every: int
     """Save every this many steps (0: only the final step)."""
+    checkpoint_keep: int
+    """Complete checkpoints to keep, newest first (0 keeps all)."""
 
 
 @dataclass(frozen=True)
@@ -199,6 +201,7 @@ def _training(env: Mapping[str, str], layout: Layout, model: ModelShape) -> Trai
         max_grad_norm=_float(env, "MESHRUN_MAX_GRAD_NORM", 1.0),
         checkpoint_dir=checkpoint_dir,
         checkpoint_every=_int(env, "MESHRUN_CHECKPOINT_EVERY", 0, minimum=0),
+        checkpoint_keep=_int(env, "MESHRUN_CHECKPOINT_KEEP", 2, minimum=0),
     )
     validate_batch(training, layout)
     if training.dataset == "corpus" and model.vocab < 256:

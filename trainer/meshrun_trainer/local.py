@@ -213,13 +213,16 @@ def run_job(args: argparse.Namespace) -> int:
                 )
             return 1
     summary = build_summary(plan, steps, final, wall)
-    print(
-        f"{summary['job']}: {len(steps)} steps, final loss {summary['finalLoss']:.4f}, "
-        f"{summary['tokensPerSecond']:.0f} tokens/s, {wall:.1f}s"
-    )
+    if steps:
+        print(
+            f"{summary['job']}: {len(steps)} steps, final loss {summary['finalLoss']:.4f}, "
+            f"{summary['tokensPerSecond']:.0f} tokens/s, {wall:.1f}s"
+        )
+    else:
+        print(f"{summary['job']}: already complete at step {summary['resumedFromStep']}")
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
-    if args.plot:
+    if args.plot and summary["losses"]:
         from meshrun_trainer.plot import plot_losses
 
         first = int(summary["resumedFromStep"]) + 1

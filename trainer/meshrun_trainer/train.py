@@ -189,5 +189,5 @@ def train(
             on_step(record)
         every = training.checkpoint_every
         if training.checkpoint_dir and ((every and step % every == 0) or step == training.steps):
-            checkpoint.save(training.checkpoint_dir, step, runner)
+            checkpoint.save(training.checkpoint_dir, step, runner, keep=training.checkpoint_keep)
     return result
