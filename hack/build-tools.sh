@@ -4,7 +4,7 @@
 # only when its cached binary is missing, so a fresh clone on the same machine reuses them.
 #
 #   hack/build-tools.sh            build whatever is missing
-#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm)
+#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=versions.env
@@ -43,29 +43,57 @@ build_in_wrapper() {
   echo $((SECONDS - t0)) >"$dir/.build-seconds"
 }
 
-build_kube() {
-  local dir=$CACHE/kubernetes-$KUBE_VERSION
-  [[ -x $dir/kube-apiserver && -x $dir/kubectl && -x $dir/kube-scheduler && -x $dir/kube-controller-manager ]] && return
-  log "building Kubernetes $KUBE_VERSION (apiserver, controller-manager, scheduler, kubectl); ~15-25 min on 2 cores"
-  local modfile staging ver=${KUBE_VERSION#v} minor
+# kube_wrapper_gomod: print the wrapper go.mod for k8s.io/kubernetes $KUBE_VERSION (one replace per
+# staging module, read from the release's own go.mod, with its go and godebug lines).
+kube_wrapper_gomod() {
+  local modfile staging ver=${KUBE_VERSION#v}
   go mod download -json "k8s.io/kubernetes@$KUBE_VERSION" >/dev/null
   modfile=$(go env GOMODCACHE)/cache/download/k8s.io/kubernetes/@v/$KUBE_VERSION.mod
-  minor=$(cut -d. -f2 <<<"$ver")
   # Staging modules are published as k8s.io/<name> v0.<minor>.<patch>.
   staging=$(sed -n 's#^[[:space:]]*\(k8s.io/[a-z0-9-]*\) => ./staging/.*#\1#p' "$modfile" | sort -u)
-  local gomod
-  gomod="module meshrun.dev/kubebuild
+  echo "module meshrun.dev/kubebuild
 $(grep -E '^go [0-9]' "$modfile" | head -1)
 $(grep -E '^godebug default=' "$modfile" | head -1)
 require k8s.io/kubernetes $KUBE_VERSION
 $(for m in $staging; do echo "replace $m => $m v0.${ver#1.}"; done)"
+}
+
+# kube_ldflags: stamp the version so /version and `kubectl version` do not report v0.0.0.
+kube_ldflags() {
+  local minor
+  minor=$(cut -d. -f2 <<<"${KUBE_VERSION#v}")
   local x="-X k8s.io/component-base/version.gitVersion=$KUBE_VERSION -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=$minor -X k8s.io/component-base/version.gitTreeState=clean -X k8s.io/component-base/version.buildDate=1970-01-01T00:00:00Z"
   x+=" -X k8s.io/client-go/pkg/version.gitVersion=$KUBE_VERSION -X k8s.io/client-go/pkg/version.gitMajor=1 -X k8s.io/client-go/pkg/version.gitMinor=$minor -X k8s.io/client-go/pkg/version.gitTreeState=clean"
-  build_in_wrapper "$dir" "$gomod" "-s -w $x" "$KUBE_VERSION" \
+  echo "-s -w $x"
+}
+
+build_kube() {
+  local dir=$CACHE/kubernetes-$KUBE_VERSION
+  [[ -x $dir/kube-apiserver && -x $dir/kubectl && -x $dir/kube-scheduler && -x $dir/kube-controller-manager ]] && return
+  log "building Kubernetes $KUBE_VERSION (apiserver, controller-manager, scheduler, kubectl); ~15-25 min on 2 cores"
+  build_in_wrapper "$dir" "$(kube_wrapper_gomod)" "$(kube_ldflags)" "$KUBE_VERSION" \
     k8s.io/kubernetes/cmd/kube-apiserver \
     k8s.io/kubernetes/cmd/kube-controller-manager \
     k8s.io/kubernetes/cmd/kube-scheduler \
     k8s.io/kubernetes/cmd/kubectl
+}
+
+# The real node's Kubernetes parts (hack/realnode): kubelet, and kube-proxy so that pods reach
+# Service ClusterIPs (the in-cluster operator finds the API server through the `kubernetes`
+# Service). kubelet is built with cgo as upstream ships it (cadvisor, libc user lookups).
+build_kubelet() {
+  local dir=$CACHE/kubernetes-node-$KUBE_VERSION
+  [[ -x $dir/kubelet && -x $dir/kube-proxy ]] && return
+  log "building kubelet and kube-proxy $KUBE_VERSION; ~5-10 min on 2 cores"
+  CGO_ENABLED=1 build_in_wrapper "$dir" "$(kube_wrapper_gomod)" "$(kube_ldflags)" "$KUBE_VERSION" \
+    k8s.io/kubernetes/cmd/kubelet \
+    k8s.io/kubernetes/cmd/kube-proxy
+}
+
+# CoreDNS answers the headless Service names (<pod>.<svc>.<ns>.svc.cluster.local) from the API
+# server, exactly as in kubeadm and kind clusters; it is one static Go binary.
+build_coredns() {
+  build_go_install coredns "$COREDNS_VERSION" github.com/coredns/coredns
 }
 
 build_etcd() {
@@ -113,6 +141,10 @@ link_all() {
     [[ -x $CACHE/kwok-$KWOK_VERSION/$b ]] && ln -sfn "$CACHE/kwok-$KWOK_VERSION/$b" "$BIN/$b"
   done
   [[ -x $CACHE/helm-$HELM_VERSION/helm ]] && ln -sfn "$CACHE/helm-$HELM_VERSION/helm" "$BIN/helm"
+  for b in kubelet kube-proxy; do
+    [[ -x $CACHE/kubernetes-node-$KUBE_VERSION/$b ]] && ln -sfn "$CACHE/kubernetes-node-$KUBE_VERSION/$b" "$BIN/$b"
+  done
+  [[ -x $CACHE/coredns-$COREDNS_VERSION/coredns ]] && ln -sfn "$CACHE/coredns-$COREDNS_VERSION/coredns" "$BIN/coredns"
   return 0
 }
 

@@ -18,6 +18,8 @@ BIN=$ROOT/.cluster/bin
 KUBECONFIG_OUT=$STATE/kubeconfig
 NAME=${MESHRUN_CLUSTER_NAME:-meshrun}
 NODES=${NODES:-8}
+# REAL_NODE=1 adds a real kubelet node (hack/realnode/up.sh) next to the fake ones.
+REAL_NODE=${REAL_NODE:-0}
 export KWOK_WORKDIR=$STATE/kwok
 KWOKCTL=$BIN/kwokctl
 KUBECTL=$BIN/kubectl
@@ -81,6 +83,9 @@ up() {
     log "control plane up ($((SECONDS - t0)) s)"
   fi
   sync_nodes
+  if [[ $REAL_NODE == 1 ]]; then
+    MESHRUN_CLUSTER_DIR=$STATE MESHRUN_CLUSTER_NAME=$NAME "$ROOT/hack/realnode/up.sh"
+  fi
   kc version 2>/dev/null | sed 's/^/  /'
   cat <<MSG
 
@@ -93,6 +98,10 @@ MSG
 }
 
 down() {
+  # A real node (if one was added) goes first, while the API server can still see it.
+  if [[ -d $STATE/realnode ]]; then
+    MESHRUN_CLUSTER_DIR=$STATE MESHRUN_CLUSTER_NAME=$NAME "$ROOT/hack/realnode/down.sh" || true
+  fi
   if [[ -x $KWOKCTL ]]; then
     "$KWOKCTL" delete cluster --name "$NAME" >/dev/null 2>&1 || true
   fi
