@@ -82,3 +82,23 @@ def test_pod_index_out_of_range_is_an_error() -> None:
     plan, spec = planned("ddp")
     with pytest.raises(ValueError, match="pod_index: 5 must be in"):
         pod_env(plan, spec, job_name="x", namespace="ns", pod_index=5, master_addr="m")
+
+
+@pytest.mark.parametrize(
+    ("accelerator", "gpus", "pod", "visible", "warned"),
+    [
+        ("cpu", ["0", "1", "2", "3"], 1, "", False),
+        ("nvidia.com/gpu", ["0", "1", "2", "3"], 0, "0,1", False),
+        ("nvidia.com/gpu", ["0", "1", "2", "3"], 1, "2,3", False),
+        ("nvidia.com/gpu", ["4", "6", "5", "7"], 1, "5,7", False),  # a user's own selection
+        ("nvidia.com/gpu", ["0"], 0, "", True),
+    ],
+)
+def test_local_pods_get_disjoint_gpus(
+    accelerator: str, gpus: list[str], pod: int, visible: str, warned: bool
+) -> None:
+    from meshrun_trainer.local import device_env
+
+    env, reason = device_env(accelerator, world=4, per_pod=2, pod_index=pod, gpus=gpus)
+    assert env == {"CUDA_VISIBLE_DEVICES": visible}
+    assert (reason is not None) == warned

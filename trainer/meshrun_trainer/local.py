@@ -59,6 +59,33 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+def visible_gpus() -> list[str]:
+    """Physical ids of the GPUs this process may use (honours CUDA_VISIBLE_DEVICES)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in preset.split(",") if i.strip()] if preset else []
+    return ids[:count] if ids else [str(i) for i in range(count)]
+
+
+def device_env(
+    accelerator: str, world: int, per_pod: int, pod_index: int, gpus: list[str]
+) -> tuple[dict[str, str], str | None]:
+    """CUDA_VISIBLE_DEVICES for one local "pod": its own GPUs, or none (CPU) with a reason.
+
+    Every pod's torchrun numbers its processes from LOCAL_RANK 0, so pods on one machine must
+    see disjoint GPU sets or they would all use the first ones.
+    """
+    if accelerator == "cpu":
+        return {"CUDA_VISIBLE_DEVICES": ""}, None
+    if len(gpus) < world:
+        reason = f"{world} processes need {world} GPUs, {len(gpus)} visible: running on CPU"
+        return {"CUDA_VISIBLE_DEVICES": ""}, reason
+    mine = gpus[pod_index * per_pod : (pod_index + 1) * per_pod]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}, None
+
+
 def _pick_job(path: str, name: str | None) -> dict[str, Any]:
     jobs = load_jobs(path)
     if name is not None:
@@ -86,6 +113,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
             f"{MAX_LOCAL_PROCESSES}; run it on a cluster"
         )
     master_port = free_port()
+    gpus = visible_gpus() if plan.get("accelerator") != "cpu" else []
     envs = []
     for pod in plan["pods"]:
         index = int(pod["index"])
@@ -99,6 +127,12 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
             master_port=master_port,
             checkpoint_dir=args.checkpoint_dir,
         )
+        devices, reason = device_env(
+            str(plan.get("accelerator")), plan["worldSize"], len(pod["ranks"]), index, gpus
+        )
+        if reason and index == 0:
+            print(f"meshrun run: {reason}", file=sys.stderr)
+        env.update(devices)
         env["MESHRUN_TERMINATION_LOG"] = str(workdir / f"pod-{index}-termination.json")
         env["MESHRUN_METRICS_PORT"] = str(free_port()) if index == 0 else "0"
         envs.append(env)
