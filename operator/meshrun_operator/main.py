@@ -153,7 +153,6 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.execution.max_workers = options.workers
     # No timers or daemons run (handlers.py), so nothing waits on this; kept short regardless.
     settings.background.cancellation_polling = 1.0
-    settings.batching.worker_limit = 256
     return settings
 
 
