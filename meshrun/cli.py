@@ -54,9 +54,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
-    if args.command in ("run", "operator"):
-        return _delegate(args.command, list(args.rest))
+    argv = sys.argv[1:] if argv is None else argv
+    # Delegated subcommands parse their own flags: argparse's REMAINDER refuses a remainder
+    # that starts with an option (`meshrun operator --namespace x`), so hand it over first.
+    if argv and argv[0] in DELEGATES:
+        return _delegate(argv[0], argv[1:])
+    args = build_parser().parse_args(argv)
     try:
         return plan_command(args.file, args.output, args.picture)
     except BrokenPipeError:

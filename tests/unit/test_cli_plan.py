@@ -219,3 +219,20 @@ def test_closed_pipe_is_not_a_traceback() -> None:
     stderr = process.stderr.read()
     process.stderr.close()
     assert b"Traceback" not in stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "flag"), [("operator", "--namespace"), ("run", "--summary-json")]
+)
+def test_delegated_subcommands_receive_their_own_flags(command: str, flag: str) -> None:
+    # `meshrun operator --namespace x`: the flags belong to the subcommand, not to meshrun.
+    result = subprocess.run(
+        [sys.executable, "-m", "meshrun", command, "--help"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"usage: meshrun {command}" in result.stdout
+    assert flag in result.stdout
