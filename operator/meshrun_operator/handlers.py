@@ -38,6 +38,7 @@ class Resyncer:
         self.pods_index: Any = None
         self.nodes_index: Any = None
         self.task: asyncio.Task[None] | None = None
+        self.node_ready: dict[str, bool] = {}
 
     def learn_indexes(self, kwargs: Mapping[str, Any]) -> None:
         """kopf hands indexes only to handlers; the (live) index objects are kept from there."""
@@ -114,10 +115,18 @@ def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> Resyncer:
 
         @kopf.on.event("v1", "nodes", id="node-changed", registry=registry)
         async def node_changed(**kwargs: Any) -> None:
-            # A node going NotReady or away concerns the jobs with pods on it: look at all.
+            # Heartbeats modify every node every few seconds; only a change of readiness (or a
+            # deletion) concerns the jobs, and then all of them are looked at.
             resyncer.learn_indexes(kwargs)
-            if kwargs["type"] in ("DELETED", "MODIFIED"):
+            name = str(kwargs["name"])
+            ready = None if kwargs["type"] == "DELETED" else node_ready(plain(kwargs["body"]))
+            if resyncer.node_ready.get(name, ready) != ready:
                 resyncer.dirty.update(resyncer.jobs)
+                resyncer.wake.set()
+            if ready is None:
+                resyncer.node_ready.pop(name, None)
+            else:
+                resyncer.node_ready[name] = ready
 
     @kopf.on.event(
         "v1", "pods", id="pod-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
