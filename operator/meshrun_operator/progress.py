@@ -8,7 +8,6 @@ not asked again for ``retry_after`` seconds, so fake pod IPs cost one timeout, n
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import urllib.request
 from typing import Any
@@ -20,8 +19,15 @@ from meshrun_operator.observe import PodView, parse_progress
 class ProgressReader:
     """Fetches /progress from pod 0 of a job, with a short timeout and a failure memory."""
 
-    def __init__(self, enabled: bool, timeout: float = 0.5, retry_after: float = 60.0) -> None:
+    def __init__(
+        self,
+        enabled: bool,
+        timeout: float = 0.5,
+        retry_after: float = 60.0,
+        port: int = names.METRICS_PORT,
+    ) -> None:
         self.enabled = enabled
+        self.port = port
         self.timeout = timeout
         self.retry_after = retry_after
         self._failed_until: dict[str, float] = {}
@@ -37,14 +43,9 @@ class ProgressReader:
         now = time.monotonic()
         if self._failed_until.get(pod.pod_ip, 0.0) > now:
             return None
-        url = f"http://{pod.pod_ip}:{names.METRICS_PORT}/progress"
+        url = f"http://{pod.pod_ip}:{self.port}/progress"
         try:
             return await asyncio.to_thread(self._fetch, url)
         except (OSError, ValueError):
             self._failed_until[pod.pod_ip] = now + self.retry_after
             return None
-
-
-def progress_annotation(progress: dict[str, Any]) -> str:
-    """The annotation value a trainer (or a test) writes on its pod."""
-    return json.dumps(progress, separators=(",", ":"))

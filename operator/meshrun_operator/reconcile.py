@@ -17,6 +17,7 @@ from datetime import UTC, datetime
 from typing import Any, cast
 
 import kopf
+from kubernetes.client.exceptions import ApiException
 
 from meshrun.envcontract import pod_env
 from meshrun.errors import SpecError
@@ -103,11 +104,28 @@ async def _create_children(
 ) -> None:
     assert ev.settings is not None and ev.plan is not None
     attempt = int(decision.status.get("attempt") or 0)
-    shared: list[Mapping[str, Any]] = [build_service(job)]
+    await ctx.kube.create(build_service(job))
     podgroup = build_podgroup(job, ev.settings)
     if podgroup is not None:
-        shared.append(podgroup)
-    await ctx.kube.create_all(shared)
+        try:
+            await ctx.kube.create(podgroup)
+        except ApiException as error:
+            if error.status != 404:
+                raise
+            # The gang scheduler's CRD is not installed: the pods are still created (they wait
+            # for that scheduler), and the user is told why nothing will gang-schedule them.
+            kopf.warn(
+                cast(
+                    kopf.Body,
+                    {
+                        "apiVersion": names.API_VERSION,
+                        "kind": names.KIND,
+                        "metadata": {"name": job.name, "namespace": job.namespace, "uid": job.uid},
+                    },
+                ),
+                reason="PodGroupUnavailable",
+                message=f"{podgroup['apiVersion']} PodGroup is not served by this cluster",
+            )
     pods = []
     for index in decision.create_pods:
         env = pod_env(

@@ -132,3 +132,42 @@ def test_gang_timeout_releases_a_partial_gang(
     assert status["restarts"] == 0 and status["attempt"] >= 1
     assert status["phase"] == "Pending"
     assert any(e["reason"] == "GangTimeout" for e in cluster.events("partial"))
+
+
+def test_a_pod_template_the_api_server_refuses_becomes_invalid(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    # The CRD keeps podTemplate open (any PodTemplateSpec); the pod itself is what is refused.
+    template = {
+        "spec": {"containers": [{"name": "trainer", "resources": {"limits": {"cpu": "lots"}}}]}
+    }
+    cluster.apply(job_manifest("badpod", podTemplate=template))
+    cluster.wait_phase("badpod", "Failed")
+    invalid = cluster.condition("badpod", "Invalid")
+    assert invalid["status"] == "True"
+    assert invalid["message"].startswith("spec.podTemplate:"), invalid["message"]
+    assert cluster.live_pods("badpod") == []
+
+
+def test_a_missing_gang_scheduler_is_reported_and_pods_still_wait_for_it(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    cluster.apply(job_manifest("volcano", scheduling={"schedulerName": "volcano"}))
+    pods = wait_for(
+        lambda: len(cluster.pods("volcano")) == 2 and cluster.pods("volcano"),
+        60,
+        "two pods for the volcano scheduler",
+    )
+    assert {p["spec"]["schedulerName"] for p in pods} == {"volcano"}
+    assert all(
+        p["metadata"]["annotations"][names.VOLCANO_GROUP_ANNOTATION] == "volcano" for p in pods
+    )
+    wait_for(
+        lambda: any(
+            e["reason"] == "PodGroupUnavailable" and e["type"] == "Warning"
+            for e in cluster.events("volcano")
+        ),
+        30,
+        "a PodGroupUnavailable Warning",
+    )
+    assert cluster.status("volcano")["phase"] == "Pending"
