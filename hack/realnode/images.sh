@@ -48,7 +48,14 @@ import_image() {
   local name=$1 id t0=$SECONDS marker
   id=$(docker image inspect -f '{{.Id}}' "$name")
   marker=$CACHE/containerd-imported/${name//[\/:]/_}
-  if [[ $(cat "$marker" 2>/dev/null) == "$id" ]] && ctr_k8s images ls -q "name==$name" | grep -q .; then
+  # containerd stores Docker Hub style names in full (meshrun/x -> docker.io/meshrun/x).
+  local full=$name first=${name%%/*}
+  if [[ $name != */* ]]; then
+    full=docker.io/library/$name
+  elif [[ $first != *.* && $first != *:* && $first != localhost ]]; then
+    full=docker.io/$name
+  fi
+  if [[ $(cat "$marker" 2>/dev/null) == "$id" ]] && ctr_k8s images ls -q "name==$full" | grep -q .; then
     return 0
   fi
   log "importing $name into containerd"
@@ -89,17 +96,47 @@ base_image() {
   fi
   docker import \
     -c 'ENV PATH=/opt/venv/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-    -c 'ENV LANG=C.UTF-8' -c 'CMD ["/bin/bash"]' "$tarball" "$BASE_IMAGE" >/dev/null
+    -c 'ENV LANG=C.UTF-8' -c 'ENV PIP_CERT=/etc/ssl/certs/ca-certificates.crt' \
+    -c 'CMD ["/bin/bash"]' "$tarball" "$BASE_IMAGE-rootfs" >/dev/null
+  # The certificate authorities this machine trusts beyond Debian's (an egress proxy's, for
+  # example) go into a second layer, so pip inside image builds trusts what the host trusts.
+  local ca_dir=/usr/local/share/ca-certificates work
+  work=$(mktemp -d)
+  mkdir -p "$work/ca"
+  find "$ca_dir" -name '*.crt' -exec cp {} "$work/ca/" \; 2>/dev/null || true
+  printf 'FROM %s\nCOPY ca/ %s/\nRUN update-ca-certificates >/dev/null\n' \
+    "$BASE_IMAGE-rootfs" "$ca_dir" >"$work/Dockerfile"
+  docker build -q -t "$BASE_IMAGE" "$work" >/dev/null
+  rm -rf "$work"
+}
+
+# The Dockerfile starts FROM python:3.11-slim, which cannot be pulled here. Our base image is the
+# same distribution (Debian bookworm) with the same Python minor (3.11) and `python`/`pip` first
+# on PATH, so it stands in under that name inside this private engine only (never pushed).
+provide_from_images() {
+  local ref
+  for ref in $(awk 'toupper($1) == "FROM" {print $2}' "$ROOT/Dockerfile" | sort -u); do
+    grep -qiE "^FROM[[:space:]]+[^[:space:]]+[[:space:]]+AS[[:space:]]+$ref\$" "$ROOT/Dockerfile" && continue
+    docker image inspect "$ref" >/dev/null 2>&1 && continue
+    case $ref in
+      python:3.11-slim | python:3.11-slim-bookworm) docker tag "$BASE_IMAGE" "$ref" ;;
+      *) log "the Dockerfile needs $ref, which cannot be pulled here"; return 1 ;;
+    esac
+  done
 }
 
 build_target() {
   local target=$1 tag=$2
   log "docker build --target $target -t $tag (base $BASE_IMAGE)"
   local t0=$SECONDS
-  docker build --network host --target "$target" -t "$tag" \
-    --build-arg "BASE_IMAGE=$BASE_IMAGE" ${TORCH_INDEX:+--build-arg "TORCH_INDEX=$TORCH_INDEX"} \
-    "$ROOT" >"$RN/logs/build-$target.log" 2>&1 \
-    || { tail -30 "$RN/logs/build-$target.log"; return 1; }
+  # The Dockerfile's steps are shown as they start (progress); the full output goes to the log.
+  if ! docker build --network host --target "$target" -t "$tag" \
+    ${TORCH_INDEX:+--build-arg "TORCH_INDEX=$TORCH_INDEX"} "$ROOT" 2>&1 \
+    | tee "$RN/logs/build-$target.log" | { grep --line-buffered -E '^Step [0-9]+/' || true; } \
+    | sed -u "s/^/  [$target] /"; then
+    tail -30 "$RN/logs/build-$target.log"
+    return 1
+  fi
   log "built $tag ($((SECONDS - t0)) s)"
 }
 
@@ -115,6 +152,7 @@ case ${1:-} in
   build)
     ensure_docker
     base_image
+    provide_from_images
     build_target "$2" "$3"
     import_image "$3"
     ;;
