@@ -1,6 +1,6 @@
 """Cluster-test plumbing: the operator as a real subprocess, jobs, pods and fake nodes.
 
-The operator runs exactly as users run it (``python -m meshrun_operator``) against the real
+The operator runs exactly as users run it (``meshrun operator``) against the real
 API server, restricted to the test's namespace so parallel tests and other operators never
 reconcile each other's jobs.
 """
@@ -43,7 +43,7 @@ def free_port() -> int:
 
 
 class OperatorProcess:
-    """``python -m meshrun_operator --namespace NS`` with its log in a file."""
+    """``python -m meshrun operator --namespace NS`` with its log in a file."""
 
     def __init__(
         self, kubeconfig: str, namespace: str, log_dir: Path, extra: list[str] | None = None
@@ -61,7 +61,8 @@ class OperatorProcess:
             [
                 sys.executable,
                 "-m",
-                "meshrun_operator",
+                "meshrun",
+                "operator",
                 "--namespace",
                 self.namespace,
                 "--metrics-port",
