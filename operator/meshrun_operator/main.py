@@ -13,6 +13,7 @@ import sys
 from dataclasses import dataclass
 
 import kopf
+from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 
 from meshrun_operator import names
@@ -170,7 +171,15 @@ def main(argv: list[str] | None = None) -> int:
         # kopf logs every successful timer run at INFO (twice a second per job): keep warnings.
         for noisy in ("kopf.objects", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
-    api = load_api_client(options.workers)
+    try:
+        api = load_api_client(options.workers)
+    except (ConfigException, OSError) as error:
+        print(
+            f"meshrun operator: no cluster to talk to (in-cluster service account or "
+            f"KUBECONFIG): {error}",
+            file=sys.stderr,
+        )
+        return 1
     ctx = OperatorContext(
         kube=Kube(api, workers=options.workers),
         tuning=options.tuning,

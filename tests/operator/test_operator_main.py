@@ -1,0 +1,48 @@
+"""``meshrun operator``: option errors, no cluster, and the explicit kopf settings."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import kopf
+import pytest
+from meshrun_operator.main import kopf_settings, main, parse_args
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("argv", "flag"),
+    [
+        (["--metrics-port", "70000"], "--metrics-port"),
+        (["--resync-seconds", "0"], "--resync-seconds"),
+        (["--workers", "-1"], "--workers"),
+        (["--no-such-flag"], "--no-such-flag"),
+    ],
+)
+def test_bad_options_exit_2_naming_the_flag(
+    argv: list[str], flag: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(argv) == 2
+    assert flag in capsys.readouterr().err
+
+
+def test_no_cluster_is_a_clear_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert main([]) == 1
+    assert "no cluster to talk to" in capsys.readouterr().err
+
+
+def test_kopf_keys_live_under_meshrun_dev() -> None:
+    settings = kopf_settings(parse_args(["--namespace", "a", "--namespace", "b"]))
+    assert settings.persistence.finalizer == "meshrun.dev/finalizer"
+    assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
+    assert settings.persistence.progress_storage.prefix == "meshrun.dev"
+    assert settings.peering.standalone and not settings.peering.clusterwide
+    peered = kopf_settings(parse_args(["--peering", "meshrun"]))
+    assert not peered.peering.standalone and peered.peering.mandatory
+    assert peered.peering.name == "meshrun" and peered.peering.clusterwide
