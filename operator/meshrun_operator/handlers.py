@@ -39,6 +39,7 @@ class Resyncer:
         self.nodes_index: Any = None
         self.task: asyncio.Task[None] | None = None
         self.node_ready: dict[str, bool] = {}
+        self.last_pass = time.monotonic()
 
     def learn_indexes(self, kwargs: Mapping[str, Any]) -> None:
         """kopf hands indexes only to handlers; the (live) index objects are kept from there."""
@@ -77,6 +78,7 @@ class Resyncer:
                 due = self.dirty & set(self.jobs)
             self.dirty.clear()
             await asyncio.gather(*(self.one(uid) for uid in due))
+            self.last_pass = time.monotonic()
 
     async def one(self, uid: str) -> None:
         body = self.jobs.get(uid)
@@ -95,6 +97,15 @@ class Resyncer:
 def register(registry: kopf.OperatorRegistry, ctx: OperatorContext) -> Resyncer:
     """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global)."""
     resyncer = Resyncer(ctx)
+
+    @kopf.on.probe(id="resync", registry=registry)
+    def resync_alive(**_: Any) -> float:
+        """/healthz fails when the resync loop died: the operator would silently stop acting."""
+        task = resyncer.task
+        if task is not None and task.done():
+            why = "cancelled" if task.cancelled() else repr(task.exception())
+            raise RuntimeError(f"the resync loop ended: {why}")
+        return round(time.monotonic() - resyncer.last_pass, 1)
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> Any:
