@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
@@ -171,3 +173,58 @@ def test_a_missing_gang_scheduler_is_reported_and_pods_still_wait_for_it(
         "a PodGroupUnavailable Warning",
     )
     assert cluster.status("volcano")["phase"] == "Pending"
+
+
+COSCHEDULING_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1",
+    "kind": "CustomResourceDefinition",
+    "metadata": {"name": "podgroups.scheduling.x-k8s.io"},
+    "spec": {
+        "group": "scheduling.x-k8s.io",
+        "names": {"kind": "PodGroup", "plural": "podgroups", "singular": "podgroup"},
+        "scope": "Namespaced",
+        "versions": [
+            {
+                "name": "v1alpha1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {
+                        "type": "object",
+                        "x-kubernetes-preserve-unknown-fields": True,
+                    }
+                },
+            }
+        ],
+    },
+}
+
+
+def test_scheduler_plugins_get_a_podgroup_of_the_whole_gang(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    # A stand-in for the coscheduling plugin's CRD (kubernetes-sigs/scheduler-plugins): enough
+    # for the API server to store PodGroups; no scheduler acts on them here.
+    cluster.apply(COSCHEDULING_CRD)
+    cluster.kubectl(
+        "wait", "--for=condition=Established", "--timeout=60s", "crd/podgroups.scheduling.x-k8s.io"
+    )
+    scheduling = {"schedulerName": "scheduler-plugins-scheduler", "gangTimeoutSeconds": 120}
+    cluster.apply(job_manifest("cosched", scheduling=scheduling))
+    group = wait_for(
+        lambda: json.loads(
+            cluster.kubectl(
+                "get", "podgroups.scheduling.x-k8s.io", "cosched", "-n", cluster.ns, "-o", "json"
+            ).stdout
+        ),
+        60,
+        "the PodGroup of job cosched",
+    )
+    assert group["spec"] == {"minMember": 2, "scheduleTimeoutSeconds": 120}
+    assert group["metadata"]["ownerReferences"][0]["name"] == "cosched"
+    pods = wait_for(
+        lambda: len(cluster.pods("cosched")) == 2 and cluster.pods("cosched"),
+        60,
+        "the two pods of job cosched",
+    )
+    assert all(p["metadata"]["labels"][names.COSCHEDULING_GROUP_LABEL] == "cosched" for p in pods)
