@@ -112,6 +112,7 @@ def decide(
     ev = evaluation or evaluate(job.get("spec") or {}, name)
     draft = Draft(job.get("status") or {}, now, tuning or Tuning(), name, read_state(job))
     draft.status["observedGeneration"] = metadata.get("generation")
+    ev = _still_refused(ev, draft.state, metadata.get("generation"))
     if ev.error is not None or ev.settings is None or ev.plan is None:
         draft.invalid(ev.error or SpecError("spec", "could not be evaluated"), observed.pods)
     else:
@@ -133,6 +134,22 @@ def decide(
         events=tuple(draft.events),
         invalid=draft.is_invalid,
     )
+
+
+def _still_refused(ev: Evaluation, state: Mapping[str, Any], generation: object) -> Evaluation:
+    """A pod template the API server refused stays refused until the spec changes.
+
+    Only the API server can judge a pod template; without this, every resync would try to
+    create the refused pod again.
+    """
+    if (
+        ev.error is None
+        and state.get("invalidField") == "spec.podTemplate"
+        and state.get("invalidGeneration") == generation
+    ):
+        rule = str(state.get("message") or "").removeprefix("spec.podTemplate: ")
+        return Evaluation(spec=ev.spec, error=SpecError("spec.podTemplate", rule))
+    return ev
 
 
 def _run(draft: Draft, settings: JobSettings, plan: Mapping[str, Any], observed: Observed) -> None:

@@ -137,7 +137,11 @@ class Draft:
         self.condition("Invalid", True, "InvalidSpec", message)
         self.condition("Failed", True, "InvalidSpec", message)
         self.status["phase"] = "Failed"
-        self.state.update(message=message, invalidField=error.field)
+        self.state.update(
+            message=message,
+            invalidField=error.field,
+            invalidGeneration=self.status.get("observedGeneration"),
+        )
         if not self.status.get("completionTime"):
             self.status["completionTime"] = self.stamp
         self._delete_all(pods)
@@ -149,7 +153,7 @@ class Draft:
         self.condition("Invalid", False, "Valid", "the spec is valid")
         self.condition("Failed", False, "Valid", "the spec is valid")
         self.status.update(phase="Pending", completionTime=None)
-        self.state.update(message="", invalidField=None)
+        self.state.update(message="", invalidField=None, invalidGeneration=None)
         self.old_phase = None
 
     def waiting(self, message: str) -> None:

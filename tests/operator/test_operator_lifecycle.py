@@ -8,10 +8,12 @@ from typing import Any
 import pytest
 from meshrun_operator import names
 from meshrun_operator.conditions import find
-from meshrun_operator.lifecycle import Decision, Tuning, decide
+from meshrun_operator.lifecycle import Decision, Evaluation, Tuning, decide, evaluate
 from meshrun_operator.observe import Observed
 from meshrun_operator.status import compute_status
 from operator_factories import at, make_job, make_pod, observe
+
+from meshrun.errors import SpecError
 
 pytestmark = pytest.mark.unit
 
@@ -314,3 +316,16 @@ def test_printer_columns_are_filled() -> None:
     assert decision.status["strategy"] == "ddp"
     assert decision.status["layout"] == "dp8 x pp1 x tp1"
     assert decision.status["gpus"] == 8
+
+
+def test_a_refused_pod_template_stays_invalid_until_the_spec_changes() -> None:
+    job = make_job()
+    refused = SpecError("spec.podTemplate", "Pod is invalid: cpu: 'lots'")
+    evaluation = evaluate(job["spec"], "job")
+    bad = Evaluation(spec=evaluation.spec, error=refused)
+    job = advance(job, decide(job, observe(), at(0), TUNING, bad))
+    _, again = run(job, observe(), 5)
+    assert again.invalid and again.create_pods == () and again.events == ()
+    job["metadata"]["generation"] = 2  # the user edited the spec: try again
+    _, retried = run(job, observe(), 6)
+    assert not retried.invalid and retried.create_pods == (0, 1)
