@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -27,7 +27,12 @@ from meshrun_operator.failures import Failure, FailureClass, classify, node_lost
 from meshrun_operator.jobspec import JobSettings, parse_settings
 from meshrun_operator.observe import Observed, PodView
 from meshrun_operator.phases import Draft, Event, Tuning
-from meshrun_operator.summary import last_progress_time, merge_progress, placement
+from meshrun_operator.summary import (
+    final_progress,
+    last_progress_time,
+    merge_progress,
+    placement,
+)
 
 __all__ = ["Decision", "Evaluation", "Event", "Tuning", "decide", "evaluate", "read_state"]
 
@@ -194,6 +199,10 @@ def _run(draft: Draft, settings: JobSettings, plan: Mapping[str, Any], observed:
         draft.failure(found[0], found[1], settings, current)
         return
     if len(current) == settings.num_nodes and all(p.phase == "Succeeded" for p in current):
+        pod0 = next((p for p in current if p.index == 0), None)
+        final = final_progress(pod0.summary if pod0 else None)
+        if final:
+            status["progress"] = {**(status.get("progress") or {}), **final}
         draft.succeed(policy, current)
         return
     if _create_or_wait(draft, settings, current):
@@ -218,7 +227,12 @@ def _first_failure(
                 return node_lost(pod.node, nodes.get(pod.node)), pod
     for pod in sorted(current, key=lambda p: p.index):
         if pod.phase == "Failed":
-            return classify(pod.exit_code, pod.container_reason, pod.pod_reason), pod
+            failure = classify(pod.exit_code, pod.container_reason, pod.pod_reason)
+            error = (pod.summary or {}).get("error")
+            if isinstance(error, str) and error:
+                # The trainer's own last words (termination message) say more than an exit code.
+                failure = replace(failure, message=f"{failure.message}; trainer: {error[:300]}")
+            return failure, pod
     return None
 
 

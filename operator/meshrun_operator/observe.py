@@ -42,6 +42,9 @@ class PodView:
     """status.podIP, for reading the trainer's /progress endpoint."""
     progress: Mapping[str, Any] | None = field(default=None, hash=False)
     """Training progress from the meshrun.dev/progress annotation, when present."""
+    summary: Mapping[str, Any] | None = field(default=None, hash=False)
+    """The trainer's final JSON summary from its termination message (docs/env-contract.md):
+    ``finalLoss``, ``steps``, ``tokensPerSecond`` on success, ``error`` on failure."""
     owner_uid: str | None = None
     """uid of the controlling owner (a job deleted and re-created under the same name has a
     new uid, and its predecessor's pods must not count)."""
@@ -62,6 +65,17 @@ def parse_progress(text: str | None) -> dict[str, Any] | None:
     if not isinstance(data, dict) or not isinstance(data.get("step"), int):
         return None
     return {key: data[key] for key in PROGRESS_KEYS if key in data}
+
+
+def parse_summary(text: object) -> dict[str, Any] | None:
+    """The trainer's termination message as a dict, or None when it is not JSON."""
+    if not isinstance(text, str) or not text.strip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int:
@@ -104,6 +118,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         pod_reason=status.get("reason"),
         pod_ip=status.get("podIP"),
         progress=parse_progress(annotations.get(names.ANNOTATION_PROGRESS)),
+        summary=parse_summary(terminated.get("message") if terminated else None),
         owner_uid=next(
             (o.get("uid") for o in metadata.get("ownerReferences") or [] if o.get("controller")),
             None,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import urllib.error
 import urllib.request
 from typing import Any
 
@@ -46,6 +47,12 @@ class ProgressReader:
         url = f"http://{pod.pod_ip}:{self.port}/progress"
         try:
             return await asyncio.to_thread(self._fetch, url)
+        except urllib.error.URLError as error:
+            if not isinstance(error.reason, ConnectionRefusedError):
+                self._failed_until[pod.pod_ip] = now + self.retry_after
+            # Refused: the trainer has not opened its port yet, and asking again is cheap.
+            return None
         except (OSError, ValueError):
+            # A timeout (an unroutable KWOK pod IP) costs a thread for `timeout` seconds.
             self._failed_until[pod.pod_ip] = now + self.retry_after
             return None

@@ -89,3 +89,22 @@ def last_progress_time(state: Mapping[str, Any], attempt: int) -> datetime | Non
     if state.get("progressAttempt") != attempt:
         return None
     return parse_time(state.get("lastProgressTime"))
+
+
+def final_progress(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """status.progress from the trainer's final summary: the last step and the final loss.
+
+    A short job can end between two resyncs, before any progress was read; the summary in the
+    termination message still reaches status.
+    """
+    if not summary or summary.get("status") != "Succeeded":
+        return None
+    steps = summary.get("steps")
+    progress = {
+        "step": steps,
+        "totalSteps": steps,
+        "loss": summary.get("finalLoss"),
+        "tokensPerSecond": summary.get("tokensPerSecond"),
+        "etaSeconds": 0.0,
+    }
+    return conform({k: v for k, v in progress.items() if v is not None}, _progress_schema())

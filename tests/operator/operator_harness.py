@@ -183,10 +183,16 @@ class Cluster:
         where = ["-n", self.ns] if namespaced else []
         self.kubectl("annotate", kind, name, *where, "--overwrite", *pairs)
 
-    def finish(self, pod: str, outcome: str, exit_code: int | None = None) -> None:
+    def finish(
+        self, pod: str, outcome: str, exit_code: int | None = None, message: str | None = None
+    ) -> None:
+        """Make a KWOK pod end (the cluster's sim.meshrun.dev Stages), optionally with a
+        termination message as the trainer writes it."""
         pairs = [f"sim.meshrun.dev/outcome={outcome}"]
         if exit_code is not None:
             pairs.append(f"sim.meshrun.dev/exit-code={exit_code}")
+        if message is not None:
+            pairs.append(f"sim.meshrun.dev/message={message}")
         self.annotate("pod", pod, *pairs)
 
     def events(self, name: str) -> list[dict[str, Any]]:

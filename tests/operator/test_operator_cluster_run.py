@@ -70,7 +70,8 @@ def test_job_runs_to_succeeded_with_status_progress_and_events(
     assert progress["loss"] == 4.25 and progress["etaSeconds"] == 3.5
 
     # Succeeded only once every pod finished.
-    cluster.finish("train-0", "Succeeded")
+    summary = {"status": "Succeeded", "steps": 10, "finalLoss": 1.75, "tokensPerSecond": 99.5}
+    cluster.finish("train-0", "Succeeded", message=json.dumps(summary))
     wait_for(
         lambda: cluster.pods("train")[0]["status"]["phase"] == "Succeeded",
         30,
@@ -80,6 +81,8 @@ def test_job_runs_to_succeeded_with_status_progress_and_events(
     cluster.finish("train-1", "Succeeded")
     status = cluster.wait_phase("train", "Succeeded")
     assert status["completionTime"]
+    # The trainer's final summary (termination message of pod 0) is the final progress.
+    assert status["progress"]["loss"] == 1.75 and status["progress"]["step"] == 10
     assert cluster.condition("train", "Succeeded")["status"] == "True"
     reasons = {e["reason"] for e in cluster.events("train")}
     assert {"PodsCreated", "Running", "Succeeded"} <= reasons

@@ -329,3 +329,34 @@ def test_a_refused_pod_template_stays_invalid_until_the_spec_changes() -> None:
     job["metadata"]["generation"] = 2  # the user edited the spec: try again
     _, retried = run(job, observe(), 6)
     assert not retried.invalid and retried.create_pods == (0, 1)
+
+
+def test_the_trainers_final_summary_becomes_the_final_progress() -> None:
+    job = started_job()
+    summary = {
+        "status": "Succeeded",
+        "steps": 20,
+        "finalLoss": 2.125,
+        "tokensPerSecond": 512.0,
+        "losses": [3.0, 2.125],
+    }
+    done = (make_pod(0, phase="Succeeded", summary=summary), make_pod(1, phase="Succeeded"))
+    _, decision = run(job, observe(*done), 9)
+    assert decision.status["phase"] == "Succeeded"
+    assert decision.status["progress"] == {
+        "step": 20,
+        "totalSteps": 20,
+        "loss": 2.125,
+        "tokensPerSecond": 512.0,
+        "etaSeconds": 0.0,
+    }
+
+
+def test_the_trainers_error_message_reaches_the_failure() -> None:
+    job = started_job()
+    summary = {"status": "Failed", "rank": 3, "error": "ValueError: MESHRUN_TP: 3 must divide 4"}
+    failed = make_pod(1, phase="Failed", exit_code=2, summary=summary)
+    _, decision = run(job, observe(make_pod(0), failed), 5)
+    failed_condition = condition(decision, "Failed")
+    assert failed_condition["reason"] == "ConfigError"
+    assert "MESHRUN_TP: 3 must divide 4" in failed_condition["message"]

@@ -123,3 +123,25 @@ def test_settings_errors_name_the_field(overrides: dict[str, Any], field: str) -
     with pytest.raises(SpecError) as error:
         parse_settings({**SPEC, **overrides})
     assert error.value.field == field
+
+
+def test_the_termination_message_is_read_as_the_summary() -> None:
+    message = json.dumps({"status": "Succeeded", "finalLoss": 1.0, "steps": 5})
+    view = pod_view(
+        pod_body(
+            phase="Succeeded",
+            containerStatuses=[
+                {"name": "trainer", "state": {"terminated": {"exitCode": 0, "message": message}}}
+            ],
+        )
+    )
+    assert view.summary == {"status": "Succeeded", "finalLoss": 1.0, "steps": 5}
+    plain_text = pod_view(
+        pod_body(
+            phase="Failed",
+            containerStatuses=[
+                {"name": "trainer", "state": {"terminated": {"exitCode": 1, "message": "oops"}}}
+            ],
+        )
+    )
+    assert plain_text.summary is None

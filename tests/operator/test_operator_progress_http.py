@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import socket
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -44,6 +45,12 @@ def server() -> Iterator[int]:
     httpd.shutdown()
 
 
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
 def pod0(ip: str | None, phase: str = "Running") -> PodView:
     return PodView(name="job-0", index=0, attempt=0, phase=phase, pod_ip=ip)
 
@@ -58,8 +65,21 @@ def test_disabled_pending_or_unreachable_pods_give_none(server: int) -> None:
     reader = ProgressReader(enabled=True, port=server)
     assert asyncio.run(reader.read(pod0("127.0.0.1", phase="Pending"))) is None
     assert asyncio.run(reader.read(pod0(None))) is None
-    closed = ProgressReader(enabled=True, port=1, retry_after=60)
-    assert asyncio.run(closed.read(pod0("127.0.0.1"))) is None
-    # The failure is remembered: the next call does not even try.
-    closed.port = server
-    assert asyncio.run(closed.read(pod0("127.0.0.1"))) is None
+    refused = ProgressReader(enabled=True, port=free_port(), retry_after=60)
+    assert asyncio.run(refused.read(pod0("127.0.0.1"))) is None
+    # Refused means "not listening yet": the next resync asks again and gets the report.
+    refused.port = server
+    assert asyncio.run(refused.read(pod0("127.0.0.1"))) == REPORT
+
+
+def test_a_silent_pod_is_not_asked_again_for_a_while() -> None:
+    # A socket that is listening but never answers: the request times out, like an
+    # unroutable KWOK pod IP on a real network.
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen()
+        reader = ProgressReader(
+            enabled=True, timeout=0.2, retry_after=60, port=int(silent.getsockname()[1])
+        )
+        assert asyncio.run(reader.read(pod0("127.0.0.1"))) is None
+        assert reader._failed_until.get("127.0.0.1", 0) > 0
