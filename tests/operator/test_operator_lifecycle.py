@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any
-
 import pytest
-from meshrun_operator import names
-from meshrun_operator.conditions import find
-from meshrun_operator.lifecycle import Decision, Evaluation, Tuning, decide, evaluate
+from meshrun_operator.lifecycle import Evaluation, decide, evaluate
 from meshrun_operator.observe import Observed
 from meshrun_operator.status import compute_status
 from operator_factories import at, make_job, make_pod, observe
+from operator_lifecycle_helpers import TUNING, advance, condition, reasons, run, started_job
 
 from meshrun.errors import SpecError
 
 pytestmark = pytest.mark.unit
-
-TUNING = Tuning(backoff_base_seconds=10, backoff_max_seconds=60, missing_pod_grace_seconds=5)
-
-
-def advance(job: dict[str, Any], decision: Decision) -> dict[str, Any]:
-    """The job as the API server would hold it after the reconciler wrote the decision."""
-    status = {k: v for k, v in decision.status.items() if v is not None}
-    state = {k: v for k, v in decision.state.items() if v is not None}
-    annotations = {names.ANNOTATION_STATE: json.dumps(state)}
-    return {**job, "status": status, "metadata": {**job["metadata"], "annotations": annotations}}
-
-
-def run(job: dict[str, Any], observed: Observed, seconds: float) -> tuple[dict[str, Any], Decision]:
-    decision = decide(job, observed, at(seconds), TUNING)
-    return advance(job, decision), decision
-
-
-def reasons(decision: Decision) -> list[str]:
-    return [e.reason for e in decision.events]
-
-
-def condition(decision: Decision, kind: str) -> dict[str, Any]:
-    found = find(decision.status["conditions"], kind)
-    assert found is not None, f"no {kind} condition in {decision.status['conditions']}"
-    return dict(found)
-
-
-def started_job(**spec: Any) -> dict[str, Any]:
-    """A job whose attempt-0 pods were created at t=0."""
-    job, _ = run(make_job(**spec), observe(), 0)
-    return job
 
 
 def test_new_job_creates_every_pod_once() -> None:
@@ -194,39 +159,6 @@ def test_active_deadline_fails_the_job_and_stops_its_pods() -> None:
     assert decision.delete_pods == ("job-0", "job-1")
 
 
-def progress(step: int) -> dict[str, Any]:
-    return {
-        "step": step,
-        "totalSteps": 100,
-        "loss": 2.5,
-        "tokensPerSecond": 1000.0,
-        "stepTimeSeconds": 0.5,
-        "updatedAt": 1767268800.0,
-    }
-
-
-def test_progress_is_reported_and_a_hang_restarts_the_gang() -> None:
-    job = started_job(runPolicy={"progressDeadlineSeconds": 20})
-    job, first = run(job, observe(make_pod(0, progress=progress(1)), make_pod(1)), 5)
-    assert first.status["progress"]["step"] == 1
-    assert first.status["progress"]["etaSeconds"] == 49.5
-    # The step advances at t=20: no restart at t=30 although 25 s passed since running.
-    job, _ = run(job, observe(make_pod(0, progress=progress(2)), make_pod(1)), 20)
-    job, fine = run(job, observe(make_pod(0, progress=progress(2)), make_pod(1)), 30)
-    assert fine.status["phase"] == "Running"
-    _, hung = run(job, observe(make_pod(0, progress=progress(2)), make_pod(1)), 40)
-    assert hung.status["phase"] == "Restarting"
-    assert hung.state["lastFailure"]["reason"] == "ProgressDeadlineExceeded"
-    assert hung.delete_pods == ("job-0", "job-1")
-
-
-def test_progress_from_the_endpoint_wins_over_the_annotation() -> None:
-    job = started_job()
-    observed = observe(make_pod(0, progress=progress(1)), make_pod(1), progress=progress(7))
-    _, decision = run(job, observed, 5)
-    assert decision.status["progress"]["step"] == 7
-
-
 def test_suspend_deletes_pods_and_creates_nothing_until_resumed() -> None:
     job = started_job()
     job, _ = run(job, observe(make_pod(0), make_pod(1)), 5)
@@ -302,22 +234,6 @@ def test_lost_bookkeeping_is_rebuilt_so_deadlines_still_apply() -> None:
     assert late.status["phase"] == "Failed"
 
 
-def test_progress_fields_of_the_wrong_type_are_dropped_not_sent() -> None:
-    job = started_job()
-    report = {**progress(4), "updatedAt": "yesterday", "loss": "nan?", "extra": 1}
-    _, decision = run(job, observe(make_pod(0, progress=report), make_pod(1)), 5)
-    shown = decision.status["progress"]
-    assert shown["step"] == 4 and shown["tokensPerSecond"] == 1000.0
-    assert "updatedAt" not in shown and "loss" not in shown and "extra" not in shown
-
-
-def test_printer_columns_are_filled() -> None:
-    _, decision = run(make_job(), observe(), 0)
-    assert decision.status["strategy"] == "ddp"
-    assert decision.status["layout"] == "dp8 x pp1 x tp1"
-    assert decision.status["gpus"] == 8
-
-
 def test_a_refused_pod_template_stays_invalid_until_the_spec_changes() -> None:
     job = make_job()
     refused = SpecError("spec.podTemplate", "Pod is invalid: cpu: 'lots'")
@@ -329,34 +245,3 @@ def test_a_refused_pod_template_stays_invalid_until_the_spec_changes() -> None:
     job["metadata"]["generation"] = 2  # the user edited the spec: try again
     _, retried = run(job, observe(), 6)
     assert not retried.invalid and retried.create_pods == (0, 1)
-
-
-def test_the_trainers_final_summary_becomes_the_final_progress() -> None:
-    job = started_job()
-    summary = {
-        "status": "Succeeded",
-        "steps": 20,
-        "finalLoss": 2.125,
-        "tokensPerSecond": 512.0,
-        "losses": [3.0, 2.125],
-    }
-    done = (make_pod(0, phase="Succeeded", summary=summary), make_pod(1, phase="Succeeded"))
-    _, decision = run(job, observe(*done), 9)
-    assert decision.status["phase"] == "Succeeded"
-    assert decision.status["progress"] == {
-        "step": 20,
-        "totalSteps": 20,
-        "loss": 2.125,
-        "tokensPerSecond": 512.0,
-        "etaSeconds": 0.0,
-    }
-
-
-def test_the_trainers_error_message_reaches_the_failure() -> None:
-    job = started_job()
-    summary = {"status": "Failed", "rank": 3, "error": "ValueError: MESHRUN_TP: 3 must divide 4"}
-    failed = make_pod(1, phase="Failed", exit_code=2, summary=summary)
-    _, decision = run(job, observe(make_pod(0), failed), 5)
-    failed_condition = condition(decision, "Failed")
-    assert failed_condition["reason"] == "ConfigError"
-    assert "MESHRUN_TP: 3 must divide 4" in failed_condition["message"]

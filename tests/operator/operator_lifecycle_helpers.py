@@ -1,0 +1,43 @@
+"""Helpers of the life-cycle tests: run decide and apply its result like the reconciler."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from meshrun_operator import names
+from meshrun_operator.conditions import find
+from meshrun_operator.lifecycle import Decision, Tuning, decide
+from meshrun_operator.observe import Observed
+from operator_factories import at, make_job, observe
+
+TUNING = Tuning(backoff_base_seconds=10, backoff_max_seconds=60, missing_pod_grace_seconds=5)
+
+
+def advance(job: dict[str, Any], decision: Decision) -> dict[str, Any]:
+    """The job as the API server would hold it after the reconciler wrote the decision."""
+    status = {k: v for k, v in decision.status.items() if v is not None}
+    state = {k: v for k, v in decision.state.items() if v is not None}
+    annotations = {names.ANNOTATION_STATE: json.dumps(state)}
+    return {**job, "status": status, "metadata": {**job["metadata"], "annotations": annotations}}
+
+
+def run(job: dict[str, Any], observed: Observed, seconds: float) -> tuple[dict[str, Any], Decision]:
+    decision = decide(job, observed, at(seconds), TUNING)
+    return advance(job, decision), decision
+
+
+def reasons(decision: Decision) -> list[str]:
+    return [e.reason for e in decision.events]
+
+
+def condition(decision: Decision, kind: str) -> dict[str, Any]:
+    found = find(decision.status["conditions"], kind)
+    assert found is not None, f"no {kind} condition in {decision.status['conditions']}"
+    return dict(found)
+
+
+def started_job(**spec: Any) -> dict[str, Any]:
+    """A job whose attempt-0 pods were created at t=0."""
+    job, _ = run(make_job(**spec), observe(), 0)
+    return job
