@@ -172,7 +172,9 @@ def _observe(body: Mapping[str, Any], pods_index: Any, nodes_index: Any) -> Obse
     pods = tuple(p for p in store if p.owner_uid in (meta.get("uid"), None))
     nodes = None
     if nodes_index is not None:
-        nodes = {name: any(values) for name, values in nodes_index.items()}
+        # Only the job's own nodes: a node missing from the index has been deleted.
+        used = {p.node for p in pods if p.node}
+        nodes = {name: any(nodes_index[name]) for name in used if name in nodes_index}
     return Observed(pods=pods, nodes=nodes)
 
 
