@@ -5,18 +5,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshrun.errors import SpecError
 from meshrun.presets import ModelShape
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
-class ConfigError(ValueError):
-    """A configuration value breaks a rule; ``field`` names the variable, ``rule`` says why."""
-
-    def __init__(self, field: str, rule: str) -> None:
-        super().__init__(f"{field}: {rule}")
-        self.field = field
-        self.rule = rule
+class ConfigError(SpecError):
+    """A configuration value breaks a rule; ``field`` names the environment variable (the same
+    field-and-rule shape as the planner's SpecError, so callers handle both alike)."""
 
 
 @dataclass(frozen=True)
