@@ -137,6 +137,8 @@ build_target() {
     tail -30 "$RN/logs/build-$target.log"
     return 1
   fi
+  # Each source change leaves the previous image (5 GB for the trainer) dangling: drop them.
+  docker image prune -f >/dev/null
   log "built $tag ($((SECONDS - t0)) s)"
 }
 

@@ -210,6 +210,8 @@ serializeImagePulls: false
 imageGCHighThresholdPercent: 100
 imageGCLowThresholdPercent: 99
 evictionHard: {memory.available: 100Mi, nodefs.available: 2%, imagefs.available: 2%}
+# A short dip (an image import) should not keep the disk-pressure taint for the default 5 min.
+evictionPressureTransitionPeriod: 30s
 registerWithTaints:
 - {key: $REAL_NODE_LABEL, value: "true", effect: NoSchedule}
 YAML

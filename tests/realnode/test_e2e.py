@@ -1,0 +1,116 @@
+"""True end to end on the real node (issue 7 item 3): the chart's operator, running in the
+cluster as a pod, trains examples/demo-3d-cpu.yaml (2 pods x 4 CPU processes, dp2 x pp2 x tp2)
+with torchrun over gloo between pod IPs; the final loss equals `meshrun run --local` on the same
+file, also after one trainer pod is killed mid-run and the gang resumes from its checkpoint."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import Kubectl
+from e2e_support import apply_demo_job, build_images, helm_install, local_final_loss
+from waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(2400)]
+STEPS = 20  # examples/demo-3d-cpu.yaml: 20 steps, a checkpoint every 5
+
+
+@pytest.fixture(scope="module")
+def local_loss(real_node: str, tmp_path_factory: pytest.TempPathFactory) -> float:
+    """Images built and imported (once), and the reference loss of the local run."""
+    build_images()
+    return local_final_loss(tmp_path_factory.mktemp("local"))
+
+
+@pytest.fixture
+def demo(kubectl: Kubectl, kubeconfig: str, namespace: str) -> Iterator[str]:
+    """The chart installed in the test's namespace and the demo job applied; its name."""
+    uninstall = helm_install(kubeconfig, namespace)
+    checkpoint_dir = Path("/var/lib/meshrun-checkpoints") / namespace
+    name, pv = apply_demo_job(kubectl, namespace, checkpoint_dir)
+    yield name
+    subprocess.run(uninstall, capture_output=True, timeout=120)
+    kubectl("delete", "pv", pv, "--wait=false", check=False)
+    shutil.rmtree(checkpoint_dir, ignore_errors=True)
+
+
+def job_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
+    out = kubectl("get", "paralleltrainingjob", name, "-n", namespace, "-o", "json").stdout
+    status: dict[str, Any] = json.loads(out).get("status") or {}
+    return status
+
+
+def pods(kubectl: Kubectl, namespace: str, name: str) -> list[dict[str, Any]]:
+    out = kubectl(
+        "get", "pods", "-n", namespace, "-l", f"meshrun.dev/job-name={name}", "-o", "json"
+    )
+    items: list[dict[str, Any]] = json.loads(out.stdout)["items"]
+    return items
+
+
+def wait_phase(kubectl: Kubectl, namespace: str, name: str, phase: str) -> dict[str, Any]:
+    def reached() -> dict[str, Any] | None:
+        status = job_status(kubectl, namespace, name)
+        assert status.get("phase") != "Failed", f"job failed: {status}"
+        return status if status.get("phase") == phase else None
+
+    return wait_for(
+        reached,
+        900,
+        f"job {name} to reach {phase}",
+        interval=2,
+        describe=lambda: (
+            job_status(kubectl, namespace, name),
+            kubectl("get", "pods", "-n", namespace, "-o", "wide", check=False).stdout,
+        ),
+    )
+
+
+def termination_summary(pod: dict[str, Any]) -> dict[str, Any]:
+    state = pod["status"]["containerStatuses"][0]["state"]
+    summary: dict[str, Any] = json.loads(state["terminated"]["message"])
+    return summary
+
+
+def test_demo_job_trains_on_the_real_node_with_the_local_final_loss(
+    kubectl: Kubectl, namespace: str, real_node: str, local_loss: float, demo: str
+) -> None:
+    status = wait_phase(kubectl, namespace, demo, "Succeeded")
+
+    progress = status["progress"]
+    assert progress["step"] == progress["totalSteps"] == STEPS
+    # Same layout, seed and data on the same CPU kernels: the same float32 loss.
+    assert progress["loss"] == pytest.approx(local_loss, rel=1e-6, abs=1e-6)
+    trainer_pods = pods(kubectl, namespace, demo)
+    assert len(trainer_pods) == 2
+    for pod in trainer_pods:
+        assert pod["spec"]["nodeName"] == real_node
+        assert pod["status"]["phase"] == "Succeeded"
+        assert pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+    assert {row["node"] for row in status["placement"]} == {real_node}
+
+
+def test_killed_trainer_pod_restarts_the_gang_which_resumes_from_the_checkpoint(
+    kubectl: Kubectl, namespace: str, real_node: str, local_loss: float, demo: str
+) -> None:
+    def step() -> int:
+        progress = job_status(kubectl, namespace, demo).get("progress") or {}
+        return int(progress.get("step", 0))
+
+    # After the checkpoint of step 5 and before the end.
+    wait_for(lambda: step() >= 6, 600, f"job {demo} to pass step 6", interval=0.5)
+    kubectl("delete", "pod", f"{demo}-1", "-n", namespace, "--grace-period=0", "--wait=false")
+    status = wait_phase(kubectl, namespace, demo, "Succeeded")
+
+    assert status["restarts"] >= 1
+    assert status["progress"]["step"] == STEPS
+    assert status["progress"]["loss"] == pytest.approx(local_loss, rel=1e-6, abs=1e-6)
+    first = [p for p in pods(kubectl, namespace, demo) if p["metadata"]["name"] == f"{demo}-0"]
+    summary = termination_summary(first[0])
+    assert summary["resumedFromStep"] >= 5, summary
