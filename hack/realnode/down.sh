@@ -10,7 +10,9 @@ running_tasks() { ctr_k8s tasks ls 2>/dev/null | awk 'NR > 1 && $3 == "RUNNING"'
 
 kubelet_alive() { [[ -s $RN/pids/kubelet.pid ]] && kill -0 "$(cat "$RN/pids/kubelet.pid")" 2>/dev/null; }
 if api_up && kubelet_alive; then
-  # Let the kubelet stop every pod itself (StopPodSandbox runs CNI DEL) before it goes.
+  # Let the kubelet stop every pod itself (StopPodSandbox runs CNI DEL) before it goes; cordoned
+  # first so that controllers do not put replacements back on it.
+  kc cordon "$NODE_NAME" >/dev/null 2>&1 || true
   kc delete pods -A --field-selector "spec.nodeName=$NODE_NAME" --grace-period=1 --wait=false \
     >/dev/null 2>&1 || true
   wait_for "the real node's pods to stop" 30 bash -c \
@@ -38,7 +40,7 @@ api_up && kc delete -n kube-system service/kube-dns endpointslice/kube-dns-host 
   --ignore-not-found >/dev/null 2>&1 || true
 
 # Mounts left by pods (secrets, projected tokens, shm, container root filesystems), deepest first.
-for prefix in "$KUBELET_ROOT" /run/meshrun-containerd; do
+for prefix in "$KUBELET_ROOT" /run/meshrun-containerd /run/meshrun-docker; do
   findmnt -rn -o TARGET | awk -v p="$prefix" '$0 == p || index($0, p "/") == 1' | sort -r | while read -r m; do
     umount -l "$m" 2>/dev/null || true
   done

@@ -17,7 +17,8 @@ from conftest import Kubectl
 from e2e_support import apply_demo_job, build_images, helm_install, local_final_loss
 from waiting import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(2400)]
+# Covers set-up too: cold, the images are built (the trainer's torch is ~5 GB) and imported.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3600)]
 STEPS = 20  # examples/demo-3d-cpu.yaml: 20 steps, a checkpoint every 5
 
 

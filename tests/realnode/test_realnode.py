@@ -12,7 +12,9 @@ import pytest
 from conftest import BASE_IMAGE, REAL_NODE_LABEL, Kubectl
 from waiting import wait_for
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(600)]
+# The timeout covers fixture set-up: on a fresh machine the first test builds the real node
+# (kubelet, kube-proxy, CoreDNS from Go modules, the debootstrap base image).
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(3600)]
 
 PROBE = (Path(__file__).parent / "peer_probe.py").read_text()
 # hack/realnode/common.sh POD_CIDR: the bridge's host-local range.
