@@ -10,17 +10,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-REAL_NODE_LABEL = "meshrun.dev/real-node"
-# The imported Debian image (hack/realnode/images.sh): python3 and busybox, never pulled.
-BASE_IMAGE = "meshrun.local/debian:bookworm"
-
-Kubectl = Callable[..., subprocess.CompletedProcess[str]]
+from realnode_support import REAL_NODE_LABEL, ROOT, Kubectl
 
 
 def _ready_real_nodes(kubectl: Kubectl) -> list[str]:

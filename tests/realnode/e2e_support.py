@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import ROOT, Kubectl
+from realnode_support import ROOT, Kubectl
 
 OPERATOR_IMAGE = "meshrun/operator:0.1.0"
 TRAINER_IMAGE = "meshrun/trainer:0.1.0"

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import Kubectl
 from e2e_support import apply_demo_job, build_images, helm_install, local_final_loss
+from realnode_support import Kubectl
 from waiting import wait_for
 
 # Covers set-up too: cold, the images are built (the trainer's torch is ~5 GB) and imported.
@@ -26,7 +26,8 @@ STEPS = 20  # examples/demo-3d-cpu.yaml: 20 steps, a checkpoint every 5
 def local_loss(real_node: str, tmp_path_factory: pytest.TempPathFactory) -> float:
     """Images built and imported (once), and the reference loss of the local run."""
     build_images()
-    return local_final_loss(tmp_path_factory.mktemp("local"))
+    loss: float = local_final_loss(tmp_path_factory.mktemp("local"))
+    return loss
 
 
 @pytest.fixture

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BASE_IMAGE, REAL_NODE_LABEL, Kubectl
+from realnode_support import BASE_IMAGE, REAL_NODE_LABEL, Kubectl
 from waiting import wait_for
 
 # The timeout covers fixture set-up: on a fresh machine the first test builds the real node
