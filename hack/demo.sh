@@ -21,19 +21,31 @@ t_phase=$SECONDS
 phase_begin() { printf '\n\033[1m== %s\033[0m\n' "$1"; t_phase=$SECONDS; CURRENT=$1; }
 phase_end() { PHASES+=("$(printf '%-44s %5d s' "$CURRENT" $((SECONDS - t_phase)))"); }
 
-phase_begin "real node (kubelet, containerd, CNI, DNS)"
+phase_begin "real node and images (built side by side)"
+# Image builds (network, disk) run while the real node's Go builds (CPU) do; both print progress.
+mkdir -p "$OUT"
+(
+  "$ROOT/hack/realnode/images.sh" build operator meshrun/operator:0.1.0 --no-import
+  "$ROOT/hack/realnode/images.sh" build trainer meshrun/trainer:0.1.0 --no-import
+) > >(tee "$OUT/images.log") 2>&1 &
+images_pid=$!
 "$ROOT/hack/realnode/up.sh"
+wait "$images_pid" || { echo "image build failed, see $OUT/images.log" >&2; exit 1; }
 phase_end
 
-phase_begin "images (operator, trainer) into containerd"
-"$ROOT/hack/realnode/images.sh" build operator meshrun/operator:0.1.0
-"$ROOT/hack/realnode/images.sh" build trainer meshrun/trainer:0.1.0
+phase_begin "images into the node's containerd"
+"$ROOT/hack/realnode/images.sh" build operator meshrun/operator:0.1.0 | { grep -v '^  \[' || true; }
+"$ROOT/hack/realnode/images.sh" build trainer meshrun/trainer:0.1.0 | { grep -v '^  \[' || true; }
 phase_end
 
 phase_begin "helm install (operator in the cluster)"
 kc create namespace "$NS" --dry-run=client -o yaml | kc apply -f - >/dev/null
+# The image id as a pod annotation: a rebuilt operator image (same tag) rolls the operator pod.
+operator_id=$(DOCKER_HOST=unix:///run/meshrun-docker/docker.sock docker image inspect \
+  -f '{{.Id}}' meshrun/operator:0.1.0 | cut -c8-19)
 "$BIN/helm" upgrade --install meshrun "$ROOT/helm/meshrun" --kubeconfig "$KUBECONFIG" -n "$NS" \
   -f "$ROOT/hack/realnode/operator-values.yaml" --set "watchNamespaces={$NS}" \
+  --set-string "podAnnotations.meshrun\\.dev/operator-image-id=$operator_id" \
   --wait --timeout 180s >/dev/null
 kc get pods -n "$NS" -l app.kubernetes.io/name=meshrun -o wide
 phase_end
@@ -77,7 +89,6 @@ phase_end
 phase_begin "result"
 kc get paralleltrainingjob "$JOB" -n "$NS" -o wide
 kc get pods -n "$NS" -l "meshrun.dev/job-name=$JOB" -o wide
-mkdir -p "$OUT"
 kc get paralleltrainingjob "$JOB" -n "$NS" -o json >"$OUT/status.json"
 "$PY" -m meshrun plan "$JOB_FILE" --picture "$OUT/placement.svg" >/dev/null
 final=$("$PY" -c 'import json,sys; print(json.load(sys.stdin)["status"]["progress"]["loss"])' <"$OUT/status.json")

@@ -4,8 +4,10 @@
 # `docker save | ctr import` moves them into the real node's containerd.
 #
 #   hack/realnode/images.sh node                  pause + base image, imported into containerd
-#   hack/realnode/images.sh build TARGET TAG      docker build --target TARGET of the Dockerfile
+#   hack/realnode/images.sh build TARGET TAG [--no-import]
+#                                                 docker build --target TARGET of the Dockerfile
 #                                                 on the base image, imported into containerd
+#   hack/realnode/images.sh prepare               the engine and the base images only
 #   hack/realnode/images.sh stop-docker           stop the Docker engine started here
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
@@ -142,22 +144,32 @@ build_target() {
   log "built $tag ($((SECONDS - t0)) s)"
 }
 
+# prepare: the engine, the pause and base images, the Dockerfile's FROM image. Under a lock, so
+# that up.sh and demo.sh may run it at the same time (one engine, one debootstrap).
+prepare() {
+  mkdir -p "$CACHE"
+  exec 9>"$CACHE/images.lock"
+  flock 9
+  ensure_docker
+  pause_image
+  base_image
+  provide_from_images
+  flock -u 9
+}
+
 mkdir -p "$RN/logs"
 case ${1:-} in
+  prepare) prepare ;;
   node)
-    ensure_docker
-    pause_image
-    base_image
+    prepare
     import_image "$PAUSE_IMAGE"
     import_image "$BASE_IMAGE"
     ;;
   build)
-    ensure_docker
-    base_image
-    provide_from_images
+    prepare
     build_target "$2" "$3"
-    import_image "$3"
+    [[ ${4:-} == --no-import ]] || import_image "$3"
     ;;
   stop-docker) stop_docker ;;
-  *) echo "usage: $0 node | build TARGET TAG | stop-docker" >&2; exit 2 ;;
+  *) echo "usage: $0 prepare | node | build TARGET TAG [--no-import] | stop-docker" >&2; exit 2 ;;
 esac

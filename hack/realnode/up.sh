@@ -18,9 +18,12 @@ if [[ -s $RN/pki/kubelet.crt ]] && ! openssl verify -CAfile "$PKI/ca.crt" "$RN/p
   "$ROOT/hack/realnode/down.sh"
 fi
 "$ROOT/hack/realnode/deps.sh"
+mkdir -p "$RN"/{logs,pids,pki,cni} "$KUBELET_ROOT" "$CONTAINERD_ROOT"
+# The base root filesystem (debootstrap: network and disk) is made while Go builds (CPU).
+"$ROOT/hack/realnode/images.sh" prepare >"$RN/logs/images-prepare.log" 2>&1 &
+prepare_pid=$!
 "$ROOT/hack/build-tools.sh" kubelet coredns
 phase "packages and binaries ready"
-mkdir -p "$RN"/{logs,pids,pki,cni} "$KUBELET_ROOT" "$CONTAINERD_ROOT"
 
 # The API server's advertise address: what the `kubernetes` Service points at, and the host
 # address pods reach (the serving certificate lists it).
@@ -109,6 +112,7 @@ start_daemon containerd containerd --config "$RN/containerd.toml"
 wait_for "containerd's CRI plugin" 60 bash -c \
   "ctr --address $CONTAINERD_SOCK plugins ls | grep -E 'io.containerd.grpc.v1 +cri +.* ok'"
 phase "containerd up"
+wait "$prepare_pid" || { cat "$RN/logs/images-prepare.log"; exit 1; }
 "$ROOT/hack/realnode/images.sh" node
 phase "pause and base images in containerd"
 
