@@ -119,10 +119,12 @@ provide_from_images() {
   local ref
   for ref in $(awk 'toupper($1) == "FROM" {print $2}' "$ROOT/Dockerfile" | sort -u); do
     grep -qiE "^FROM[[:space:]]+[^[:space:]]+[[:space:]]+AS[[:space:]]+$ref\$" "$ROOT/Dockerfile" && continue
-    docker image inspect "$ref" >/dev/null 2>&1 && continue
     case $ref in
+      # Always re-tagged, so the alias follows a rebuilt base image.
       python:3.11-slim | python:3.11-slim-bookworm) docker tag "$BASE_IMAGE" "$ref" ;;
-      *) log "the Dockerfile needs $ref, which cannot be pulled here"; return 1 ;;
+      *)
+        docker image inspect "$ref" >/dev/null 2>&1 && continue
+        log "the Dockerfile needs $ref, which cannot be pulled here"; return 1 ;;
     esac
   done
 }
