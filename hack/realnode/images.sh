@@ -64,7 +64,20 @@ import_image() {
   docker save "$name" | ctr_k8s images import - >/dev/null
   mkdir -p "$(dirname "$marker")"
   echo "$id" >"$marker"
+  drop_stale_id_refs
   log "imported $name ($((SECONDS - t0)) s)"
+}
+
+# The CRI plugin names every image also by its id (sha256:...); such a name outlives a re-tag
+# and pins the old image (5 GB for the trainer). Drop id names no tagged image shares.
+drop_stale_id_refs() {
+  local listing live ref digest
+  listing=$(ctr_k8s images ls 2>/dev/null | awk 'NR > 1 {print $1, $3}')
+  live=$(awk '$1 !~ /^sha256:/ {print $2}' <<<"$listing" | sort -u)
+  while read -r ref digest; do
+    [[ $ref == sha256:* ]] || continue
+    grep -qxF "$digest" <<<"$live" || ctr_k8s images rm "$ref" >/dev/null 2>&1 || true
+  done <<<"$listing"
 }
 
 pause_image() {
@@ -166,6 +179,7 @@ case ${1:-} in
     prepare
     import_image "$PAUSE_IMAGE"
     import_image "$BASE_IMAGE"
+    drop_stale_id_refs
     ;;
   build)
     prepare
