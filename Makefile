@@ -30,7 +30,7 @@ tools: ## Build the cluster binaries from Go modules (cached in ~/.cache/meshrun
 	hack/build-tools.sh
 
 .PHONY: cluster-up
-cluster-up: venv tools ## Start (or reuse) the local control plane with NODES fake GPU nodes
+cluster-up: venv tools ## Start (or reuse) the local cluster: NODES fake GPU nodes, plus a real node (REAL_NODE=0 to skip)
 	NODES=$(NODES) hack/cluster.sh up
 
 .PHONY: cluster-down
