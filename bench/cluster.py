@@ -65,7 +65,11 @@ def main() -> int:
 
     state = tempfile.mkdtemp(prefix="meshrun-bench-")
     env = dict(
-        os.environ, MESHRUN_CLUSTER_DIR=state, MESHRUN_CLUSTER_NAME="meshrun-bench", NODES="0"
+        os.environ,
+        MESHRUN_CLUSTER_DIR=state,
+        MESHRUN_CLUSTER_NAME="meshrun-bench",
+        NODES="0",
+        REAL_NODE="0",
     )
     script = str(ROOT / "hack" / "cluster.sh")
     try:
