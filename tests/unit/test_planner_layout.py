@@ -2,30 +2,16 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from typing import Any
 
 import pytest
+from planner_factories import make_cpu_spec as make_spec
 
 from meshrun.planner import plan_job, rank_of
 from meshrun.planner.layout import split_layers
 
 pytestmark = pytest.mark.unit
-
-
-def make_spec(**sections: dict[str, Any]) -> dict[str, Any]:
-    """A tiny 2 x 4 CPU job; keyword arguments replace keys inside each section."""
-    spec: dict[str, Any] = {
-        "image": "trainer:1",
-        "resources": {"numNodes": 2, "numProcPerNode": 4, "accelerator": "cpu"},
-        "strategy": {"type": "ddp"},
-        "model": {"preset": "tiny"},
-        "training": {"globalBatchSize": 8, "microBatchSize": 1},
-    }
-    for name, values in sections.items():
-        spec[name] = {**spec.get(name, {}), **copy.deepcopy(values)}
-    return spec
 
 
 @pytest.mark.parametrize(
