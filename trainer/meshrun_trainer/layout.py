@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshrun.errors import SpecError
+from meshrun.planner.layout import Layout as PlannedLayout
 from meshrun.presets import ModelShape
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -17,31 +18,12 @@ class ConfigError(SpecError):
 
 
 @dataclass(frozen=True)
-class Layout:
-    """How the world is split: DP x PP x TP, ZeRO stage and pipeline schedule."""
+class Layout(PlannedLayout):
+    """The planner's layout (degrees, ZeRO stage, schedule, micro-batches) as a trainer process
+    reads it from its environment, plus the layers each pipeline stage holds."""
 
-    dp: int
-    """Data-parallel degree (replicas of each model shard)."""
-    pp: int
-    """Pipeline-parallel degree (ranks along the layer dimension)."""
-    tp: int
-    """Tensor-parallel degree (ranks sharing every layer's weights)."""
-    zero_stage: int
-    """ZeRO stage 0-3 applied along the data-parallel dimension."""
-    schedule: str
-    """Pipeline schedule: gpipe, 1f1b or interleaved-1f1b (ignored when pp == 1)."""
-    micro_batches: int
-    """Micro-batches per pipeline step (ignored when pp == 1)."""
-    virtual_stages: int
-    """Model chunks per pipeline rank (> 1 only for interleaved-1f1b)."""
-    grad_accumulation: int
-    """Forward/backward passes accumulated per optimizer step."""
     stage_layers: tuple[tuple[int, int], ...]
     """Inclusive layer range of each pipeline stage, pp * virtual_stages of them in stage order."""
-
-    @property
-    def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
 
     @property
     def num_stages(self) -> int:
