@@ -3,12 +3,28 @@
 The architecture is Llama-like: RMSNorm, rotary attention (grouped-query when ``kv_heads`` is
 below ``heads``), a SwiGLU MLP, untied input embedding and output head. Shapes follow the
 published Llama 2 configurations for 7b/13b/70b; ``tiny`` is small enough for CPU tests and
-still divides by every tensor-parallel degree the tests use (1, 2, 4).
+still divides by every tensor-parallel degree the tests use (1, 2, 4). The architecture fields
+(RoPE base and scaling, tied embeddings, q/k/v bias, norm epsilon, explicit head size) default to
+Llama 2's choices; a Hugging Face ``config.json`` sets them (meshrun.hf).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class RopeScaling:
+    """Llama 3's frequency-dependent RoPE scaling (``rope_type: llama3`` in config.json)."""
+
+    factor: float
+    """Wavelengths beyond ``original_max_position / low_freq_factor`` are stretched by this."""
+    low_freq_factor: float
+    """Below this many rotations over the original context a frequency is fully scaled."""
+    high_freq_factor: float
+    """Above this many rotations a frequency is left alone; in between it is interpolated."""
+    original_max_position: int
+    """The context length the model was pretrained with."""
 
 
 @dataclass(frozen=True)
@@ -29,21 +45,40 @@ class ModelShape:
     """Inner width of the SwiGLU MLP."""
     kv_heads: int
     """Key/value heads (grouped-query attention); equal to ``heads`` for plain attention."""
+    head_size: int = 0
+    """Width of one attention head; 0 means ``hidden // heads`` (config.json's ``head_dim``)."""
+    rope_theta: float = 10000.0
+    """RoPE base (Su et al. 2021); Llama 3 uses 500000."""
+    rope_scaling: RopeScaling | None = None
+    """Llama 3 RoPE scaling, or None for plain RoPE."""
+    tie_embeddings: bool = False
+    """The output head shares the input embedding's weight (counted once)."""
+    qkv_bias: bool = False
+    """The query, key and value projections have a bias (Qwen2)."""
+    output_bias: bool = False
+    """The attention output projection has a bias (Llama's ``attention_bias``)."""
+    norm_eps: float = 1e-5
+    """RMSNorm epsilon."""
+    architecture: str = "llama"
+    """Hugging Face ``model_type`` of this architecture (llama, mistral or qwen2)."""
 
     @property
     def head_dim(self) -> int:
-        return self.hidden // self.heads
+        return self.head_size or self.hidden // self.heads
 
     def layer_parameters(self) -> int:
         """Parameters of one transformer block (attention, MLP, two norms)."""
+        q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
-        attention = 2 * self.hidden * self.hidden + 2 * self.hidden * kv
+        attention = 2 * self.hidden * q + 2 * self.hidden * kv
+        biases = (q + 2 * kv if self.qkv_bias else 0) + (self.hidden if self.output_bias else 0)
         mlp = 3 * self.hidden * self.ffn_hidden
-        return attention + mlp + 2 * self.hidden
+        return attention + biases + mlp + 2 * self.hidden
 
     def embedding_parameters(self) -> int:
-        """Input embedding plus the untied output head and the final norm."""
-        return 2 * self.vocab * self.hidden + self.hidden
+        """Input embedding, the output head unless tied to it, and the final norm."""
+        tables = 1 if self.tie_embeddings else 2
+        return tables * self.vocab * self.hidden + self.hidden
 
     def parameters(self) -> int:
         return self.layers * self.layer_parameters() + self.embedding_parameters()

@@ -1,12 +1,17 @@
-"""A Llama-like decoder: RMSNorm, rotary attention (grouped-query), SwiGLU MLP, untied head.
+"""A Llama-family decoder: RMSNorm, rotary attention (grouped-query), SwiGLU MLP.
 
-Module names follow torchtitan's Llama (tok_embeddings, layers.<i>.attention.wq, ..., norm,
-output) so the tensor-parallel plan reads the same. ``layers`` is a ModuleDict keyed by the
-global layer index: a pipeline stage keeps the same parameter names as the full model, which
-keeps checkpoints valid across layouts.
+The architecture features of Hugging Face's Llama, Mistral and Qwen2 come from the shape: RoPE
+base and Llama 3 scaling, q/k/v (and output) projection bias, RMSNorm epsilon, an explicit head
+size, and an output head tied to the input embedding. Module names follow torchtitan's Llama
+(tok_embeddings, layers.<i>.attention.wq, ..., norm, output) so the tensor-parallel plan reads
+the same; :func:`meshrun_trainer.hfweights.hf_key` maps them to transformers' names. ``layers``
+is a ModuleDict keyed by the global layer index: a pipeline stage keeps the same parameter names
+as the full model, which keeps checkpoints valid across layouts.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -18,10 +23,33 @@ INIT_STD = 0.02
 """GPT-2 / Llama reference initialisation standard deviation."""
 
 
-def rotary_tables(shape: ModelShape, theta: float = 10000.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin tables of shape (seq_len, head_dim) for rotary embeddings (Su et al. 2021)."""
+def rotary_frequencies(shape: ModelShape) -> torch.Tensor:
+    """Inverse frequencies theta^(-2i/d), with Llama 3's scaling when the shape has it.
+
+    Llama 3 (Meta's reference code, as transformers' ``rope_type: llama3``): wavelengths longer
+    than ``original / low_freq_factor`` are divided by ``factor``, shorter than ``original /
+    high_freq_factor`` kept, and those in between interpolated smoothly.
+    """
     half = shape.head_dim // 2
-    freqs = 1.0 / (theta ** (torch.arange(0, half, dtype=torch.float32) / half))
+    freqs = 1.0 / (shape.rope_theta ** (torch.arange(0, half, dtype=torch.float32) / half))
+    scaling = shape.rope_scaling
+    if scaling is None:
+        return freqs
+    wavelength = 2 * math.pi / freqs
+    low = scaling.original_max_position / scaling.low_freq_factor
+    high = scaling.original_max_position / scaling.high_freq_factor
+    scaled = torch.where(wavelength > low, freqs / scaling.factor, freqs)
+    smooth = (scaling.original_max_position / wavelength - scaling.low_freq_factor) / (
+        scaling.high_freq_factor - scaling.low_freq_factor
+    )
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = (wavelength >= high) & (wavelength <= low)
+    return torch.where(medium, smoothed, scaled)
+
+
+def rotary_tables(shape: ModelShape) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin tables of shape (seq_len, head_dim) for rotary embeddings (Su et al. 2021)."""
+    freqs = rotary_frequencies(shape)
     angles = torch.outer(torch.arange(shape.seq_len, dtype=torch.float32), freqs)
     angles = torch.cat([angles, angles], dim=-1)
     return angles.cos(), angles.sin()
@@ -40,11 +68,11 @@ class Attention(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         self.head_dim = shape.head_dim
-        kv = shape.kv_heads * shape.head_dim
-        self.wq = nn.Linear(shape.hidden, shape.hidden, bias=False)
-        self.wk = nn.Linear(shape.hidden, kv, bias=False)
-        self.wv = nn.Linear(shape.hidden, kv, bias=False)
-        self.wo = nn.Linear(shape.hidden, shape.hidden, bias=False)
+        q, kv, bias = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.qkv_bias
+        self.wq = nn.Linear(shape.hidden, q, bias=bias)
+        self.wk = nn.Linear(shape.hidden, kv, bias=bias)
+        self.wv = nn.Linear(shape.hidden, kv, bias=bias)
+        self.wo = nn.Linear(q, shape.hidden, bias=shape.output_bias)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -79,9 +107,9 @@ class FeedForward(nn.Module):
 class TransformerBlock(nn.Module):
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
-        self.attention_norm = nn.RMSNorm(shape.hidden, eps=1e-5)
+        self.attention_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.attention = Attention(shape)
-        self.ffn_norm = nn.RMSNorm(shape.hidden, eps=1e-5)
+        self.ffn_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.feed_forward = FeedForward(shape)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -99,11 +127,18 @@ class Transformer(nn.Module):
         self.autocast_dtype = autocast_dtype
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
         self.layers = nn.ModuleDict({str(i): TransformerBlock(shape) for i in range(shape.layers)})
-        self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.hidden, eps=1e-5)
+        self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
+        if shape.tie_embeddings:
+            self.tie()
         cos, sin = rotary_tables(shape)
         self.register_buffer("rope_cos", cos, persistent=False)
         self.register_buffer("rope_sin", sin, persistent=False)
+
+    def tie(self) -> None:
+        """Share the input embedding's weight with the output head (when both are here)."""
+        if self.tok_embeddings is not None and self.output is not None:
+            self.output.weight = self.tok_embeddings.weight
 
     def init_weights(self, seed: int) -> None:
         """Deterministic init from ``seed`` in parameter order: identical for every layout."""
@@ -112,12 +147,18 @@ class Transformer(nn.Module):
             for name, param in self.named_parameters():
                 if "norm" in name:
                     param.fill_(1.0)
+                elif name.endswith(".bias"):
+                    param.zero_()
                 else:
                     values = torch.randn(param.shape, generator=generator) * INIT_STD
                     param.copy_(values.to(param.dtype))
 
     def keep_layers(self, first: int, last: int) -> None:
-        """Turn the full model into the pipeline stage holding layers first..last (inclusive)."""
+        """Turn the full model into the pipeline stage holding layers first..last (inclusive).
+
+        With tied embeddings the last stage keeps its own copy of the embedding as the head;
+        :mod:`meshrun_trainer.tying` keeps the two copies' gradients equal.
+        """
         for index in list(self.layers.keys()):
             if not first <= int(index) <= last:
                 del self.layers[index]

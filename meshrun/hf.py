@@ -1,0 +1,227 @@
+"""Hugging Face model folders read without torch: ``config.json`` to a :class:`ModelShape`, the
+safetensors headers to tensor shapes, and the checks that refuse a folder before any process
+starts.
+
+A folder holds ``config.json``, optionally ``*.safetensors`` weights (with
+``model.safetensors.index.json`` when sharded) and ``tokenizer.json``. The supported
+architectures are the Llama family as transformers defines it: ``llama`` (Llama 2 and 3),
+``mistral`` and ``qwen2``; their weights use transformers' key names (:func:`expected_shapes`).
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from meshrun.errors import SpecError
+from meshrun.presets import ModelShape, RopeScaling
+
+FIELD = "spec.model.hf.path"
+SUPPORTED = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+}
+"""model_type -> the transformers class that loads it."""
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "tokenizer.model",
+    "generation_config.json",
+)
+"""Files copied next to exported weights so the folder is complete for transformers."""
+
+
+@dataclass(frozen=True)
+class HFModel:
+    """A Hugging Face model folder, read."""
+
+    path: Path
+    """The folder."""
+    config: dict[str, Any]
+    """config.json as written."""
+    shape: ModelShape
+    """The shape and architecture features, with the training window as ``seq_len``."""
+    weights: tuple[Path, ...]
+    """The ``*.safetensors`` files (empty: start from random weights)."""
+    dtype: str
+    """The weights' dtype in config.json (``float32`` when it names none)."""
+
+    @property
+    def tokenizer(self) -> Path | None:
+        path = self.path / "tokenizer.json"
+        return path if path.is_file() else None
+
+
+def read_config(folder: str | Path, field: str = FIELD) -> dict[str, Any]:
+    path = Path(folder) / "config.json"
+    if not path.is_file():
+        raise SpecError(field, f"{path} does not exist (a Hugging Face folder has config.json)")
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as error:
+        raise SpecError(field, f"{path} is not readable JSON: {error}") from None
+    if not isinstance(config, dict):
+        raise SpecError(field, f"{path} must hold a JSON object")
+    return config
+
+
+def _rope(config: dict[str, Any], field: str) -> tuple[float, RopeScaling | None]:
+    # transformers 5 writes rope_parameters {rope_type, rope_theta, ...}; older configs write
+    # rope_theta and rope_scaling at the top level.
+    params = config.get("rope_parameters") or {}
+    scaling = config.get("rope_scaling") or params
+    theta = float(params.get("rope_theta", config.get("rope_theta", 10000.0)))
+    kind = scaling.get("rope_type", scaling.get("type", "default")) if scaling else "default"
+    if kind == "default":
+        return theta, None
+    if kind != "llama3":
+        raise SpecError(field, f"RoPE scaling {kind!r} is not supported (supported: none, llama3)")
+    return theta, RopeScaling(
+        factor=float(scaling["factor"]),
+        low_freq_factor=float(scaling["low_freq_factor"]),
+        high_freq_factor=float(scaling["high_freq_factor"]),
+        original_max_position=int(scaling["original_max_position_embeddings"]),
+    )
+
+
+def _int(config: dict[str, Any], key: str, field: str) -> int:
+    value = config.get(key)
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise SpecError(field, f"config.json: {key} must be a positive integer, got {value!r}")
+    return value
+
+
+def shape_from_config(config: dict[str, Any], seq_len: int, field: str = FIELD) -> ModelShape:
+    """The model shape config.json describes, trained on windows of ``seq_len`` tokens.
+
+    Raises SpecError naming an unsupported architecture or feature.
+    """
+    kind = config.get("model_type")
+    if kind not in SUPPORTED:
+        names = config.get("architectures") or [kind]
+        raise SpecError(
+            field,
+            f"architecture {', '.join(map(str, names))} (model_type {kind!r}) is not supported; "
+            f"supported: {', '.join(SUPPORTED.values())}",
+        )
+    activation = config.get("hidden_act", "silu")
+    if activation != "silu":
+        raise SpecError(field, f"config.json: hidden_act {activation!r} is not supported (silu)")
+    if config.get("mlp_bias"):
+        raise SpecError(field, "config.json: mlp_bias is not supported")
+    window = config.get("sliding_window")
+    sliding = kind == "mistral" or config.get("use_sliding_window", False)
+    if sliding and isinstance(window, int) and window < seq_len:
+        raise SpecError(
+            "spec.model.seqLen",
+            f"{seq_len} exceeds the model's sliding_window {window}; sliding-window attention "
+            "is not supported, so train on windows of at most that many tokens",
+        )
+    theta, scaling = _rope(config, field)
+    heads = _int(config, "num_attention_heads", field)
+    hidden = _int(config, "hidden_size", field)
+    head_dim = config.get("head_dim") or hidden // heads
+    attention_bias = bool(config.get("attention_bias", False))
+    return ModelShape(
+        layers=_int(config, "num_hidden_layers", field),
+        hidden=hidden,
+        heads=heads,
+        vocab=_int(config, "vocab_size", field),
+        seq_len=seq_len,
+        ffn_hidden=_int(config, "intermediate_size", field),
+        kv_heads=int(config.get("num_key_value_heads") or heads),
+        head_size=0 if head_dim * heads == hidden else int(head_dim),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        tie_embeddings=bool(config.get("tie_word_embeddings", False)),
+        qkv_bias=kind == "qwen2" or attention_bias,
+        output_bias=attention_bias,
+        norm_eps=float(config.get("rms_norm_eps", 1e-6)),
+        architecture=kind,
+    )
+
+
+def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
+    """transformers' tensor names and shapes for ``shape`` (lm_head absent when tied)."""
+    q, kv, h, f = (
+        shape.heads * shape.head_dim,
+        shape.kv_heads * shape.head_dim,
+        shape.hidden,
+        shape.ffn_hidden,
+    )
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab, h)}
+    for i in range(shape.layers):
+        p = f"model.layers.{i}."
+        shapes |= {
+            p + "self_attn.q_proj.weight": (q, h),
+            p + "self_attn.k_proj.weight": (kv, h),
+            p + "self_attn.v_proj.weight": (kv, h),
+            p + "self_attn.o_proj.weight": (h, q),
+            p + "mlp.gate_proj.weight": (f, h),
+            p + "mlp.up_proj.weight": (f, h),
+            p + "mlp.down_proj.weight": (h, f),
+            p + "input_layernorm.weight": (h,),
+            p + "post_attention_layernorm.weight": (h,),
+        }
+        if shape.qkv_bias:
+            shapes |= {p + "self_attn.q_proj.bias": (q,)}
+            shapes |= {p + f"self_attn.{n}_proj.bias": (kv,) for n in ("k", "v")}
+        if shape.output_bias:
+            shapes[p + "self_attn.o_proj.bias"] = (h,)
+    shapes["model.norm.weight"] = (h,)
+    if not shape.tie_embeddings:
+        shapes["lm_head.weight"] = (shape.vocab, h)
+    return shapes
+
+
+def safetensors_header(path: Path) -> dict[str, Any]:
+    """The JSON header of a safetensors file (8-byte little-endian length, then JSON)."""
+    with open(path, "rb") as handle:
+        (length,) = struct.unpack("<Q", handle.read(8))
+        header: dict[str, Any] = json.loads(handle.read(length))
+    header.pop("__metadata__", None)
+    return header
+
+
+def check_weights(model: HFModel, field: str = FIELD) -> None:
+    """Every tensor config.json implies is present with its shape; nothing else is there."""
+    found: dict[str, tuple[int, ...]] = {}
+    for file in model.weights:
+        try:
+            header = safetensors_header(file)
+        except (OSError, ValueError, struct.error) as error:
+            raise SpecError(field, f"{file} is not a safetensors file: {error}") from None
+        found |= {name: tuple(info["shape"]) for name, info in header.items()}
+    expected = expected_shapes(model.shape)
+    if model.shape.tie_embeddings:
+        found.pop("lm_head.weight", None)  # some tied checkpoints still carry the copy
+    for name, want in expected.items():
+        if name not in found:
+            raise SpecError(field, f"weights lack {name} (config.json implies shape {list(want)})")
+        if found[name] != want:
+            raise SpecError(
+                field,
+                f"weight {name} has shape {list(found[name])} but config.json implies {list(want)}",
+            )
+    extra = sorted(set(found) - set(expected) - {"lm_head.weight"})
+    if extra:
+        raise SpecError(field, f"weights hold tensors config.json does not describe: {extra[:3]}")
+
+
+def load_hf_model(folder: str | Path, seq_len: int, field: str = FIELD) -> HFModel:
+    """Read and check a Hugging Face folder; SpecError names what is wrong."""
+    path = Path(folder)
+    if not path.is_dir():
+        raise SpecError(field, f"{path} is not a directory")
+    config = read_config(path, field)
+    shape = shape_from_config(config, seq_len, field)
+    dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
+    model = HFModel(path, config, shape, tuple(sorted(path.glob("*.safetensors"))), dtype)
+    if model.weights:
+        check_weights(model, field)
+    return model

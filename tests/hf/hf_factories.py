@@ -1,0 +1,92 @@
+"""Tiny Hugging Face folders built with transformers and tokenizers (no hub access): random
+weights, a byte-level BPE tokenizer trained on the shipped corpus, and JSON Lines documents."""
+
+from __future__ import annotations
+
+import json
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+import transformers
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+VOCAB = 384
+"""Model vocabulary: above the tokenizer's, divisible by every tensor-parallel degree used."""
+TOKENIZER_VOCAB = 320
+EOS = "</s>"
+
+KINDS: dict[str, dict[str, Any]] = {
+    "llama": {
+        "rope_theta": 500000.0,
+        "max_position_embeddings": 256,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 16,
+        },
+    },
+    "qwen2": {"tie_word_embeddings": True},
+    "mistral": {"sliding_window": 256},
+}
+"""Each family with the features that set it apart: Llama 3 RoPE scaling, Qwen2's tied
+embeddings and q/k/v bias, Mistral's grouped-query attention with its sliding-window field."""
+
+
+def corpus_documents() -> list[str]:
+    """The shipped corpus's paragraphs (its comment header dropped)."""
+    text = resources.files("meshrun_trainer").joinpath("data", "corpus.txt").read_text("utf-8")
+    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
+    return [p.strip() for p in body.split("\n\n") if p.strip()]
+
+
+def make_tokenizer(folder: Path) -> Tokenizer:
+    """A byte-level BPE tokenizer with an EOS token, saved as transformers expects."""
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=TOKENIZER_VOCAB,
+        special_tokens=[EOS],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(corpus_documents(), trainer)
+    folder.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return tokenizer
+
+
+def make_hf_folder(folder: Path, kind: str = "llama", seed: int = 0, **config: Any) -> Path:
+    """A tiny ``kind`` model with random weights and a tokenizer, saved at ``folder``."""
+    tokenizer = make_tokenizer(folder)
+    values = {
+        "hidden_size": 64,
+        "intermediate_size": 96,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": VOCAB,
+        "rms_norm_eps": 1e-6,
+        "eos_token_id": tokenizer.token_to_id(EOS),
+        **KINDS[kind],
+        **config,
+    }
+    torch.manual_seed(seed)
+    built = transformers.AutoConfig.for_model(kind, **values)
+    model = transformers.AutoModelForCausalLM.from_config(built, dtype=torch.float32)
+    model.save_pretrained(folder)
+    return folder
+
+
+def write_jsonl(path: Path, documents: list[str], field: str = "text") -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", encoding="utf-8") as handle:
+        for document in documents:
+            handle.write(json.dumps({field: document, "id": len(document)}) + "\n")
+    return path
