@@ -38,9 +38,16 @@ def _layout(dp: int = 1, pp: int = 1, tp: int = 1, **extra: str) -> dict[str, st
     return {**env, **{f"MESHRUN_{k.upper()}": v for k, v in extra.items()}}
 
 
-def _pipeline(schedule: str, **kw: Any) -> dict[str, str]:
+def _pipeline(schedule: str, micro_batches: int = 4, **kw: Any) -> dict[str, str]:
     virtual = "2" if schedule == "interleaved-1f1b" else "1"
-    return _layout(pipeline_schedule=schedule, micro_batches="4", virtual_stages=virtual, **kw)
+    return _layout(
+        pipeline_schedule=schedule, micro_batches=str(micro_batches), virtual_stages=virtual, **kw
+    )
+
+
+def _accumulating(schedule: str, **kw: Any) -> dict[str, str]:
+    """A pipeline that calls the schedule twice per optimizer step (2 micro-batches each)."""
+    return _pipeline(schedule, micro_batches=2, grad_accumulation="2", **kw)
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -48,24 +55,27 @@ LAYOUTS: dict[int, dict[str, dict[str, str]]] = {
     2: {
         "tp2": _layout(tp=2),
         **{f"pp2-{s}": _pipeline(s, pp=2) for s in SCHEDULES},
+        **{f"pp2-{s}-acc2": _accumulating(s, pp=2) for s in SCHEDULES},
     },
     4: {
         "ddp4": _layout(dp=4, grad_accumulation="2"),
         "zero1-dp4": _layout(dp=4, zero_stage="1"),
-        "zero2-dp4": _layout(dp=4, zero_stage="2"),
+        "zero2-dp4": _layout(dp=4, zero_stage="2", grad_accumulation="2"),
         "zero3-dp4": _layout(dp=4, zero_stage="3", grad_accumulation="2"),
-        **{f"pp2-{s}-dp2": _pipeline(s, pp=2, dp=2) for s in SCHEDULES},
+        **{f"pp2-{s}-dp2-acc2": _accumulating(s, pp=2, dp=2) for s in SCHEDULES},
+        "pp2-1f1b-zero3-dp2-acc2": _accumulating("1f1b", pp=2, dp=2, zero_stage="3"),
         "pp4-1f1b": _pipeline("1f1b", pp=4),
         "tp4": _layout(tp=4),
         "dp2-tp2": _layout(dp=2, tp=2),  # ZeRO-0 in a hybrid: HSDP, shard size 1
         "dp2-tp2-zero2": _layout(dp=2, tp=2, zero_stage="2"),
-        "pp2-tp2": _pipeline("1f1b", pp=2, tp=2),
+        "pp2-tp2-acc2": _accumulating("1f1b", pp=2, tp=2),
     },
     8: {
         "3d-pp2-dp2-tp2": _pipeline("1f1b", pp=2, dp=2, tp=2),
-        "3d-pp2-zero3-tp2-interleaved": _pipeline(
+        "3d-pp2-zero3-tp2-interleaved-acc2": _accumulating(
             "interleaved-1f1b", pp=2, dp=2, tp=2, zero_stage="3"
         ),
+        "3d-pp2-zero2-tp2-gpipe-acc2": _accumulating("gpipe", pp=2, dp=2, tp=2, zero_stage="2"),
     },
 }
 

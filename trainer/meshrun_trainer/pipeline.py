@@ -38,7 +38,13 @@ def build_schedule(
     mesh: Mesh,
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
 ) -> Schedule:
-    """Wrap each model chunk in a PipelineStage and build the configured schedule."""
+    """Wrap each model chunk in a PipelineStage and build the configured schedule.
+
+    ``loss_fn`` must already carry the whole averaging (see :func:`loss_scale`): the schedules'
+    own ``scale_grads`` divides every ``.grad`` by the micro-batch count at the end of each
+    ``step()``, including what earlier ``step()`` calls of the same optimizer step accumulated,
+    so with gradient accumulation it would shrink the earlier contributions again and again.
+    """
     group = mesh.group("pp")
     stages: list[_PipelineStageBase] = [
         PipelineStage(part, stage_id, layout.num_stages, mesh.device, group=group)
@@ -46,7 +52,14 @@ def build_schedule(
     ]
     m = layout.micro_batches
     if layout.schedule == "gpipe":
-        return ScheduleGPipe(stages[0], n_microbatches=m, loss_fn=loss_fn)
+        return ScheduleGPipe(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
     if layout.schedule == "1f1b":
-        return Schedule1F1B(stages[0], n_microbatches=m, loss_fn=loss_fn)
-    return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn)
+        return Schedule1F1B(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
+    return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
+
+
+def loss_scale(layout: Layout) -> int:
+    """What each micro-batch's mean loss is divided by, so that the gradients summed over one
+    optimizer step are those of the mean loss over this replica's rows: micro-batches per
+    ``step()`` times the ``step()`` calls per optimizer step (gradient accumulation)."""
+    return layout.micro_batches * layout.grad_accumulation

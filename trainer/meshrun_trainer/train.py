@@ -18,7 +18,7 @@ from meshrun_trainer.mesh import Mesh
 from meshrun_trainer.model import build_model, cross_entropy
 from meshrun_trainer.optim import clip_grad_norm, make_optimizer
 from meshrun_trainer.parallel import data_parallel_kind, parallelize
-from meshrun_trainer.pipeline import Schedule, build_schedule, stages_of_rank
+from meshrun_trainer.pipeline import Schedule, build_schedule, loss_scale, stages_of_rank
 
 
 @dataclass(frozen=True)
@@ -93,10 +93,10 @@ def build_runner(cfg: TrainConfig, mesh: Mesh) -> Runner:
     ]
     schedule = None
     if layout.pp > 1:
-        accumulation = layout.grad_accumulation
+        scale = loss_scale(layout)
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return cross_entropy(output, target) / accumulation
+            return cross_entropy(output, target) / scale
 
         schedule = build_schedule(parts, stage_ids, layout, mesh, loss_fn)
     return Runner(
@@ -127,7 +127,8 @@ def forward_backward(
         args = (x,) if runner.is_first else ()
         if runner.is_last:
             runner.schedule.step(*args, target=y, losses=losses)
-            total += torch.stack([loss.detach() for loss in losses]).mean()
+            # Each micro-batch loss is already divided by micro_batches * accumulation.
+            total += torch.stack([loss.detach() for loss in losses]).sum()
         else:
             runner.schedule.step(*args)
     return total
