@@ -1,6 +1,6 @@
-"""``strategy: auto``: the seeds' strategy table, decided by the memory estimate.
+"""``strategy: auto``: the strategy table (docs/planner.md), decided by the memory estimate.
 
-The table (Transformers guide "Parallelism methods", REFERENCE.md section 1):
+The table (from the Transformers guide "Parallelism methods"):
 
 * one node, model fits one GPU: DDP (ZeRO would also work; DDP communicates least);
 * one node, model does not fit: ZeRO, PP or TP -- on par with NVLink, and without it PP is
@@ -9,7 +9,7 @@ The table (Transformers guide "Parallelism methods", REFERENCE.md section 1):
 * many nodes, fast network: ZeRO (no model changes; ZeRO-1/2 move as much data as DDP, ZeRO-3
   1.5x, ZeRO paper section 7), else 3D;
 * many nodes, slow network: ZeRO-1/2 if enough, else 3D (PP across nodes, TP inside, DP) with
-  ZeRO-1, as the seeds advise when memory is short.
+  ZeRO-1, as the guide advises when memory is short.
 
 Within a row the first candidate that fits wins; candidates go from least to most model
 parallelism, so data parallelism stays as wide as memory allows.
@@ -21,15 +21,16 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from meshrun.errors import SpecError
+from meshrun.layout import Layout, Stage, divisors, split_layers
 from meshrun.planner.explain import parameter_text
-from meshrun.planner.layout import Layout, Stage, complete_layout, split_layers
+from meshrun.planner.layout import complete_layout
 from meshrun.planner.memory import (
     MemoryEstimate,
     bytes_per_parameter,
     estimate_memory,
     layer_activation_bytes,
 )
-from meshrun.planner.spec import GIB, JobSpec
+from meshrun.spec import GIB, JobSpec
 
 Degrees = tuple[int, int, int, int]
 """(dp, pp, tp, zeroStage)."""
@@ -66,7 +67,7 @@ def evaluate(job: JobSpec, degrees: Degrees, strategy: str | None = None) -> Cho
     """Plan these degrees (SpecError when they break a rule)."""
     dp, pp, tp, zero = degrees
     layout = complete_layout(job, dp, pp, tp, zero)
-    stages = split_layers(job.model.layers, pp, layout.virtual_stages)
+    stages = split_layers(job.shape.layers, pp, layout.virtual_stages)
     memory = estimate_memory(job, layout, stages)
     return Choice(strategy or strategy_name(dp, pp, tp, zero), layout, stages, memory)
 
@@ -86,10 +87,6 @@ def first_fit(job: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
     return smallest
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> list[Degrees]:
     """(dp, pp, tp) with TP inside a node, least model parallelism first.
 
@@ -99,7 +96,7 @@ def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> li
     res = job.resources
     world, fast = res.world_size, res.fast_intra_node
     found = []
-    for tp in divisors(res.proc_per_node):
+    for tp in divisors(res.num_proc_per_node):
         for pp in divisors(world // tp):
             if (tp == 1 and pp == 1) or (need_both and (tp == 1 or pp == 1)):
                 continue
@@ -110,13 +107,13 @@ def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> li
 
 def situation(job: JobSpec) -> tuple[bool, bool, str]:
     """(model fits one GPU, largest layer fits one GPU, a sentence saying so)."""
-    res, model = job.resources, job.model
+    res, model = job.resources, job.shape
     single = estimate_memory(
         job, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1), split_layers(model.layers, 1, 1)
     )
     largest = max(model.layer_parameters(), model.vocab * model.hidden)
     layer_bytes = largest * sum(bytes_per_parameter(job.training.precision))
-    layer_bytes += layer_activation_bytes(job, 1, job.training.micro_batch)
+    layer_bytes += layer_activation_bytes(job, 1, job.training.micro_batch_size)
     layer_fits = layer_bytes <= res.accelerator_bytes
     sentence = (
         f"The model ({parameter_text(model.parameters())} parameters) needs about "
@@ -136,7 +133,7 @@ def situation(job: JobSpec) -> tuple[bool, bool, str]:
 
 
 def choose_auto(job: JobSpec) -> Choice:
-    """Apply the seeds' table to this job."""
+    """Apply the strategy table (docs/planner.md) to this job."""
     res, world = job.resources, job.resources.world_size
     ddp: Degrees = (world, 1, 1, 0)
     if res.accelerator_bytes == 0:
@@ -176,7 +173,7 @@ def choose_auto(job: JobSpec) -> Choice:
         candidates = [*zero[:2], *model_parallel(job, 1)]
     choice = first_fit(job, candidates) or evaluate(job, ddp, "ddp")
     choice.reasons.append(sentence)
-    choice.reasons.append(f"Seeds' table row: {row}.")
+    choice.reasons.append(f"Strategy table row (docs/planner.md): {row}.")
     if not choice.memory.fits:
         choice.reasons.append(
             "No candidate of that row fits; this is the one with the smallest estimate."
@@ -191,9 +188,9 @@ def search_hybrid(job: JobSpec) -> Choice:
     candidates = [
         d
         for d in model_parallel(job, zero)
-        if (s.dp is None or d[0] == s.dp)
-        and (s.pp is None or d[1] == s.pp)
-        and (s.tp is None or d[2] == s.tp)
+        if (s.data_parallel is None or d[0] == s.data_parallel)
+        and (s.pipeline_parallel is None or d[1] == s.pipeline_parallel)
+        and (s.tensor_parallel is None or d[2] == s.tensor_parallel)
     ]
     choice = first_fit(job, candidates)
     if choice is None:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from meshrun.planner.layout import Layout
+from meshrun.layout import Layout
 from meshrun.planner.memory import MemoryEstimate
-from meshrun.planner.spec import DEFAULT_GPU_MEMORY_GIB, JobSpec
+from meshrun.spec import CPU, DEFAULT_GPU_MEMORY_GIB, JobSpec
 
 ZERO_WHAT = {
     1: "optimizer state",
@@ -22,7 +22,7 @@ def parameter_text(count: int) -> str:
 
 
 def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
-    """What the layout does, in the seeds' terms."""
+    """What the layout does, in the terms of the strategy table (docs/planner.md)."""
     lines: list[str] = []
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     if dp == 1 and strategy == "ddp":
@@ -30,10 +30,9 @@ def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
     elif dp > 1:
         lines.append(
             f"Data parallel over {dp} replicas, one process per "
-            f"{'CPU slot' if job.resources.accelerator == 'cpu' else 'GPU'}, gradients "
-            "all-reduced as DDP does; DDP supersedes the seeds' single-process DataParallel, "
-            "where GPU 0 scatters inputs and gathers "
-            "outputs every step."
+            f"{'CPU slot' if job.resources.accelerator == CPU else 'GPU'}, gradients "
+            "all-reduced as DDP does; DDP supersedes the single-process DataParallel, where "
+            "GPU 0 scatters inputs and gathers outputs every step."
         )
     if layout.zero_stage:
         lines.append(
@@ -54,7 +53,7 @@ def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
         )
         if layout.micro_batches == 1:
             lines.append(
-                "With microBatches 1 this is the seeds' plain (naive) model parallelism: one "
+                "With microBatches 1 this is plain (naive) model parallelism: one "
                 f"stage works at a time, a (p-1)/p = {(pp - 1) / pp:.0%} bubble; more "
                 "micro-batches shrink it."
             )
@@ -62,7 +61,7 @@ def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
         "Ranks run TP innermost, then DP, PP outermost, so a TP group never leaves a pod"
         + (
             " and each pod holds one pipeline stage."
-            if pp > 1 and (dp * tp) % job.resources.proc_per_node == 0
+            if pp > 1 and (dp * tp) % job.resources.num_proc_per_node == 0
             else "."
         )
     )
@@ -100,6 +99,6 @@ def warn(job: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
             "The estimate is within 10% of accelerator memory; it leaves out the CUDA context "
             "and allocator fragmentation."
         )
-    if res.accelerator == "cpu" and limit == 0:
+    if res.accelerator == CPU and limit == 0:
         warnings.append("No acceleratorMemoryGiB for a CPU job: memory is not checked.")
     return warnings

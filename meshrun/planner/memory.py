@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshrun.planner.layout import Layout, Stage
-from meshrun.planner.spec import JobSpec
+from meshrun.layout import Layout, Stage
+from meshrun.spec import CPU, JobSpec
 
 
 @dataclass(frozen=True)
@@ -55,12 +55,12 @@ def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
 
 def flash_attention(job: JobSpec) -> bool:
     """Whether torch's SDPA uses a fused kernel that keeps no a*s*s score matrix."""
-    return job.resources.accelerator != "cpu" and job.training.precision == "bf16"
+    return job.resources.accelerator != CPU and job.training.precision == "bf16"
 
 
 def layer_activation_bytes(job: JobSpec, tp: int, micro_batch: int) -> int:
     """Activations one transformer layer keeps for backward (Korthikanti et al. 2022, eq. 2)."""
-    m = job.model
+    m = job.shape
     s, b, h, a = m.seq_len, micro_batch, m.hidden, m.heads
     per_token = (10 + 24 / tp) * h
     if not flash_attention(job):
@@ -84,13 +84,13 @@ def in_flight(layout: Layout, pp_rank: int) -> float:
 
 def estimate_memory(job: JobSpec, layout: Layout, stages: list[Stage]) -> MemoryEstimate:
     """The estimate for the pipeline rank with the largest total."""
-    model, t, n = job.model, layout.tp, layout.dp
+    model, t, n = job.shape, layout.tp, layout.dp
     weight_b, grad_b, optim_b = bytes_per_parameter(job.training.precision)
     layers_on = [0] * layout.pp
     for stage in stages:
         layers_on[stage.pp] += stage.last - stage.first + 1
-    per_layer_act = layer_activation_bytes(job, t, job.training.micro_batch)
-    logits_scale = 4 * model.seq_len * job.training.micro_batch
+    per_layer_act = layer_activation_bytes(job, t, job.training.micro_batch_size)
+    logits_scale = 4 * model.seq_len * job.training.micro_batch_size
     best: MemoryEstimate | None = None
     for rank in range(layout.pp):
         count = layers_on[rank] * model.layer_parameters()

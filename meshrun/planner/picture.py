@@ -46,7 +46,7 @@ def layout_boxes(
 ) -> tuple[list[Box], list[Box], list[tuple[float, float, str]], int, int]:
     """(cells, TP frames, free labels (x, y, text), width, height) of the picture."""
     pods = min(plan.num_nodes, MAX_PODS)
-    cols = plan.proc_per_node
+    cols = plan.num_proc_per_node
     cells: list[Box] = []
     frames: list[Box] = []
     title = f"{plan.name}: {plan.strategy}, {plan.layout.text()}; colour = pipeline stage"

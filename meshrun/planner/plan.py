@@ -6,14 +6,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshrun.layout import Layout, Stage
 from meshrun.planner.auto import Choice, choose_auto, evaluate, search_hybrid
 from meshrun.planner.explain import describe, warn
-from meshrun.planner.layout import Layout, Stage, explicit_degrees
+from meshrun.planner.layout import explicit_degrees
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
-from meshrun.planner.rules import check_rules
-from meshrun.planner.spec import JobSpec, parse_spec
 from meshrun.presets import ModelShape
+from meshrun.rules import check_spec
+from meshrun.spec import JobSpec
+from meshrun.specread import read_spec
 
 
 @dataclass(frozen=True)
@@ -26,7 +28,7 @@ class Plan:
     """The strategy type (auto resolved to the chosen one)."""
     num_nodes: int
     """Pods."""
-    proc_per_node: int
+    num_proc_per_node: int
     """Processes per pod."""
     accelerator: str
     """nvidia.com/gpu or cpu."""
@@ -47,7 +49,7 @@ class Plan:
 
     @property
     def world_size(self) -> int:
-        return self.num_nodes * self.proc_per_node
+        return self.num_nodes * self.num_proc_per_node
 
     @property
     def gpus(self) -> int:
@@ -55,7 +57,7 @@ class Plan:
 
     def coords(self, rank: int) -> RankCoords:
         """Pod, local rank and (dp, pp, tp) of a global rank."""
-        return coords_of(rank, self.layout.dp, self.layout.tp, self.proc_per_node)
+        return coords_of(rank, self.layout.dp, self.layout.tp, self.num_proc_per_node)
 
     def memory_dict(self) -> dict[str, Any]:
         m = self.memory
@@ -86,14 +88,14 @@ class Plan:
         }
 
     def to_dict(self) -> dict[str, Any]:
-        """The JSON of ``meshrun plan -o json`` (issue 3's shape)."""
+        """The JSON of ``meshrun plan -o json`` (docs/planner.md describes each key)."""
         m = self.model
         return {
             "name": self.name,
             "worldSize": self.world_size,
             "gpus": self.gpus,
             "numNodes": self.num_nodes,
-            "numProcPerNode": self.proc_per_node,
+            "numProcPerNode": self.num_proc_per_node,
             "accelerator": self.accelerator,
             "strategy": self.strategy,
             "layoutString": self.layout.text(),
@@ -109,9 +111,9 @@ class Plan:
                 "seqLen": m.seq_len,
                 "ffnHidden": m.ffn_hidden,
             },
-            "pods": pod_table(self.name, self.num_nodes, self.proc_per_node),
+            "pods": pod_table(self.name, self.num_nodes, self.num_proc_per_node),
             "ranks": rank_table(
-                self.world_size, self.layout.dp, self.layout.tp, self.proc_per_node
+                self.world_size, self.layout.dp, self.layout.tp, self.num_proc_per_node
             ),
             "stages": [
                 {"pp": s.pp, "virtual": s.virtual, "layers": [s.first, s.last]} for s in self.stages
@@ -138,23 +140,27 @@ class Plan:
         }
 
 
-def plan_job(spec: Mapping[str, Any], name: str = "job") -> Plan:
-    """Plan a ParallelTrainingJob spec; SpecError (naming the field) when it cannot be done."""
-    job = parse_spec(spec)
-    check_rules(job)
+def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
+    """Plan a ParallelTrainingJob spec (a mapping, or one already read by ``read_spec``).
+
+    Every rule of :mod:`meshrun.rules` is checked here, at plan time; SpecError names the field
+    when the job cannot be done.
+    """
+    job = read_spec(spec)
+    check_spec(job)
     choice = _choose(job)
     reasons = [*choice.reasons, *describe(job, choice.strategy, choice.layout)]
     return Plan(
         name=name,
         strategy=choice.strategy,
         num_nodes=job.resources.num_nodes,
-        proc_per_node=job.resources.proc_per_node,
+        num_proc_per_node=job.resources.num_proc_per_node,
         accelerator=job.resources.accelerator,
         layout=choice.layout,
         stages=choice.stages,
         memory=choice.memory,
-        model=job.model,
-        preset=job.preset,
+        model=job.shape,
+        preset=job.model.preset,
         explanation=" ".join(reasons),
         warnings=warn(job, choice.layout, choice.memory),
     )
@@ -164,7 +170,7 @@ def _choose(job: JobSpec) -> Choice:
     s = job.strategy
     if s.type == "auto":
         return choose_auto(job)
-    unset = [s.dp, s.pp, s.tp].count(None)
+    unset = [s.data_parallel, s.pipeline_parallel, s.tensor_parallel].count(None)
     if s.type == "hybrid" and unset >= 2:
         return search_hybrid(job)
     dp, pp, tp = explicit_degrees(job)

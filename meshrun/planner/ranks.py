@@ -10,6 +10,7 @@ size: stages then exchange only point-to-point activations over the slower netwo
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 
@@ -36,22 +37,24 @@ def rank_of(pp: int, dp: int, tp: int, dp_size: int, tp_size: int) -> int:
     return (pp * dp_size + dp) * tp_size + tp
 
 
-def coords_of(rank: int, dp_size: int, tp_size: int, proc_per_node: int) -> RankCoords:
+def coords_of(rank: int, dp_size: int, tp_size: int, num_proc_per_node: int) -> RankCoords:
     """The coordinates of a global rank (inverse of :func:`rank_of`)."""
     tp = rank % tp_size
     dp = (rank // tp_size) % dp_size
     pp = rank // (tp_size * dp_size)
-    return RankCoords(rank, rank // proc_per_node, rank % proc_per_node, dp, pp, tp)
+    return RankCoords(rank, rank // num_proc_per_node, rank % num_proc_per_node, dp, pp, tp)
 
 
-def rank_table(world: int, dp_size: int, tp_size: int, proc_per_node: int) -> list[dict[str, int]]:
+def rank_table(
+    world: int, dp_size: int, tp_size: int, num_proc_per_node: int
+) -> list[dict[str, int]]:
     """``Plan.to_dict()['ranks']``: one entry per rank, built in one pass (16k ranks < 10 ms)."""
     group = dp_size * tp_size
     return [
         {
             "rank": r,
-            "pod": r // proc_per_node,
-            "localRank": r % proc_per_node,
+            "pod": r // num_proc_per_node,
+            "localRank": r % num_proc_per_node,
             "dp": (r // tp_size) % dp_size,
             "pp": r // group,
             "tp": r % tp_size,
@@ -60,16 +63,30 @@ def rank_table(world: int, dp_size: int, tp_size: int, proc_per_node: int) -> li
     ]
 
 
-def pod_table(name: str, num_nodes: int, proc_per_node: int) -> list[dict[str, object]]:
+def pod_table(name: str, num_nodes: int, num_proc_per_node: int) -> list[dict[str, object]]:
     """``Plan.to_dict()['pods']``: pod index, name ``<job>-<index>`` and its global ranks."""
     return [
         {
             "index": pod,
             "name": f"{name}-{pod}",
-            "ranks": list(range(pod * proc_per_node, (pod + 1) * proc_per_node)),
+            "ranks": list(range(pod * num_proc_per_node, (pod + 1) * num_proc_per_node)),
         }
         for pod in range(num_nodes)
     ]
+
+
+def compress_ranks(ranks: Iterable[int]) -> str:
+    """Distinct ranks as ranges: ``[0, 1, 2, 3, 8]`` -> ``"0-3,8"`` (labels, status, tables)."""
+    parts: list[str] = []
+    ordered = sorted(set(ranks))
+    i = 0
+    while i < len(ordered):
+        j = i
+        while j + 1 < len(ordered) and ordered[j + 1] == ordered[j] + 1:
+            j += 1
+        parts.append(str(ordered[i]) if i == j else f"{ordered[i]}-{ordered[j]}")
+        i = j + 1
+    return ",".join(parts)
 
 
 def tp_groups(world: int, tp_size: int) -> list[list[int]]:

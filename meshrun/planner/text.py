@@ -9,6 +9,7 @@ from rich.text import Text
 
 from meshrun.planner.explain import parameter_text
 from meshrun.planner.plan import Plan
+from meshrun.planner.ranks import compress_ranks
 
 MAX_POD_ROWS = 16
 """Pods listed at most; large jobs show the first ones and a count."""
@@ -24,20 +25,6 @@ def gib(value: int) -> str:
     return f"{size:.2f} {unit}" if unit != "B" else f"{value} B"
 
 
-def _ranges(values: list[int]) -> str:
-    """Sorted distinct values as ``0-3,6``."""
-    distinct = sorted(set(values))
-    parts: list[str] = []
-    start = prev = distinct[0]
-    for value in distinct[1:]:
-        if value != prev + 1:
-            parts.append(str(start) if start == prev else f"{start}-{prev}")
-            start = value
-        prev = value
-    parts.append(str(start) if start == prev else f"{start}-{prev}")
-    return ",".join(parts)
-
-
 def render(plan: Plan) -> RenderableType:
     """Header, layout, memory, stages, pods, explanation and warnings."""
     lay, mem = plan.layout, plan.memory
@@ -46,7 +33,7 @@ def render(plan: Plan) -> RenderableType:
         (f"{plan.name}", "bold"),
         f": {plan.strategy} ",
         (lay.text(), "bold cyan"),
-        f" on {plan.num_nodes} pod(s) x {plan.proc_per_node} {device} "
+        f" on {plan.num_nodes} pod(s) x {plan.num_proc_per_node} {device} "
         f"(world size {plan.world_size}), model {plan.preset or 'custom'} "
         f"({parameter_text(plan.model.parameters())} parameters)",
     )
@@ -89,13 +76,14 @@ def render(plan: Plan) -> RenderableType:
     for column in ("pod", "ranks", "pp", "dp", "tp"):
         pods.add_column(column)
     for pod in range(min(plan.num_nodes, MAX_POD_ROWS)):
-        coords = [plan.coords(pod * plan.proc_per_node + i) for i in range(plan.proc_per_node)]
+        per_pod = plan.num_proc_per_node
+        coords = [plan.coords(pod * per_pod + i) for i in range(per_pod)]
         pods.add_row(
             f"{plan.name}-{pod}",
             f"{coords[0].rank}-{coords[-1].rank}",
-            _ranges([c.pp for c in coords]),
-            _ranges([c.dp for c in coords]),
-            _ranges([c.tp for c in coords]),
+            compress_ranks([c.pp for c in coords]),
+            compress_ranks([c.dp for c in coords]),
+            compress_ranks([c.tp for c in coords]),
         )
     if plan.num_nodes > MAX_POD_ROWS:
         pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", "", "", "", "")

@@ -105,9 +105,10 @@ def test_invalid_spec_exits_2_with_the_field_on_stderr(
     assert main(["plan", str(bad)]) == EXIT_INVALID
     captured = capsys.readouterr()
     assert captured.out == ""
-    assert "spec.strategy.tensorParallel: 3 must divide spec.resources.numProcPerNode=8" in (
-        captured.err
-    )
+    assert (
+        "spec.strategy.tensorParallel: must divide spec.resources.numProcPerNode (a "
+        "tensor-parallel group stays inside one pod) (3 does not divide numProcPerNode=8)"
+    ) in captured.err
 
 
 def test_plan_that_does_not_fit_exits_3_and_still_prints(

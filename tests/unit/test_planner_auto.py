@@ -1,4 +1,4 @@
-"""strategy: auto reproduces the seeds' strategy table (REFERENCE.md section 1), row by row."""
+"""strategy: auto reproduces the strategy table of docs/planner.md, row by row."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ def make_spec(
 
 
 ROWS = [
-    # (id, spec, seeds' row text in the explanation, strategy chosen, allowed by the table)
+    # (id, spec, the table row's text in the explanation, strategy chosen, allowed by the table)
     ("single-gpu", make_spec({"preset": "small"}, procs=1), "a single GPU", "ddp", {"ddp"}),
     ("one-node-fits", make_spec({"preset": "small"}), "model fits one GPU", "ddp", {"ddp", "zero"}),
     (
@@ -98,11 +98,15 @@ ROWS = [
 @pytest.mark.parametrize(
     ("spec", "row", "expected", "allowed"), [r[1:] for r in ROWS], ids=[r[0] for r in ROWS]
 )
-def test_seeds_table_row(spec: dict[str, Any], row: str, expected: str, allowed: set[str]) -> None:
+def test_strategy_table_row(
+    spec: dict[str, Any], row: str, expected: str, allowed: set[str]
+) -> None:
     plan = plan_job(spec, "auto")
     assert plan.strategy == expected
     assert plan.strategy in allowed
-    assert row in plan.explanation
+    assert f"Strategy table row (docs/planner.md): {row}" in plan.explanation or (
+        "Strategy table row (docs/planner.md): " in plan.explanation and row in plan.explanation
+    )
     assert plan.memory.fits, plan.explanation
 
 

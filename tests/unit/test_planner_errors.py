@@ -19,17 +19,17 @@ pytestmark = pytest.mark.unit
         (
             {"strategy": {"type": "tensor", "tensorParallel": 3}},
             "spec.strategy.tensorParallel",
-            "3 must divide",
+            "3 does not divide numProcPerNode=4",
         ),
         (
             {"strategy": {"type": "tensor", "tensorParallel": 8}},
             "spec.strategy.tensorParallel",
-            "numProcPerNode=4",
+            "8 does not divide numProcPerNode=4",
         ),
         (
             {"strategy": {"type": "pipeline", "pipelineParallel": 8}},
             "spec.strategy.pipelineParallel",
-            "spec.model.layers=4",
+            "8 stages for layers=4",
         ),
         (
             {
@@ -41,7 +41,7 @@ pytestmark = pytest.mark.unit
                 }
             },
             "spec.strategy",
-            "must equal",
+            "2x2x4 = 16, not 8",
         ),
         (
             {"strategy": {"type": "ddp", "dataParallel": 4}},
@@ -76,7 +76,7 @@ pytestmark = pytest.mark.unit
                 }
             },
             "spec.strategy.pipelineParallel",
-            "virtual stages",
+            "4 stages x 2 virtual stages for layers=4",
         ),
         (
             {"strategy": {"type": "pipeline", "microBatches": 3}},
@@ -101,12 +101,12 @@ pytestmark = pytest.mark.unit
         (
             {"strategy": {"type": "pipeline", "microBatches": 1}},
             "spec.strategy.microBatches",
-            "at least pipelineParallel=2 for 1f1b; use pipelineSchedule gpipe",
+            "at least spec.strategy.pipelineParallel for pipelineSchedule 1f1b; use gpipe",
         ),
         (
             {"training": {"globalBatchSize": 6}},
             "spec.training.globalBatchSize",
-            "dataParallel x microBatchSize",
+            "multiple of spec.strategy.dataParallel x spec.training.microBatchSize (6 against",
         ),
         (
             {"training": {"globalBatchSize": 9, "microBatchSize": 2}},
@@ -116,12 +116,12 @@ pytestmark = pytest.mark.unit
         (
             {"model": {"preset": "tiny", "heads": 3}},
             "spec.model.heads",
-            "must divide spec.model.hidden",
+            "must divide spec.model.hidden (3 does not divide hidden=64)",
         ),
         (
             {"model": {"preset": "tiny", "kvHeads": 3}},
             "spec.model.kvHeads",
-            "must divide spec.model.heads",
+            "must divide spec.model.heads (3 does not divide heads=4)",
         ),
         ({"model": {"preset": None, "layers": 2}}, "spec.model.preset", "must be a string"),
         (
@@ -133,6 +133,37 @@ pytestmark = pytest.mark.unit
             {"model": {"preset": "tiny", "vocab": 128}, "training": {"dataset": "corpus"}},
             "spec.training.dataset",
             "vocab >= 256",
+        ),
+        (
+            # Sequence parallelism splits the sequence: the trainer would refuse it.
+            {
+                "resources": {"numNodes": 1, "numProcPerNode": 8},
+                "strategy": {"type": "tensor", "tensorParallel": 8},
+                "model": {"preset": "tiny", "heads": 8, "kvHeads": 8, "seqLen": 100},
+            },
+            "spec.strategy.tensorParallel",
+            "8 does not divide seqLen=100",
+        ),
+        (
+            {"model": {"preset": "tiny", "heads": 64, "kvHeads": 4}},
+            "spec.model.heads",
+            "must be even for rotary embeddings (64 / 64 = 1)",
+        ),
+        (
+            {
+                "strategy": {
+                    "type": "pipeline",
+                    "pipelineSchedule": "interleaved-1f1b",
+                    "virtualStages": 1,
+                }
+            },
+            "spec.strategy.virtualStages",
+            "must be at least 2 (or unset)",
+        ),
+        (
+            {"model": {"preset": "tiny", "seqLen": 20000}, "training": {"dataset": "corpus"}},
+            "spec.model.seqLen",
+            "20000 must be below 10983 for spec.training.dataset corpus",
         ),
     ],
 )

@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from planner_factories import make_cpu_spec as make_spec
 
+from meshrun.layout import split_layers
 from meshrun.planner import plan_job, rank_of
-from meshrun.planner.layout import split_layers
 
 pytestmark = pytest.mark.unit
 

@@ -8,7 +8,7 @@ import pytest
 
 from meshrun.planner import plan_job
 from meshrun.planner.memory import in_flight
-from meshrun.planner.spec import GIB
+from meshrun.spec import GIB
 
 pytestmark = pytest.mark.unit
 

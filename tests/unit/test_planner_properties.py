@@ -140,7 +140,7 @@ def test_auto_always_plans_a_consistent_layout(
     plan = plan_job(spec)
     check_invariants(plan)
     assert plan.strategy in {"ddp", "zero", "pipeline", "tensor", "hybrid"}
-    assert "Seeds' table row" in plan.explanation
+    assert "Strategy table row (docs/planner.md): " in plan.explanation
 
 
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 100), st.text(max_size=6), st.just([1]))

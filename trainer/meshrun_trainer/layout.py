@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshrun.errors import SpecError
-from meshrun.planner.layout import Layout as PlannedLayout
+from meshrun.layout import Layout as PlannedLayout
 from meshrun.presets import ModelShape
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")

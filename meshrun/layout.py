@@ -1,0 +1,87 @@
+"""A parallel layout and the split of a model's layers into pipeline chunks.
+
+Shared by the planner (which chooses the layout), the env contract (which hands it to the pods)
+and the trainer (which reads it back and runs it), so the three agree by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Layout:
+    """A complete parallel layout: degrees, sharding and pipeline schedule."""
+
+    dp: int
+    """Data-parallel degree (replicas, or ZeRO shards)."""
+    pp: int
+    """Pipeline stages."""
+    tp: int
+    """Tensor-parallel degree (innermost, inside one pod)."""
+    zero_stage: int
+    """ZeRO stage over the data-parallel group: 0 none, 1 optimizer, 2 +grads, 3 +params."""
+    schedule: str
+    """Pipeline schedule (gpipe, 1f1b, interleaved-1f1b); meaningful when pp > 1."""
+    micro_batches: int
+    """Micro-batches per pipeline step (1 when pp == 1)."""
+    virtual_stages: int
+    """Model chunks per pipeline rank (above 1 only for interleaved-1f1b)."""
+    grad_accumulation: int
+    """Forward/backward passes (or pipeline steps) summed per optimizer step."""
+
+    @property
+    def world_size(self) -> int:
+        return self.dp * self.pp * self.tp
+
+    def bubble_fraction(self) -> float:
+        """Idle share of a pipeline step (Narayanan et al. 2021, arXiv 2104.04473)."""
+        if self.pp == 1:
+            return 0.0
+        chunks = self.virtual_stages * self.micro_batches
+        return (self.pp - 1) / (chunks + self.pp - 1)
+
+    def text(self) -> str:
+        return f"dp{self.dp} x pp{self.pp} x tp{self.tp}"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """A contiguous run of layers on one pipeline rank (one model chunk)."""
+
+    pp: int
+    """Pipeline rank holding the chunk."""
+    virtual: int
+    """Chunk index on that rank (0 unless interleaved)."""
+    first: int
+    """First layer (0-based, inclusive)."""
+    last: int
+    """Last layer (inclusive)."""
+
+
+def layer_ranges(layers: int, chunks: int) -> tuple[tuple[int, int], ...]:
+    """``layers`` split into ``chunks`` contiguous inclusive ranges; earlier ones take the rest."""
+    base, extra = divmod(layers, chunks)
+    ranges, first = [], 0
+    for chunk in range(chunks):
+        count = base + (1 if chunk < extra else 0)
+        ranges.append((first, first + count - 1))
+        first += count
+    return tuple(ranges)
+
+
+def split_layers(layers: int, pp: int, virtual: int) -> list[Stage]:
+    """Layers split evenly over pp x virtual chunks in model order (:func:`layer_ranges`).
+
+    Chunk c sits on pipeline rank c % pp (Megatron's interleaved assignment, so rank 0 holds
+    chunks 0, pp, 2pp, ...).
+    """
+    return [
+        Stage(chunk % pp, chunk // pp, first, last)
+        for chunk, (first, last) in enumerate(layer_ranges(layers, pp * virtual))
+    ]
+
+
+def divisors(n: int) -> list[int]:
+    """The positive divisors of ``n``, ascending."""
+    return [d for d in range(1, n + 1) if n % d == 0]

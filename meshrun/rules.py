@@ -1,0 +1,286 @@
+"""Every rule a job must satisfy, written once.
+
+``meshrun plan`` and the operator (its Invalid condition) run these through
+:func:`meshrun.planner.plan_job`; the trainer runs the model, layout and data rules on what it
+reads from its environment, so a job the planner accepts starts without a configuration error.
+Each rule raises SpecError naming a spec field; the trainer reports the environment variable
+that carries it as well (``meshrun.envcontract.ENV_OF_FIELD``).
+
+Rules the API server can check alone are also CEL rules of the CRD (``x-kubernetes-validations``);
+those are the ``Rule`` constants below, whose messages appear word for word in the CRD
+(tests/unit/test_api_crd.py), so ``kubectl apply`` and ``meshrun plan`` say the same thing.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from meshrun.errors import SpecError
+from meshrun.layout import Layout
+from meshrun.presets import ModelShape
+from meshrun.spec import BYTE_VOCAB, JobSpec
+
+CORPUS_BYTES = 10984
+"""Bytes (tokens) of the corpus the trainer ships; a sequence needs seqLen + 1 of them."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule of the CRD's CEL, restated: the field it blames and the CRD's message."""
+
+    field: str
+    """The dotted spec field the error names."""
+    message: str
+    """The CRD's message, word for word."""
+
+    def error(self, detail: str = "") -> SpecError:
+        """The SpecError for this rule, with the numbers at hand in ``detail``.
+
+        A message that starts with its own field is not repeated after the ``field:`` prefix.
+        """
+        rule = self.message.removeprefix(f"{self.field} ")
+        return SpecError(self.field, f"{rule}{f' ({detail})' if detail else ''}")
+
+
+S, M, T, R = "spec.strategy", "spec.model", "spec.training", "spec.resources"
+AUTO_DEGREES = Rule(
+    f"{S}.type",
+    f"{S}.type auto chooses dataParallel, pipelineParallel, tensorParallel and zeroStage "
+    "itself; leave them unset or pick a type",
+)
+DATA_PARALLEL_ONLY = Rule(
+    f"{S}.type",
+    f"{S}.pipelineParallel and {S}.tensorParallel must be 1 (or unset) when {S}.type is ddp or "
+    "zero",
+)
+DATA_PARALLEL_WORLD = Rule(
+    f"{S}.dataParallel",
+    f"{S}.dataParallel must equal the world size ({R}.numNodes x numProcPerNode) when {S}.type "
+    "is ddp or zero",
+)
+DDP_ZERO = Rule(
+    f"{S}.zeroStage", f"{S}.zeroStage must be 0 when {S}.type is ddp (use type zero to shard)"
+)
+ZERO_STAGE = Rule(f"{S}.zeroStage", f"{S}.zeroStage must be 1, 2 or 3 when {S}.type is zero")
+PIPELINE_TP = Rule(
+    f"{S}.tensorParallel",
+    f"{S}.tensorParallel must be 1 (or unset) when {S}.type is pipeline (use hybrid)",
+)
+TENSOR_PP = Rule(
+    f"{S}.pipelineParallel",
+    f"{S}.pipelineParallel must be 1 (or unset) when {S}.type is tensor (use hybrid)",
+)
+VIRTUAL_STAGES = Rule(
+    f"{S}.virtualStages",
+    f"{S}.virtualStages above 1 needs {S}.pipelineSchedule interleaved-1f1b",
+)
+INTERLEAVED_VIRTUAL = Rule(
+    f"{S}.virtualStages",
+    f"{S}.virtualStages must be at least 2 (or unset) for {S}.pipelineSchedule interleaved-1f1b",
+)
+ONE_F_ONE_B = Rule(
+    f"{S}.microBatches",
+    f"{S}.microBatches must be at least {S}.pipelineParallel for pipelineSchedule 1f1b; use "
+    "gpipe for fewer (microBatches 1 is plain model parallelism)",
+)
+TP_PROCS = Rule(
+    f"{S}.tensorParallel",
+    f"{S}.tensorParallel must divide {R}.numProcPerNode (a tensor-parallel group stays inside "
+    "one pod)",
+)
+DEGREES_WORLD = Rule(
+    S,
+    f"{S}.dataParallel x pipelineParallel x tensorParallel must equal {R}.numNodes x "
+    "numProcPerNode",
+)
+BATCH = Rule(
+    f"{T}.globalBatchSize", f"{T}.globalBatchSize must be a multiple of {T}.microBatchSize"
+)
+DP_BATCH = Rule(
+    f"{T}.globalBatchSize",
+    f"{T}.globalBatchSize must be a multiple of {S}.dataParallel x {T}.microBatchSize",
+)
+TP_MODEL = Rule(
+    f"{S}.tensorParallel",
+    f"{S}.tensorParallel must divide {M}.heads, kvHeads, ffnHidden, vocab and seqLen (tensor "
+    "and sequence parallelism split them)",
+)
+PP_LAYERS = Rule(
+    f"{S}.pipelineParallel",
+    f"{S}.pipelineParallel must not exceed {M}.layers (each stage needs a layer)",
+)
+HEADS = Rule(f"{M}.heads", f"{M}.heads must divide {M}.hidden")
+KV_HEADS = Rule(f"{M}.kvHeads", f"{M}.kvHeads must divide {M}.heads")
+ROTARY = Rule(
+    f"{M}.heads",
+    f"{M}.hidden / {M}.heads (the head size) must be even for rotary embeddings",
+)
+CORPUS_VOCAB = Rule(
+    f"{T}.dataset",
+    f"{T}.dataset corpus is byte-tokenized and needs {M}.vocab >= {BYTE_VOCAB}",
+)
+ALL_RULES = (
+    AUTO_DEGREES,
+    DATA_PARALLEL_ONLY,
+    DATA_PARALLEL_WORLD,
+    DDP_ZERO,
+    ZERO_STAGE,
+    PIPELINE_TP,
+    TENSOR_PP,
+    VIRTUAL_STAGES,
+    INTERLEAVED_VIRTUAL,
+    ONE_F_ONE_B,
+    TP_PROCS,
+    DEGREES_WORLD,
+    BATCH,
+    DP_BATCH,
+    TP_MODEL,
+    PP_LAYERS,
+    HEADS,
+    KV_HEADS,
+    ROTARY,
+    CORPUS_VOCAB,
+)
+"""The rules the CRD also states as CEL."""
+
+
+def check_spec(job: JobSpec) -> None:
+    """The rules that need no layout: the CRD's CEL rules, the model's and the data's."""
+    s, t, res = job.strategy, job.training, job.resources
+    dp, pp, tp = s.data_parallel, s.pipeline_parallel, s.tensor_parallel
+    unset_or_one = (None, 1)
+    if s.type == "auto" and (dp, pp, tp, s.zero_stage) != (None, None, None, None):
+        raise AUTO_DEGREES.error()
+    if s.type in ("ddp", "zero"):
+        if pp not in unset_or_one or tp not in unset_or_one:
+            raise DATA_PARALLEL_ONLY.error()
+        if dp is not None and dp != res.world_size:
+            raise DATA_PARALLEL_WORLD.error(f"{dp}, not the world size {res.world_size}")
+    if s.type == "ddp" and s.zero_stage not in (None, 0):
+        raise DDP_ZERO.error()
+    if s.type == "zero" and not s.zero_stage:
+        raise ZERO_STAGE.error()
+    if s.type == "pipeline" and tp not in unset_or_one:
+        raise PIPELINE_TP.error()
+    if s.type == "tensor" and pp not in unset_or_one:
+        raise TENSOR_PP.error()
+    if s.virtual_stages not in unset_or_one and s.pipeline_schedule != "interleaved-1f1b":
+        raise VIRTUAL_STAGES.error()
+    if s.pipeline_schedule == "interleaved-1f1b" and s.virtual_stages == 1:
+        raise INTERLEAVED_VIRTUAL.error()
+    if tp is not None and res.num_proc_per_node % tp:
+        raise TP_PROCS.error(f"{tp} does not divide numProcPerNode={res.num_proc_per_node}")
+    if dp is not None and pp is not None and tp is not None and dp * pp * tp != res.world_size:
+        raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {res.world_size}")
+    if t.global_batch_size % t.micro_batch_size:
+        raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
+    check_model(job.shape)
+    check_data(job.dataset, job.shape)
+
+
+def check_model(shape: ModelShape) -> None:
+    """The model's own rules: heads split the width, kv heads the heads, rotary pairs."""
+    if shape.hidden % shape.heads:
+        raise HEADS.error(f"{shape.heads} does not divide hidden={shape.hidden}")
+    if shape.kv_heads > shape.heads or shape.heads % shape.kv_heads:
+        raise KV_HEADS.error(f"{shape.kv_heads} does not divide heads={shape.heads}")
+    if shape.head_dim % 2:
+        raise ROTARY.error(f"{shape.hidden} / {shape.heads} = {shape.head_dim}")
+
+
+def check_data(dataset: str, shape: ModelShape) -> None:
+    """What the training data needs from the model."""
+    if dataset == "corpus" and shape.vocab < BYTE_VOCAB:
+        raise CORPUS_VOCAB.error(f"got {shape.vocab}")
+    if dataset == "corpus" and shape.seq_len + 1 >= CORPUS_BYTES:
+        raise SpecError(
+            f"{M}.seqLen",
+            f"{shape.seq_len} must be below {CORPUS_BYTES - 1} for {T}.dataset corpus (the "
+            f"shipped text has {CORPUS_BYTES} bytes); use dataset synthetic for longer sequences",
+        )
+
+
+def check_layout(
+    layout: Layout,
+    shape: ModelShape,
+    *,
+    global_batch_size: int,
+    micro_batch_size: int,
+    world_size: int | None = None,
+    num_proc_per_node: int | None = None,
+) -> None:
+    """A layout's rules against the model, the batch and (when known) the machines."""
+    dp, pp, tp = layout.dp, layout.pp, layout.tp
+    if world_size is not None and dp * pp * tp != world_size:
+        raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {world_size}")
+    if num_proc_per_node is not None and num_proc_per_node % tp:
+        raise TP_PROCS.error(f"{tp} does not divide numProcPerNode={num_proc_per_node}")
+    for name, size in (
+        ("heads", shape.heads),
+        ("kvHeads", shape.kv_heads),
+        ("ffnHidden", shape.ffn_hidden),
+        ("vocab", shape.vocab),
+        ("seqLen", shape.seq_len),  # sequence parallelism shards the sequence
+    ):
+        if size % tp:
+            raise TP_MODEL.error(f"{tp} does not divide {name}={size}")
+    if not 0 <= layout.zero_stage <= 3:
+        raise SpecError(f"{S}.zeroStage", f"must be 0, 1, 2 or 3, got {layout.zero_stage}")
+    chunks = pp * layout.virtual_stages
+    if chunks > shape.layers:
+        stages = f"{pp} stages" + (
+            f" x {layout.virtual_stages} virtual stages" if layout.virtual_stages > 1 else ""
+        )
+        raise PP_LAYERS.error(f"{stages} for layers={shape.layers}")
+    check_batch(layout, global_batch_size, micro_batch_size)
+    check_schedule(layout)
+
+
+def check_batch(layout: Layout, global_batch_size: int, micro_batch_size: int) -> None:
+    """The global batch splits into dp x micro-batches x accumulation passes of micro_batch."""
+    per_pass = layout.dp * micro_batch_size
+    if global_batch_size % per_pass:
+        raise DP_BATCH.error(
+            f"{global_batch_size} against {layout.dp}x{micro_batch_size} = {per_pass}"
+        )
+    passes = global_batch_size // per_pass
+    if passes % layout.micro_batches:
+        raise SpecError(
+            f"{S}.microBatches",
+            f"{layout.micro_batches} must divide globalBatchSize / (dataParallel x "
+            f"microBatchSize) = {passes}",
+        )
+    if layout.micro_batches * layout.grad_accumulation != passes:
+        raise SpecError(
+            f"{T}.globalBatchSize",
+            f"{global_batch_size} must equal dataParallel x microBatchSize x microBatches x "
+            f"gradient accumulation = {per_pass}x{layout.micro_batches}x"
+            f"{layout.grad_accumulation}",
+        )
+
+
+def check_schedule(layout: Layout) -> None:
+    """What torch's pipeline schedules accept."""
+    pp, micro, virtual = layout.pp, layout.micro_batches, layout.virtual_stages
+    if pp == 1:
+        if micro != 1 or virtual != 1:
+            raise SpecError(f"{S}.microBatches", "must be 1 without pipeline parallelism")
+        return
+    if layout.schedule == "1f1b" and micro < pp:
+        # torch's Schedule1F1B raises ValueError below one micro-batch per stage.
+        raise ONE_F_ONE_B.error(f"{micro} micro-batches for pipelineParallel={pp}")
+    if layout.schedule == "interleaved-1f1b":
+        if virtual < 2:
+            raise INTERLEAVED_VIRTUAL.error(f"got {virtual}")
+        # Megatron-LM runs interleaved micro-batches in groups of pp (Narayanan et al. 2021,
+        # section 2.2); torch's ScheduleInterleaved1F1B relaxes that to whole "rounds" of
+        # max(1, m // pp) and raises ValueError otherwise (torch 2.13 pipelining/schedules.py).
+        rounds = max(1, micro // pp)
+        if micro % rounds:
+            raise SpecError(
+                f"{S}.microBatches",
+                f"{micro} must be a multiple of max(1, microBatches // pipelineParallel) = "
+                f"{rounds} for interleaved-1f1b",
+            )
+    elif virtual != 1:
+        raise VIRTUAL_STAGES.error(f"got {virtual} with {layout.schedule}")

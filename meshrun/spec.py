@@ -1,0 +1,248 @@
+"""The one typed reading of a ParallelTrainingJob spec, with the CRD's defaults applied.
+
+Each section of the CRD's ``spec`` is a kw_only dataclass below whose field names are the
+snake_case of the CRD's keys (``numProcPerNode`` is ``num_proc_per_node``; ``key`` metadata
+names the few irregular ones). None of them has a default of its own: :func:`read_spec` checks
+the spec against the CRD schema, applies the CRD's defaults (``meshrun.api.with_defaults``) and
+reads every field, so the CRD stays the single source of truth. A field the CRD leaves unset
+without a default is ``None``. The planner, the operator and the env contract all read this.
+
+Adding a spec field: add it to the CRD (with its default), then a typed field here; the reader
+picks it up by name (tests/unit/test_spec.py fails on a CRD key without a field, or the reverse).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from meshrun.presets import ModelShape
+
+GIB = 1024**3
+CPU = "cpu"
+"""``spec.resources.accelerator`` of a CPU-only job (no accelerator request)."""
+DEFAULT_GPU_MEMORY_GIB = 80
+"""Accelerator memory the planner assumes when a GPU job gives none (A100/H100 80 GB class)."""
+
+Accelerator = Literal["nvidia.com/gpu", "cpu"]
+StrategyType = Literal["auto", "ddp", "zero", "pipeline", "tensor", "hybrid"]
+Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
+Precision = Literal["bf16", "fp32"]
+Dataset = Literal["synthetic", "corpus"]
+Preset = Literal["tiny", "small", "1b", "7b", "13b", "70b"]
+CleanPodPolicy = Literal["All", "Running", "None"]
+
+
+BYTE_VOCAB = 256
+"""Tokens of the byte-level corpus: one per byte value."""
+
+
+def crd_key(name: str) -> dict[str, str]:
+    """Field metadata naming a CRD key that is not the camelCase of the field's name."""
+    return {"key": name}
+
+
+DERIVED = {"derived": "true"}
+"""Field metadata of a value computed from other fields rather than read from the CRD."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interconnect:
+    """``spec.resources.interconnect``: how the processes talk."""
+
+    intra_node: Literal["nvlink", "pcie"]
+    """Links between the accelerators of one node."""
+    inter_node: Literal["infiniband", "ethernet"]
+    """Network between nodes (infiniband counts as fast)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Resources:
+    """``spec.resources``: the machines."""
+
+    num_nodes: int
+    """Pods in the job, one per node."""
+    num_proc_per_node: int
+    """Processes per pod, one per accelerator."""
+    accelerator: Accelerator
+    """``nvidia.com/gpu``, or ``cpu`` for CPU-only pods."""
+    accelerator_memory_gib: int | None = field(metadata=crd_key("acceleratorMemoryGiB"))
+    """Memory of one accelerator for the fit check; None: 80 for GPUs, unchecked for CPUs."""
+    interconnect: Interconnect
+    """The links, which the auto strategy weighs."""
+
+    @property
+    def world_size(self) -> int:
+        return self.num_nodes * self.num_proc_per_node
+
+    @property
+    def memory_assumed(self) -> bool:
+        """True when a GPU job gives no accelerator memory and the planner assumes some."""
+        return self.accelerator != CPU and self.accelerator_memory_gib is None
+
+    @property
+    def accelerator_bytes(self) -> int:
+        """Memory of one accelerator in bytes; 0 means unknown (a CPU job without a size)."""
+        if self.accelerator_memory_gib is not None:
+            return self.accelerator_memory_gib * GIB
+        return 0 if self.accelerator == CPU else DEFAULT_GPU_MEMORY_GIB * GIB
+
+    @property
+    def fast_intra_node(self) -> bool:
+        """NVLink/NVSwitch between the accelerators of a node (false for PCIe)."""
+        return self.interconnect.intra_node == "nvlink"
+
+    @property
+    def fast_inter_node(self) -> bool:
+        """InfiniBand-class network between nodes (false for Ethernet)."""
+        return self.interconnect.inter_node == "infiniband"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Strategy:
+    """``spec.strategy``: how the model and data are split; unset degrees are None."""
+
+    type: StrategyType
+    """auto lets the planner choose; the others name the strategy."""
+    zero_stage: int | None
+    """ZeRO stage 0-3, or None when unset."""
+    data_parallel: int | None
+    """Data-parallel degree, or None to derive."""
+    pipeline_parallel: int | None
+    """Pipeline stages, or None to derive."""
+    tensor_parallel: int | None
+    """Tensor-parallel degree, or None to derive."""
+    pipeline_schedule: Schedule
+    """The pipeline schedule."""
+    micro_batches: int | None
+    """Micro-batches per pipeline step, or None to derive from the batch sizes."""
+    virtual_stages: int | None
+    """Model chunks per pipeline rank, or None for the schedule's default."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Model:
+    """``spec.model``: a preset, or explicit sizes (which also override a preset's)."""
+
+    preset: Preset | None
+    """A named Llama-like size."""
+    layers: int | None
+    """Transformer blocks."""
+    hidden: int | None
+    """Model width."""
+    heads: int | None
+    """Attention heads."""
+    kv_heads: int | None
+    """Key/value heads (grouped-query attention)."""
+    vocab: int | None
+    """Vocabulary size."""
+    seq_len: int | None
+    """Training sequence length."""
+    ffn_hidden: int | None
+    """SwiGLU inner width."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Checkpoint:
+    """``spec.training.checkpoint``: distributed checkpoints."""
+
+    every_steps: int
+    """Save every this many steps; 0 saves only at the end."""
+    volume: str | None
+    """PersistentVolumeClaim holding the checkpoints, or None for an emptyDir."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Training:
+    """``spec.training``: the training loop."""
+
+    steps: int
+    """Optimizer steps."""
+    global_batch_size: int
+    """Sequences per optimizer step across all data-parallel ranks."""
+    micro_batch_size: int
+    """Sequences per forward pass on one rank."""
+    precision: Precision
+    """bf16 mixed precision (fp32 master weights) or plain fp32."""
+    learning_rate: float
+    """Peak AdamW learning rate."""
+    seed: int
+    """Random seed (weights and data)."""
+    max_grad_norm: float
+    """Clip the global gradient norm to this."""
+    dataset: Dataset | None
+    """The training data; None: corpus when the vocabulary allows (see JobSpec.dataset)."""
+    checkpoint: Checkpoint
+    """Distributed checkpoints."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunPolicy:
+    """``spec.runPolicy``: restarts, deadlines and clean-up."""
+
+    backoff_limit: int
+    """Whole-gang restarts allowed after retryable failures before the job fails."""
+    active_deadline_seconds: int | None
+    """Seconds from start after which the job fails with DeadlineExceeded."""
+    progress_deadline_seconds: int | None
+    """Seconds without a new training step after which the gang is restarted (hang detection)."""
+    ttl_seconds_after_finished: int | None
+    """Seconds after completion after which the job object itself is deleted."""
+    clean_pod_policy: CleanPodPolicy
+    """Which pods to delete when the job finishes: None, Running (unfinished ones) or All."""
+    suspend: bool
+    """True: no pods exist (Kueue admission or a user pause); False: run."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scheduling:
+    """``spec.scheduling``: how the pods are placed."""
+
+    gang: bool
+    """All pods bound within ``gang_timeout_seconds`` or the attempt is torn down and retried."""
+    gang_timeout_seconds: int
+    """Seconds the gang may wait for every pod to be bound to a node."""
+    scheduler_name: str | None
+    """Scheduler for the pods; volcano and scheduler-plugins also get a PodGroup."""
+    priority_class_name: str | None
+    """PriorityClass of the pods."""
+    queue_name: str | None
+    """Kueue / volcano queue; falls back to the job's kueue.x-k8s.io/queue-name label."""
+    topology_key: str | None
+    """Node label whose value the pods of one pipeline stage should share."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobSpec:
+    """A whole ``spec``, defaulted and typed."""
+
+    image: str
+    """Container image of the trainer."""
+    command: list[str] | None
+    """Overrides the image's entrypoint."""
+    args: list[str] | None
+    """Arguments to the entrypoint."""
+    pod_template: dict[str, Any] | None
+    """A PodTemplateSpec merged into every pod (kept as given)."""
+    resources: Resources
+    """``spec.resources``."""
+    strategy: Strategy
+    """``spec.strategy``."""
+    model: Model
+    """``spec.model`` as given (see :attr:`shape` for the resolved sizes)."""
+    training: Training
+    """``spec.training``."""
+    run_policy: RunPolicy
+    """``spec.runPolicy``."""
+    scheduling: Scheduling
+    """``spec.scheduling``."""
+
+    shape: ModelShape = field(metadata=DERIVED)
+    """The model's sizes: the preset's, overridden by the explicit ones in ``model``."""
+
+    @property
+    def dataset(self) -> Dataset:
+        """The training data: as given, else corpus when the vocabulary holds every byte."""
+        if self.training.dataset is not None:
+            return self.training.dataset
+        return "corpus" if self.shape.vocab >= BYTE_VOCAB else "synthetic"
