@@ -11,16 +11,10 @@ from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
+from meshrun_operator.vocabulary import ConditionType
+
 # The order in which conditions are listed in status (stable, so no spurious status patches).
-CONDITION_TYPES = (
-    "Invalid",
-    "Suspended",
-    "Scheduled",
-    "Running",
-    "Restarting",
-    "Succeeded",
-    "Failed",
-)
+_ORDER = {kind.value: i for i, kind in enumerate(ConditionType)}
 
 
 def format_time(moment: datetime) -> str:
@@ -38,12 +32,12 @@ def parse_time(text: object) -> datetime | None:
         return None
 
 
-def find(conditions: Sequence[Mapping[str, Any]], kind: str) -> Mapping[str, Any] | None:
+def find(conditions: Sequence[Mapping[str, Any]], kind: ConditionType) -> Mapping[str, Any] | None:
     """The condition of type ``kind``, or None."""
     return next((c for c in conditions if c.get("type") == kind), None)
 
 
-def is_true(conditions: Sequence[Mapping[str, Any]], kind: str) -> bool:
+def is_true(conditions: Sequence[Mapping[str, Any]], kind: ConditionType) -> bool:
     """True when the condition exists with status "True"."""
     found = find(conditions, kind)
     return found is not None and found.get("status") == "True"
@@ -51,7 +45,7 @@ def is_true(conditions: Sequence[Mapping[str, Any]], kind: str) -> bool:
 
 def set_condition(
     conditions: list[dict[str, Any]],
-    kind: str,
+    kind: ConditionType,
     status: bool,
     reason: str,
     message: str,
@@ -59,6 +53,7 @@ def set_condition(
 ) -> None:
     """Insert or update one condition in place, keeping lastTransitionTime unless it flips."""
     value = "True" if status else "False"
+    reason = str(reason)  # a vocabulary.Reason is written as its plain value
     for condition in conditions:
         if condition.get("type") == kind:
             if condition.get("status") != value:
@@ -68,19 +63,22 @@ def set_condition(
     else:
         conditions.append(
             {
-                "type": kind,
+                "type": kind.value,
                 "status": value,
                 "reason": reason,
                 "message": message,
                 "lastTransitionTime": format_time(now),
             }
         )
-    order = {name: i for i, name in enumerate(CONDITION_TYPES)}
-    conditions.sort(key=lambda c: order.get(str(c.get("type")), len(order)))
+    conditions.sort(key=lambda c: _ORDER.get(str(c.get("type")), len(_ORDER)))
 
 
 def clear_condition(
-    conditions: list[dict[str, Any]], kind: str, reason: str, message: str, now: datetime
+    conditions: list[dict[str, Any]],
+    kind: ConditionType,
+    reason: str,
+    message: str,
+    now: datetime,
 ) -> None:
     """Set an existing condition to False; a condition never set stays absent."""
     if find(conditions, kind) is not None:

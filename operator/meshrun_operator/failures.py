@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from meshrun_operator.vocabulary import Reason
+
 
 class FailureClass(Enum):
     """Whether a failure is worth a whole-gang restart."""
@@ -111,4 +113,5 @@ def classify(
 def node_lost(node: str, ready: bool | None) -> Failure:
     """A pod whose node is NotReady (``ready`` False) or gone (``ready`` None)."""
     state = "was deleted" if ready is None else "is NotReady"
-    return Failure(FailureClass.RETRYABLE, "NodeLost", f"node {node} {state}")
+    message = Reason.NODE_LOST.message(node=node, state=state)
+    return Failure(FailureClass.RETRYABLE, Reason.NODE_LOST, message)

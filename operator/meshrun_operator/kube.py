@@ -10,16 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
 
 from meshrun_operator import metrics, names
+from meshrun_operator.conditions import format_time
 
 T = TypeVar("T")
+logger = logging.getLogger("meshrun.operator")
+
+EVENT_MESSAGE_MAX = 1000
+"""Event messages are cut to this length (the API server limits event notes to 1 KiB)."""
 
 CUSTOM_KINDS = {
     "PodGroup": {
@@ -141,35 +148,42 @@ class Kube:
 
         await asyncio.gather(*(one(p) for p in pods))
 
-    async def patch_job(
-        self,
-        namespace: str,
-        name: str,
-        resource_version: str,
-        status: Mapping[str, Any] | None,
-        state: Mapping[str, Any] | None,
-    ) -> dict[str, Any] | None:
-        """Write the bookkeeping annotation, then the status (one merge patch of /status).
+    async def patch_status(
+        self, namespace: str, name: str, resource_version: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Write the status in one merge patch of /status (None values remove fields).
 
-        Each patch carries the resourceVersion it was computed from as a precondition: a
-        decision made on a stale copy gets 409 Conflict (StaleJob) instead of overwriting newer
-        data. Returns the job as the API server holds it after the last patch.
+        The patch carries the resourceVersion it was computed from as a precondition: a decision
+        made on a stale copy gets 409 Conflict (StaleJob) instead of overwriting newer data.
+        Returns the job as the API server holds it after the patch.
         """
-        latest: dict[str, Any] | None = None
-        version = resource_version
-        if state is not None:
-            text = json.dumps(state, sort_keys=True, separators=(",", ":"))
-            meta = {"resourceVersion": version, "annotations": {names.ANNOTATION_STATE: text}}
-            latest = await self._patch(
-                "", self.custom.patch_namespaced_custom_object, namespace, name, {"metadata": meta}
-            )
-            version = str(latest["metadata"]["resourceVersion"])
-        if status is not None:
-            body = {"metadata": {"resourceVersion": version}, "status": status}
-            latest = await self._patch(
-                "/status", self.custom.patch_namespaced_custom_object_status, namespace, name, body
-            )
-        return latest
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        return await self._patch(
+            "/status", self.custom.patch_namespaced_custom_object_status, namespace, name, body
+        )
+
+    async def post_event(
+        self, involved: Mapping[str, str], type: str, reason: str, message: str
+    ) -> None:
+        """Post a core/v1 Event about ``involved``; a failure is logged, never raised (Events
+        help people but must not stop a reconcile)."""
+        now, namespace = format_time(datetime.now(UTC)), involved["namespace"]
+        body = {
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": type,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_MAX],
+            "source": {"component": names.MANAGED_BY},
+            "reportingComponent": names.MANAGED_BY,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self._call("create", "events", self.core.create_namespaced_event, namespace, body)
+        except (ApiException, OSError) as error:
+            logger.warning("could not post Event %s on %s: %s", reason, involved["name"], error)
 
     async def _patch(
         self, sub: str, fn: Callable[..., Any], namespace: str, name: str, body: Any
@@ -191,20 +205,6 @@ class Kube:
                 raise StaleJob(f"{namespace}/{name} changed meanwhile: {_reason(error)}") from error
             raise
         return dict(result)
-
-    async def get_job(self, namespace: str, name: str) -> dict[str, Any]:
-        """The job as the API server holds it now."""
-        job: Any = await self._call(
-            "get",
-            names.PLURAL,
-            self.custom.get_namespaced_custom_object,
-            names.GROUP,
-            names.VERSION,
-            namespace,
-            names.PLURAL,
-            name,
-        )
-        return dict(job) if isinstance(job, Mapping) else {}
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:

@@ -12,74 +12,32 @@ so two gangs never hold GPUs at once and the stable pod names (DNS) never clash.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from meshrun.api import with_defaults
 from meshrun.errors import SpecError
-from meshrun.planner import plan_job
+from meshrun.planner import Plan
 from meshrun_operator import names
-from meshrun_operator.conditions import parse_time
+from meshrun_operator import vocabulary as words
+from meshrun_operator.conditions import format_time
+from meshrun_operator.evaluation import Evaluation, evaluate, still_refused
 from meshrun_operator.failures import Failure, FailureClass, classify, node_lost
-from meshrun_operator.jobspec import JobSettings, parse_settings
+from meshrun_operator.jobspec import JobSettings
 from meshrun_operator.observe import Observed, PodView
 from meshrun_operator.phases import Draft, Event, Tuning
+from meshrun_operator.state import JobState
 from meshrun_operator.summary import (
     final_progress,
-    last_progress_time,
-    merge_progress,
+    last_step_time,
     placement,
+    progress_status,
+    step_change,
 )
+from meshrun_operator.vocabulary import ConditionType, PodPhase, Reason
 
-__all__ = ["Decision", "Evaluation", "Event", "Tuning", "decide", "evaluate", "read_state"]
-
-TERMINAL = ("Succeeded", "Failed")
-
-
-@dataclass(frozen=True)
-class Evaluation:
-    """A spec checked once: defaults applied, settings parsed and planned, or the error."""
-
-    spec: Mapping[str, Any]
-    """The spec with the CRD's defaults applied."""
-    settings: JobSettings | None = None
-    """Run policy, scheduling and resources; None when the spec is invalid."""
-    plan: Mapping[str, Any] | None = None
-    """``Plan.to_dict()``; None when the spec is invalid."""
-    plan_status: Mapping[str, Any] | None = None
-    """``Plan.status_summary()``: what status.plan shows."""
-    error: SpecError | None = None
-    """Why the spec cannot run (names the field), or None."""
-
-
-def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
-    """Default, parse and plan a spec; any problem becomes an Evaluation with ``error`` set."""
-    try:
-        defaulted = with_defaults(spec)
-        settings = parse_settings(defaulted)
-        names.check_job_name(name, settings.num_nodes)
-        plan = plan_job(defaulted, name=name)
-    except SpecError as error:
-        return Evaluation(spec=spec, error=error)
-    except (ValueError, TypeError, KeyError) as error:
-        # A planner bug must not crash the reconcile loop; it surfaces in the Invalid condition.
-        return Evaluation(spec=spec, error=SpecError("spec", f"could not be planned: {error!r}"))
-    return Evaluation(
-        spec=defaulted, settings=settings, plan=plan.to_dict(), plan_status=plan.status_summary()
-    )
-
-
-def read_state(job: Mapping[str, Any]) -> dict[str, Any]:
-    """The operator's bookkeeping from the job's annotation ({} when absent or unreadable)."""
-    annotations = (job.get("metadata") or {}).get("annotations") or {}
-    try:
-        state = json.loads(annotations.get(names.ANNOTATION_STATE) or "{}")
-    except ValueError:
-        return {}
-    return state if isinstance(state, dict) else {}
+__all__ = ["Decision", "Evaluation", "Event", "Tuning", "decide", "evaluate"]
 
 
 @dataclass
@@ -87,11 +45,11 @@ class Decision:
     """The new status and the side effects that lead there."""
 
     status: dict[str, Any]
-    """The complete status to write in one patch."""
-    state: dict[str, Any] = field(default_factory=dict)
-    """The operator's bookkeeping for the meshrun.dev/state annotation."""
+    """The complete status to write in one patch (None values remove a field)."""
+    state: JobState
+    """The bookkeeping inside ``status``, typed."""
     create_pods: tuple[int, ...] = ()
-    """Pod indices to create for ``status['attempt']`` (with the Service and PodGroup)."""
+    """Pod indices to create for ``state.attempt`` (with the Service and PodGroup)."""
     delete_pods: tuple[str, ...] = ()
     """Pod names to delete."""
     force_delete: bool = False
@@ -101,7 +59,7 @@ class Decision:
     events: tuple[Event, ...] = ()
     """Kubernetes Events to post on the job."""
     invalid: bool = False
-    """The spec is invalid (the create handler raises kopf.PermanentError)."""
+    """The spec is invalid: no pods, the Invalid condition names the field."""
 
 
 def decide(
@@ -114,23 +72,27 @@ def decide(
     """Everything the operator should do about ``job`` given what it observes at ``now``."""
     metadata = job.get("metadata") or {}
     name = str(metadata.get("name", ""))
+    generation = metadata.get("generation")
     ev = evaluation or evaluate(job.get("spec") or {}, name)
-    draft = Draft(job.get("status") or {}, now, tuning or Tuning(), name, read_state(job))
-    draft.status["observedGeneration"] = metadata.get("generation")
-    ev = _still_refused(ev, draft.state, metadata.get("generation"))
+    state = JobState.from_job(job)
+    draft = Draft(job.get("status") or {}, state, now, tuning or Tuning(), name)
+    draft.derived["observedGeneration"] = generation
+    ev = still_refused(ev, state.invalid_spec, generation)
     if ev.error is not None or ev.settings is None or ev.plan is None:
-        draft.invalid(ev.error or SpecError("spec", "could not be evaluated"), observed.pods)
+        error = ev.error or SpecError("spec", "could not be evaluated")
+        known = generation if isinstance(generation, int) else None
+        draft.invalid(error, known, observed.pods)
     else:
-        plan = dict(ev.plan_status or {})
-        draft.status["plan"] = plan
+        summary = ev.plan.status_summary()
+        draft.derived["plan"] = summary
         # Printer columns (kubectl get ptj) read these top-level copies.
-        draft.status.update(
-            strategy=plan.get("strategy"), layout=plan.get("layout"), gpus=plan.get("gpus")
+        draft.derived.update(
+            strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
         )
         _run(draft, ev.settings, ev.plan, observed)
     draft.announce_phase()
     return Decision(
-        status=draft.status,
+        status=draft.status(),
         state=draft.state,
         create_pods=tuple(draft.create),
         delete_pods=tuple(dict.fromkeys(draft.delete)),
@@ -141,79 +103,56 @@ def decide(
     )
 
 
-def _still_refused(ev: Evaluation, state: Mapping[str, Any], generation: object) -> Evaluation:
-    """A pod template the API server refused stays refused until the spec changes.
-
-    Only the API server can judge a pod template; without this, every resync would try to
-    create the refused pod again.
-    """
-    if (
-        ev.error is None
-        and state.get("invalidField") == "spec.podTemplate"
-        and state.get("invalidGeneration") == generation
-    ):
-        rule = str(state.get("message") or "").removeprefix("spec.podTemplate: ")
-        return Evaluation(spec=ev.spec, error=SpecError("spec.podTemplate", rule))
-    return ev
-
-
-def _run(draft: Draft, settings: JobSettings, plan: Mapping[str, Any], observed: Observed) -> None:
-    status, state, now = draft.status, draft.state, draft.now
+def _run(draft: Draft, settings: JobSettings, plan: Plan, observed: Observed) -> None:
+    state, now = draft.state, draft.now
     draft.revalidated()
     current = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
     stale = [p for p in observed.pods if p.attempt != draft.attempt or p.deleting]
-    status["placement"] = placement(plan, current)
+    draft.derived["placement"] = placement(plan, current)
     policy = settings.run_policy
 
-    if draft.old_phase in TERMINAL:
+    if draft.old_phase is not None and draft.old_phase.finished:
         draft.finished(policy, observed.pods)
         return
     if policy.suspend:
         draft.suspend(observed.pods)
         return
     draft.resumed()
-    since = parse_time(state.get("activeSince"))
-    deadline = policy.active_deadline_seconds
+    since, deadline = state.active_since, policy.active_deadline_seconds
     if deadline is not None and since is not None and now >= since + timedelta(seconds=deadline):
-        message = f"the job ran longer than activeDeadlineSeconds={deadline}"
-        draft.fail("DeadlineExceeded", message, policy, observed.pods)
+        message = Reason.DEADLINE_EXCEEDED.message(deadline=deadline)
+        draft.fail(Reason.DEADLINE_EXCEEDED, message, policy, observed.pods)
         return
     if stale:
         # The previous attempt (or a deleted pod) must be gone before a gang starts again.
         draft.delete.extend(p.name for p in stale if not p.deleting)
-        draft.waiting(f"waiting for {len(stale)} pod(s) of an earlier attempt to go away")
+        draft.waiting(words.WAITING_FOR_OLD_PODS.format(count=len(stale)))
         return
-    if current and not state.get("attemptStartTime"):
-        # Pods exist but the write that recorded their creation was lost (operator killed
-        # between the two): start the clocks now rather than never.
-        state["attemptStartTime"] = draft.stamp
-        if not state.get("activeSince"):
-            state["activeSince"] = draft.stamp
-    next_attempt = parse_time(state.get("nextAttemptTime"))
-    if next_attempt is not None and now < next_attempt:
-        draft.waiting(f"backing off until {state.get('nextAttemptTime')}")
+    if current and state.attempt_start_time is None:
+        draft.pods_seen()
+    if state.next_attempt_time is not None and now < state.next_attempt_time:
+        draft.waiting(words.BACKING_OFF.format(until=format_time(state.next_attempt_time)))
         return
 
     found = _first_failure(current, observed.nodes)
     if found is not None:
         draft.failure(found[0], found[1], settings, current)
         return
-    if len(current) == settings.num_nodes and all(p.phase == "Succeeded" for p in current):
-        pod0 = next((p for p in current if p.index == 0), None)
+    pod0 = next((p for p in current if p.index == 0), None)
+    if len(current) == settings.num_nodes and all(p.phase == PodPhase.SUCCEEDED for p in current):
         final = final_progress(pod0.summary if pod0 else None)
         if final:
-            status["progress"] = {**(status.get("progress") or {}), **final}
+            draft.derived["progress"] = {**(draft.derived.get("progress") or {}), **final}
         draft.succeed(policy, current)
         return
     if _create_or_wait(draft, settings, current):
         return
     reported = observed.progress
-    if reported is None:
-        pod0 = next((p for p in current if p.index == 0), None)
-        reported = pod0.progress if pod0 is not None else None
-    progress = merge_progress(reported, state, draft.attempt, now)
-    if progress is not None:
-        status["progress"] = progress
+    if reported is None and pod0 is not None:
+        reported = pod0.progress
+    if reported is not None:
+        draft.derived["progress"] = progress_status(reported)
+        state.last_step_change = step_change(state.last_step_change, reported, draft.attempt, now)
     _schedule_and_run(draft, settings, current)
 
 
@@ -221,12 +160,13 @@ def _first_failure(
     current: list[PodView], nodes: Mapping[str, bool] | None
 ) -> tuple[Failure, PodView] | None:
     """The first lost or failed pod of the attempt (node loss first: it needs a force delete)."""
+    finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
     if nodes is not None:
         for pod in current:
-            if pod.node and pod.phase not in TERMINAL and not nodes.get(pod.node, False):
+            if pod.node and pod.phase not in finished and not nodes.get(pod.node, False):
                 return node_lost(pod.node, nodes.get(pod.node)), pod
     for pod in sorted(current, key=lambda p: p.index):
-        if pod.phase == "Failed":
+        if pod.phase == PodPhase.FAILED:
             failure = classify(pod.exit_code, pod.container_reason, pod.pod_reason)
             error = (pod.summary or {}).get("error")
             if isinstance(error, str) and error:
@@ -238,27 +178,20 @@ def _first_failure(
 
 def _create_or_wait(draft: Draft, settings: JobSettings, current: list[PodView]) -> bool:
     """Create the attempt's missing pods, or notice pods that vanished; True when handled."""
-    state, now = draft.state, draft.now
     present = {p.index for p in current}
     missing = [i for i in range(settings.num_nodes) if i not in present]
     if not missing:
         return False
-    attempt_start = parse_time(state.get("attemptStartTime"))
+    attempt_start = draft.state.attempt_start_time
     if attempt_start is None:
-        draft.create.extend(missing)
-        state.update(attemptStartTime=draft.stamp, nextAttemptTime=None)
-        if not state.get("activeSince"):
-            state["activeSince"] = draft.stamp
-        message = f"creating {len(missing)} pod(s) for attempt {draft.attempt}"
-        draft.add_event("Normal", "PodsCreated", message)
-        draft.waiting(message)
+        draft.creating(missing)
         return True
-    if now - attempt_start > timedelta(seconds=draft.tuning.missing_pod_grace_seconds):
-        name = names.pod_name(draft.name, missing[0])
-        vanished = Failure(FailureClass.RETRYABLE, "PodDeleted", f"pod {name} disappeared")
+    if draft.now - attempt_start > timedelta(seconds=draft.tuning.missing_pod_grace_seconds):
+        message = Reason.POD_DELETED.message(pod=names.pod_name(draft.name, missing[0]))
+        vanished = Failure(FailureClass.RETRYABLE, Reason.POD_DELETED, message)
         draft.failure(vanished, None, settings, current)
         return True
-    draft.waiting(f"waiting for {len(missing)} new pod(s) to appear")
+    draft.waiting(words.WAITING_FOR_NEW_PODS.format(count=len(missing)))
     return True
 
 
@@ -268,30 +201,30 @@ def _schedule_and_run(draft: Draft, settings: JobSettings, current: list[PodView
     unbound = [p for p in current if not p.node]
     if unbound:
         bound = total - len(unbound)
-        draft.condition("Scheduled", False, "WaitingForGang", f"{bound} of {total} pods bound")
-        attempt_start = parse_time(state.get("attemptStartTime")) or now
+        message = Reason.WAITING_FOR_GANG.message(bound=bound, total=total)
+        draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_GANG, message)
+        attempt_start = state.attempt_start_time or now
         timeout = settings.scheduling.gang_timeout_seconds
         if settings.scheduling.gang and now - attempt_start >= timedelta(seconds=timeout):
             draft.gang_timeout(timeout, bound, total, current)
             return
-        draft.waiting(f"{len(unbound)} pod(s) not scheduled yet")
+        draft.waiting(words.NOT_SCHEDULED.format(count=len(unbound)))
         return
-    draft.condition("Scheduled", True, "AllPodsBound", f"all {total} pods bound to nodes")
-    if not all(p.phase in ("Running", "Succeeded") for p in current):
-        draft.waiting("pods are starting")
+    message = Reason.ALL_PODS_BOUND.message(total=total)
+    draft.condition(ConditionType.SCHEDULED, True, Reason.ALL_PODS_BOUND, message)
+    if not all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
+        draft.waiting(words.PODS_STARTING)
         return
     draft.running()
     deadline = settings.run_policy.progress_deadline_seconds
     if deadline is None:
         return
-    running_since = parse_time(draft.status.get("startTime")) or now
-    last = last_progress_time(state, draft.attempt)
+    running_since = state.start_time or now
+    last = last_step_time(state.last_step_change, draft.attempt)
     reference = max(running_since, last) if last is not None else running_since
     if now - reference >= timedelta(seconds=deadline):
-        step = state.get("progressStep") if state.get("progressAttempt") == draft.attempt else None
-        hang = Failure(
-            FailureClass.RETRYABLE,
-            "ProgressDeadlineExceeded",
-            f"no new training step for {deadline}s (last step: {step}); the trainer looks hung",
-        )
+        seen = state.last_step_change
+        step = seen.step if seen is not None and seen.attempt == draft.attempt else None
+        message = Reason.PROGRESS_DEADLINE_EXCEEDED.message(deadline=deadline, step=step)
+        hang = Failure(FailureClass.RETRYABLE, Reason.PROGRESS_DEADLINE_EXCEEDED, message)
         draft.failure(hang, None, settings, current)

@@ -17,11 +17,11 @@ from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 
 from meshrun_operator import names
-from meshrun_operator.handlers import register
+from meshrun_operator.context import OperatorContext
+from meshrun_operator.handlers import OperatorMemo, register
 from meshrun_operator.kube import Kube, load_api_client
-from meshrun_operator.lifecycle import Tuning
+from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
-from meshrun_operator.reconcile import OperatorContext
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Options:
     peering: str | None
     """KopfPeering name for active/standby replicas; None runs standalone."""
     resync_seconds: float
-    """Interval of the per-job resync timer."""
+    """Interval of the periodic resync of every job."""
     workers: int
     """Threads (and HTTP connections) for concurrent API calls."""
     tuning: Tuning
@@ -152,7 +152,7 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = names.MANAGED_BY
     settings.execution.max_workers = options.workers
-    # No timers or daemons run (handlers.py), so nothing waits on this; kept short regardless.
+    # No timers or daemons run (resync.py says why), so nothing waits on this; kept short.
     settings.background.cancellation_polling = 1.0
     return settings
 
@@ -168,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
     )
     if not options.verbose:
-        # kopf logs every successful timer run at INFO (twice a second per job): keep warnings.
+        # kopf logs every successful handler call at INFO (one per watch event of every pod
+        # and job): keep warnings.
         for noisy in ("kopf.objects", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
@@ -184,11 +185,10 @@ def main(argv: list[str] | None = None) -> int:
         kube=Kube(api, workers=options.workers),
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
-        watch_nodes=options.watch_nodes,
         progress=ProgressReader(enabled=options.progress_http),
     )
     registry = kopf.OperatorRegistry()
-    register(registry, ctx)
+    register(registry, watch_nodes=options.watch_nodes)
     if options.metrics_port:
         start_http_server(options.metrics_port)
     liveness = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None
@@ -200,5 +200,6 @@ def main(argv: list[str] | None = None) -> int:
         standalone=options.peering is None,
         peering_name=options.peering,
         liveness_endpoint=liveness,
+        memo=OperatorMemo(ctx=ctx),
     )
     return 0

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
+from meshrun_operator.vocabulary import Phase
+
 JOBS_BY_PHASE = Gauge(
     "meshrun_operator_jobs", "ParallelTrainingJobs the operator watches, by phase", ["phase"]
 )
@@ -22,11 +24,9 @@ RESTARTS = Counter(
 )
 API_REQUESTS = Counter(
     "meshrun_operator_api_requests_total",
-    "Requests the reconciler sent to the API server (kopf's watches not included)",
+    "Requests the reconciler sent to the API server, Events included (kopf's watches not)",
     ["verb", "resource"],
 )
-
-PHASES = ("Pending", "Running", "Restarting", "Succeeded", "Failed", "Suspended")
 
 
 class PhaseBook:
@@ -40,7 +40,7 @@ class PhaseBook:
             self.phases.pop(uid, None)
         else:
             self.phases[uid] = phase
-        for name in PHASES:
-            JOBS_BY_PHASE.labels(phase=name).set(
+        for name in Phase:
+            JOBS_BY_PHASE.labels(phase=name.value).set(
                 sum(1 for value in self.phases.values() if value == name)
             )

@@ -27,8 +27,8 @@ MANAGED_BY = "meshrun-operator"
 # Annotations the operator writes on pods, and the one the trainer (or a test) writes back.
 ANNOTATION_RANKS = f"{GROUP}/ranks"
 ANNOTATION_PROGRESS = f"{GROUP}/progress"
-# The operator's bookkeeping on the job (attempt start, backoff deadline, last progress): fields
-# the CRD's structural status schema does not declare and would prune.
+# Where operators before status held the bookkeeping kept it; read once to carry a running job
+# over (state.py), never written.
 ANNOTATION_STATE = f"{GROUP}/state"
 
 # kopf's own bookkeeping, kept under our domain instead of kopf.zalando.org.

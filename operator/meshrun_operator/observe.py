@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrun_operator import names
+from meshrun_operator.vocabulary import PodPhase
 
 PROGRESS_KEYS = ("step", "totalSteps", "loss", "tokensPerSecond", "stepTimeSeconds", "updatedAt")
 
@@ -110,7 +111,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         name=str(metadata.get("name", "")),
         index=_int_label(labels, names.LABEL_POD_INDEX),
         attempt=_int_label(labels, names.LABEL_ATTEMPT),
-        phase=str(status.get("phase") or "Pending"),
+        phase=str(status.get("phase") or PodPhase.PENDING.value),
         node=(body.get("spec") or {}).get("nodeName") or None,
         deleting=bool(metadata.get("deletionTimestamp")),
         exit_code=int(exit_code) if isinstance(exit_code, int) else None,

@@ -1,33 +1,27 @@
 """The draft of a new status and the phase transitions that edit it (used by lifecycle.decide).
 
 Each method is one transition: it sets the phase, the conditions, the bookkeeping and the side
-effects together, so a phase string is written in exactly one place per transition.
-
-Two dicts are edited: ``status`` holds only what the CRD's status schema declares (anything else
-would be pruned by the API server), and ``state`` holds the operator's own bookkeeping (attempt
-start, backoff deadline, last progress), stored in the job's ``meshrun.dev/state`` annotation the
-way kopf keeps its handler progress in annotations.
+effects together, so a phase is written in exactly one place per transition. The draft edits the
+typed :class:`JobState` and the conditions; :meth:`Draft.status` puts them back together with the
+rest of the status (plan, placement, progress) for the one status patch.
 """
 
 from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from meshrun.errors import SpecError
-from meshrun_operator.conditions import (
-    clear_condition,
-    format_time,
-    is_true,
-    parse_time,
-    set_condition,
-)
+from meshrun_operator import vocabulary as words
+from meshrun_operator.conditions import clear_condition, is_true, set_condition
 from meshrun_operator.failures import Failure, FailureClass
 from meshrun_operator.jobspec import JobSettings, RunPolicy
 from meshrun_operator.observe import PodView
+from meshrun_operator.state import InvalidSpec, JobState, LastFailure
+from meshrun_operator.vocabulary import ConditionType, EventType, Phase, PodPhase, Reason
 
 
 @dataclass(frozen=True)
@@ -52,7 +46,7 @@ class Tuning:
 class Event:
     """A Kubernetes Event to post on the job."""
 
-    type: str
+    type: EventType
     """Normal or Warning."""
     reason: str
     """CamelCase reason."""
@@ -65,18 +59,18 @@ class Draft:
 
     def __init__(
         self,
-        old: Mapping[str, Any],
+        old_status: Mapping[str, Any],
+        state: JobState,
         now: datetime,
         tuning: Tuning,
         job_name: str = "",
-        state: Mapping[str, Any] | None = None,
     ) -> None:
-        self.status: dict[str, Any] = copy.deepcopy(dict(old))
-        self.state: dict[str, Any] = copy.deepcopy(dict(state or {}))
-        self.conditions: list[dict[str, Any]] = self.status.setdefault("conditions", [])
-        self.old_phase: str | None = old.get("phase")
-        self.now = now
-        self.stamp = format_time(now)
+        self.derived: dict[str, Any] = copy.deepcopy(dict(old_status))
+        self.conditions: list[dict[str, Any]] = self.derived.setdefault("conditions", [])
+        self.state = replace(state, phase=state.phase or Phase.PENDING)
+        self.old_phase: Phase | None = state.phase
+        # Status times have second precision; the clocks keep exactly what is written.
+        self.now = now.replace(microsecond=0)
         self.tuning = tuning
         self.name = job_name
         self.create: list[int] = []
@@ -85,35 +79,38 @@ class Draft:
         self.delete_job = False
         self.events: list[Event] = []
         self.is_invalid = False
-        self.status.setdefault("phase", "Pending")
-        self.status.setdefault("attempt", 0)
-        self.status.setdefault("restarts", 0)
 
     # -- small helpers ---------------------------------------------------------------------
     @property
     def attempt(self) -> int:
-        return int(self.status.get("attempt") or 0)
+        return self.state.attempt
 
-    def condition(self, kind: str, value: bool, reason: str, message: str) -> None:
+    def status(self) -> dict[str, Any]:
+        """The complete status: what was derived this time plus the bookkeeping."""
+        return {**self.derived, **self.state.to_status()}
+
+    def condition(self, kind: ConditionType, value: bool, reason: str, message: str) -> None:
         set_condition(self.conditions, kind, value, reason, message, self.now)
 
-    def clear(self, kind: str, reason: str, message: str) -> None:
+    def clear(self, kind: ConditionType, reason: str, message: str) -> None:
         """Turn a condition False if it exists (never adds a False condition out of nowhere)."""
         clear_condition(self.conditions, kind, reason, message, self.now)
 
-    def add_event(self, kind: str, reason: str, message: str) -> None:
-        self.events.append(Event(kind, reason, message))
+    def add_event(self, kind: EventType, reason: str, message: str) -> None:
+        self.events.append(Event(kind, str(reason), message))
 
     def announce_phase(self) -> None:
-        """One Event per phase transition (the issue asks for an Event on every transition)."""
-        phase = self.status.get("phase")
-        if phase != self.old_phase:
-            kind = "Warning" if phase in ("Failed", "Restarting") else "Normal"
-            self.add_event(kind, str(phase), str(self.state.get("message") or phase))
+        """One Event per phase transition."""
+        phase = self.state.phase
+        if phase is not None and phase != self.old_phase:
+            warn = phase in (Phase.FAILED, Phase.RESTARTING)
+            kind = EventType.WARNING if warn else EventType.NORMAL
+            self.add_event(kind, phase.value, self.state.message or phase.value)
 
     def _delete_all(self, pods: Iterable[PodView], unfinished_only: bool = False) -> None:
+        finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
         for pod in pods:
-            if pod.deleting or (unfinished_only and pod.phase in ("Succeeded", "Failed")):
+            if pod.deleting or (unfinished_only and pod.phase in finished):
                 continue
             self.delete.append(pod.name)
 
@@ -128,143 +125,146 @@ class Draft:
             self._delete_all(pods, unfinished_only=True)
 
     # -- transitions -----------------------------------------------------------------------
-    def invalid(self, error: SpecError, pods: Iterable[PodView]) -> None:
+    def invalid(self, error: SpecError, generation: int | None, pods: Iterable[PodView]) -> None:
         """A spec that cannot run: no pods, Invalid=True naming the field, phase Failed."""
         self.is_invalid = True
         message = str(error)
-        if not is_true(self.conditions, "Invalid") or self.state.get("message") != message:
-            self.add_event("Warning", "InvalidSpec", message)
-        self.condition("Invalid", True, "InvalidSpec", message)
-        self.condition("Failed", True, "InvalidSpec", message)
-        self.status["phase"] = "Failed"
-        self.state.update(
-            message=message,
-            invalidField=error.field,
-            invalidGeneration=self.status.get("observedGeneration"),
-        )
-        if not self.status.get("completionTime"):
-            self.status["completionTime"] = self.stamp
+        if not is_true(self.conditions, ConditionType.INVALID) or self.state.message != message:
+            self.add_event(EventType.WARNING, Reason.INVALID_SPEC, message)
+        self.condition(ConditionType.INVALID, True, Reason.INVALID_SPEC, message)
+        self.condition(ConditionType.FAILED, True, Reason.INVALID_SPEC, message)
+        self.state.phase = Phase.FAILED
+        self.state.message = message
+        self.state.invalid_spec = InvalidSpec(error.field, error.rule, generation)
+        if self.state.completion_time is None:
+            self.state.completion_time = self.now
         self._delete_all(pods)
 
     def revalidated(self) -> None:
         """A spec that was invalid and is now valid starts afresh."""
-        if not is_true(self.conditions, "Invalid"):
+        if not is_true(self.conditions, ConditionType.INVALID):
             return
-        self.condition("Invalid", False, "Valid", "the spec is valid")
-        self.condition("Failed", False, "Valid", "the spec is valid")
-        self.status.update(phase="Pending", completionTime=None)
-        self.state.update(message="", invalidField=None, invalidGeneration=None)
+        valid = Reason.VALID.message()
+        self.condition(ConditionType.INVALID, False, Reason.VALID, valid)
+        self.condition(ConditionType.FAILED, False, Reason.VALID, valid)
+        self.state.phase, self.state.completion_time = Phase.PENDING, None
+        self.state.message, self.state.invalid_spec = "", None
         self.old_phase = None
 
+    def pods_seen(self) -> None:
+        """Pods exist but the write that recorded their creation was lost (the operator was
+        killed between the two): start the clocks now rather than never."""
+        self.state.attempt_start_time = self.now
+        self.state.active_since = self.state.active_since or self.now
+
+    def creating(self, indices: list[int]) -> None:
+        """Create the attempt's missing pods and start its clocks."""
+        self.create.extend(indices)
+        self.state.attempt_start_time, self.state.next_attempt_time = self.now, None
+        self.state.active_since = self.state.active_since or self.now
+        message = Reason.PODS_CREATED.message(count=len(indices), attempt=self.attempt)
+        self.add_event(EventType.NORMAL, Reason.PODS_CREATED, message)
+        self.waiting(message)
+
     def waiting(self, message: str) -> None:
-        if self.status.get("phase") != "Running":
-            self.status["phase"] = "Restarting" if self.status.get("restarts") else "Pending"
-        self.state["message"] = message
+        if self.state.phase != Phase.RUNNING:
+            self.state.phase = Phase.RESTARTING if self.state.restarts else Phase.PENDING
+        self.state.message = message
 
     def running(self) -> None:
-        self.status["phase"] = "Running"
-        self.state["message"] = "all pods are running"
-        if not self.status.get("startTime"):
-            self.status["startTime"] = self.stamp
-        self.condition("Running", True, "AllPodsRunning", "all pods are running")
-        if is_true(self.conditions, "Restarting"):
-            self.condition("Restarting", False, "Recovered", "the new attempt is running")
+        message = Reason.ALL_PODS_RUNNING.message()
+        self.state.phase, self.state.message = Phase.RUNNING, message
+        self.state.start_time = self.state.start_time or self.now
+        self.condition(ConditionType.RUNNING, True, Reason.ALL_PODS_RUNNING, message)
+        if is_true(self.conditions, ConditionType.RESTARTING):
+            recovered = Reason.RECOVERED.message()
+            self.condition(ConditionType.RESTARTING, False, Reason.RECOVERED, recovered)
 
     def succeed(self, policy: RunPolicy, pods: list[PodView]) -> None:
-        message = f"all {len(pods)} pods completed successfully"
-        self.status.update(phase="Succeeded", completionTime=self.stamp)
-        self.state["message"] = message
-        self.clear("Running", "Completed", message)
-        self.condition("Succeeded", True, "Completed", message)
+        message = Reason.COMPLETED.message(count=len(pods))
+        self.state.phase, self.state.completion_time = Phase.SUCCEEDED, self.now
+        self.state.message = message
+        self.clear(ConditionType.RUNNING, Reason.COMPLETED, message)
+        self.condition(ConditionType.SUCCEEDED, True, Reason.COMPLETED, message)
         self._clean(policy, pods, failed=False)
 
     def fail(self, reason: str, message: str, policy: RunPolicy, pods: Iterable[PodView]) -> None:
-        self.status.update(phase="Failed", completionTime=self.stamp)
-        self.state.update(message=message, reason=reason)
-        self.clear("Running", reason, message)
-        self.clear("Restarting", reason, message)
-        self.condition("Failed", True, reason, message)
+        self.state.phase, self.state.completion_time = Phase.FAILED, self.now
+        self.state.message = message
+        self.clear(ConditionType.RUNNING, reason, message)
+        self.clear(ConditionType.RESTARTING, reason, message)
+        self.condition(ConditionType.FAILED, True, reason, message)
         self._clean(policy, pods, failed=True)
 
     def finished(self, policy: RunPolicy, pods: Iterable[PodView]) -> None:
         """After Succeeded/Failed: keep applying cleanPodPolicy, then honour the TTL."""
-        self._clean(policy, pods, failed=self.status.get("phase") == "Failed")
+        self._clean(policy, pods, failed=self.state.phase == Phase.FAILED)
         ttl = policy.ttl_seconds_after_finished
-        done = parse_time(self.status.get("completionTime"))
+        done = self.state.completion_time
         if ttl is not None and done is not None and self.now >= done + timedelta(seconds=ttl):
             self.delete_job = True
 
     def suspend(self, pods: Iterable[PodView]) -> None:
         """Suspended (by a user or Kueue): no pods at all; the deadline clock stops."""
         self._delete_all(pods)
-        self.status.update(phase="Suspended", startTime=None)
-        self.state.update(
-            message="the job is suspended",
-            activeSince=None,
-            attemptStartTime=None,
-            nextAttemptTime=None,
-        )
-        self.condition("Suspended", True, "Suspended", "spec.runPolicy.suspend is true")
-        self.clear("Running", "Suspended", "the job is suspended")
+        message = words.JOB_SUSPENDED
+        self.state.phase, self.state.start_time, self.state.message = Phase.SUSPENDED, None, message
+        self.state.active_since = self.state.attempt_start_time = None
+        self.state.next_attempt_time = None
+        self.condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, Reason.SUSPENDED.message())
+        self.clear(ConditionType.RUNNING, Reason.SUSPENDED, message)
 
     def resumed(self) -> None:
-        if is_true(self.conditions, "Suspended"):
-            self.condition("Suspended", False, "Resumed", "spec.runPolicy.suspend is false")
+        if is_true(self.conditions, ConditionType.SUSPENDED):
+            resumed = Reason.RESUMED.message()
+            self.condition(ConditionType.SUSPENDED, False, Reason.RESUMED, resumed)
 
     def failure(
         self, failure: Failure, pod: PodView | None, settings: JobSettings, current: list[PodView]
     ) -> None:
         """A failed, lost or hung pod: restart the whole gang, or fail the job."""
-        self.state["lastFailure"] = {
-            "pod": pod.name if pod else None,
-            "reason": failure.reason,
-            "message": failure.message,
-            "class": failure.kind.value,
-            "exitCode": pod.exit_code if pod else None,
-            "time": self.stamp,
-        }
+        self.state.last_failure = LastFailure(
+            pod=pod.name if pod else None,
+            reason=str(failure.reason),
+            message=failure.message,
+            kind=failure.kind,
+            exit_code=pod.exit_code if pod else None,
+            time=self.now,
+        )
         policy = settings.run_policy
-        restarts = int(self.status.get("restarts") or 0)
-        where = f"pod {pod.name}: " if pod else ""
+        restarts = self.state.restarts
+        described = f"pod {pod.name}: {failure.message}" if pod else failure.message
         if failure.kind is FailureClass.PERMANENT:
-            self.fail(failure.reason, f"{where}{failure.message} (permanent)", policy, current)
+            message = words.PERMANENT_FAILURE.format(failure=described)
+            self.fail(failure.reason, message, policy, current)
             return
         if restarts >= policy.backoff_limit:
-            message = (
-                f"{where}{failure.message}; the backoffLimit of {policy.backoff_limit} "
-                "restart(s) is used up"
-            )
-            self.fail("BackoffLimitExceeded", message, policy, current)
+            limit = policy.backoff_limit
+            message = Reason.BACKOFF_LIMIT_EXCEEDED.message(failure=described, limit=limit)
+            self.fail(Reason.BACKOFF_LIMIT_EXCEEDED, message, policy, current)
             return
-        self.force = self.force or failure.reason == "NodeLost"
-        self.status["restarts"] = restarts + 1
+        self.force = self.force or failure.reason == Reason.NODE_LOST
+        self.state.restarts = restarts + 1
         self._next_attempt(restarts + 1, current)
-        message = f"{where}{failure.message}"
-        self.status["phase"] = "Restarting"
-        self.state["message"] = f"{message}; restarting the whole gang"
-        self.condition("Restarting", True, failure.reason, message)
-        self.clear("Running", failure.reason, message)
-        self.add_event("Warning", failure.reason, f"{message}; restarting the whole gang")
+        restarting = words.RESTARTING_GANG.format(failure=described)
+        self.state.phase, self.state.message = Phase.RESTARTING, restarting
+        self.condition(ConditionType.RESTARTING, True, failure.reason, described)
+        self.clear(ConditionType.RUNNING, failure.reason, described)
+        self.add_event(EventType.WARNING, failure.reason, restarting)
 
     def _next_attempt(self, retries: int, current: list[PodView]) -> None:
         """Tear the attempt down; the next one starts after an exponential backoff."""
         self._delete_all(current)
         delay = self.tuning.backoff(retries)
-        self.status.update(attempt=self.attempt + 1, startTime=None)
-        self.state.update(
-            attemptStartTime=None,
-            nextAttemptTime=format_time(self.now + timedelta(seconds=delay)),
-        )
+        self.state.attempt, self.state.start_time = self.attempt + 1, None
+        self.state.attempt_start_time = None
+        self.state.next_attempt_time = self.now + timedelta(seconds=delay)
 
     def gang_timeout(self, timeout: int, bound: int, total: int, current: list[PodView]) -> None:
         """Not every pod was bound in time: free the bound ones and retry (not a restart)."""
-        retries = int(self.state.get("gangRetries") or 0) + 1
-        self.state["gangRetries"] = retries
-        message = (
-            f"only {bound} of {total} pods were bound within gangTimeoutSeconds={timeout}; "
-            "released them to retry later"
-        )
-        self._next_attempt(retries, current)
-        self.state["message"] = message
-        self.condition("Scheduled", False, "GangTimeout", message)
-        self.add_event("Warning", "GangTimeout", message)
+        self.state.gang_retries += 1
+        message = Reason.GANG_TIMEOUT.message(bound=bound, total=total, timeout=timeout)
+        self._next_attempt(self.state.gang_retries, current)
+        self.state.message = message
+        self.condition(ConditionType.SCHEDULED, False, Reason.GANG_TIMEOUT, message)
+        self.add_event(EventType.WARNING, Reason.GANG_TIMEOUT, message)

@@ -15,6 +15,7 @@ from typing import Any
 
 from meshrun_operator import names
 from meshrun_operator.observe import PodView, parse_progress
+from meshrun_operator.vocabulary import PodPhase
 
 
 class ProgressReader:
@@ -39,7 +40,7 @@ class ProgressReader:
 
     async def read(self, pod: PodView | None) -> dict[str, Any] | None:
         """Progress of the pod holding rank 0, or None when unknown or unreachable."""
-        if not self.enabled or pod is None or pod.phase != "Running" or not pod.pod_ip:
+        if not self.enabled or pod is None or pod.phase != PodPhase.RUNNING or not pod.pod_ip:
             return None
         now = time.monotonic()
         if self._failed_until.get(pod.pod_ip, 0.0) > now:

@@ -8,12 +8,13 @@ from datetime import datetime
 from typing import Any
 
 from meshrun.api import VERSION, crd
-from meshrun_operator.builders import pod_ranks
-from meshrun_operator.conditions import format_time, parse_time
+from meshrun.planner import Plan
+from meshrun_operator.children import pod_ranks
 from meshrun_operator.observe import PodView
+from meshrun_operator.state import StepChange
 
 
-def placement(plan: Mapping[str, Any], pods: Iterable[PodView]) -> list[dict[str, Any]]:
+def placement(plan: Plan, pods: Iterable[PodView]) -> list[dict[str, Any]]:
     """Pod -> node -> ranks for the pods of the current attempt, in pod order."""
     rows = []
     for pod in sorted(pods, key=lambda p: p.index):
@@ -22,27 +23,37 @@ def placement(plan: Mapping[str, Any], pods: Iterable[PodView]) -> list[dict[str
             {
                 "pod": pod.name,
                 "node": pod.node or "",
-                "firstRank": min(ranks, default=0),
-                "lastRank": max(ranks, default=0),
+                "firstRank": ranks[0],
+                "lastRank": ranks[-1],
                 "phase": pod.phase,
             }
         )
     return rows
 
 
-def merge_progress(
-    reported: Mapping[str, Any] | None, state: dict[str, Any], attempt: int, now: datetime
-) -> dict[str, Any] | None:
-    """status.progress from the trainer's latest report; notes in ``state`` when the step last
-    advanced (``lastProgressTime``), which hang detection compares to progressDeadlineSeconds.
+def step_change(
+    seen: StepChange | None, reported: Mapping[str, Any], attempt: int, now: datetime
+) -> StepChange:
+    """When the step last changed, given the trainer's latest report; hang detection compares
+    its time to progressDeadlineSeconds.
 
     The operator's own clock decides, not the trainer's ``updatedAt``: pods' clocks may drift.
     """
-    if reported is None:
-        return None
     step = reported.get("step")
-    if state.get("progressAttempt") != attempt or state.get("progressStep") != step:
-        state.update(progressAttempt=attempt, progressStep=step, lastProgressTime=format_time(now))
+    step = step if isinstance(step, int) else None
+    if seen is None or seen.attempt != attempt or seen.step != step:
+        return StepChange(attempt=attempt, step=step, time=now)
+    return seen
+
+
+def last_step_time(seen: StepChange | None, attempt: int) -> datetime | None:
+    """When the step last changed in this attempt, or None."""
+    return seen.time if seen is not None and seen.attempt == attempt else None
+
+
+def progress_status(reported: Mapping[str, Any]) -> dict[str, Any]:
+    """status.progress from the trainer's latest report, with an ETA."""
+    step = reported.get("step")
     progress: dict[str, Any] = dict(reported)
     total = reported.get("totalSteps")
     step_time = reported.get("stepTimeSeconds")
@@ -82,13 +93,6 @@ def _progress_schema() -> Mapping[str, Any]:
     version = next(v for v in crd()["spec"]["versions"] if v["name"] == VERSION)
     schema: Mapping[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     return dict(schema["properties"]["progress"])
-
-
-def last_progress_time(state: Mapping[str, Any], attempt: int) -> datetime | None:
-    """When the step last advanced in this attempt, or None."""
-    if state.get("progressAttempt") != attempt:
-        return None
-    return parse_time(state.get("lastProgressTime"))
 
 
 def final_progress(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:

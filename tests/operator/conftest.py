@@ -12,10 +12,10 @@ from operator_harness import Cluster, Kubectl, OperatorProcess
 
 
 def release_jobs(kubectl: Kubectl, namespace: str) -> None:
-    """Remove the operator's finalizer from jobs left in ``namespace``.
+    """Remove any finalizer from jobs left in ``namespace``.
 
-    kopf's resync timer makes it add a finalizer; with no operator running any more, the
-    namespace deletion after the test would otherwise wait for it forever.
+    The operator puts none on jobs, but a finalizer left by anyone else would make the
+    namespace deletion after the test wait forever once no operator runs.
     """
     out = kubectl("get", names.PLURAL, "-n", namespace, "-o", "json", check=False).stdout
     for item in json.loads(out or '{"items": []}').get("items", []):

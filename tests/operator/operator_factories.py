@@ -39,13 +39,16 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 def make_job(
     name: str = "job",
     status: dict[str, Any] | None = None,
-    state: dict[str, Any] | None = None,
+    legacy_state: dict[str, Any] | None = None,
     **spec_overrides: Any,
 ) -> dict[str, Any]:
-    """A ParallelTrainingJob object; keyword arguments deep-merge into the spec."""
+    """A ParallelTrainingJob object; keyword arguments deep-merge into the spec.
+
+    ``legacy_state`` is bookkeeping in the annotation where older operators kept it.
+    """
     metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1}
-    if state is not None:
-        metadata["annotations"] = {names.ANNOTATION_STATE: json.dumps(state)}
+    if legacy_state is not None:
+        metadata["annotations"] = {names.ANNOTATION_STATE: json.dumps(legacy_state)}
     return {
         "apiVersion": names.API_VERSION,
         "kind": names.KIND,

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
-from meshrun_operator import names
 from meshrun_operator.conditions import find
+from meshrun_operator.context import without_none
 from meshrun_operator.lifecycle import Decision, Tuning, decide
 from meshrun_operator.observe import Observed
+from meshrun_operator.vocabulary import ConditionType
 from operator_factories import at, make_job, observe
 
 TUNING = Tuning(backoff_base_seconds=10, backoff_max_seconds=60, missing_pod_grace_seconds=5)
@@ -16,10 +16,7 @@ TUNING = Tuning(backoff_base_seconds=10, backoff_max_seconds=60, missing_pod_gra
 
 def advance(job: dict[str, Any], decision: Decision) -> dict[str, Any]:
     """The job as the API server would hold it after the reconciler wrote the decision."""
-    status = {k: v for k, v in decision.status.items() if v is not None}
-    state = {k: v for k, v in decision.state.items() if v is not None}
-    annotations = {names.ANNOTATION_STATE: json.dumps(state)}
-    return {**job, "status": status, "metadata": {**job["metadata"], "annotations": annotations}}
+    return {**job, "status": without_none(decision.status)}
 
 
 def run(job: dict[str, Any], observed: Observed, seconds: float) -> tuple[dict[str, Any], Decision]:
@@ -32,7 +29,7 @@ def reasons(decision: Decision) -> list[str]:
 
 
 def condition(decision: Decision, kind: str) -> dict[str, Any]:
-    found = find(decision.status["conditions"], kind)
+    found = find(decision.status["conditions"], ConditionType(kind))
     assert found is not None, f"no {kind} condition in {decision.status['conditions']}"
     return dict(found)
 

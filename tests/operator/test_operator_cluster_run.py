@@ -105,6 +105,15 @@ def test_a_failed_pod_restarts_the_whole_gang_up_to_the_backoff_limit(
     assert cluster.condition("gang", "Restarting")["reason"] == "Recovered"
     killed = [e for e in cluster.events("gang") if e["reason"] == "Killed"]
     assert killed and killed[0]["type"] == "Warning" and "gang-1" in killed[0]["message"]
+    # The bookkeeping lives in declared status fields (the API server prunes undeclared ones),
+    # not on the spec side where users could edit it; the job carries no finalizer.
+    failure = status["lastFailure"]
+    assert failure["reason"] == "Killed" and failure["pod"] == "gang-1"
+    assert failure["exitCode"] == 137 and failure["class"] == "Retryable"
+    assert status["attemptStartTime"] and status["activeSince"] and status["message"]
+    metadata = cluster.job("gang")["metadata"]
+    ours = [key for key in metadata.get("annotations") or {} if key.startswith(names.GROUP)]
+    assert ours == [] and not metadata.get("finalizers"), metadata
 
     cluster.finish("gang-0", "Failed", exit_code=143)
     cluster.wait_phase("gang", "Failed")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from meshrun_operator.context import without_none
 from meshrun_operator.lifecycle import Evaluation, decide, evaluate
 from meshrun_operator.observe import Observed
 from meshrun_operator.status import compute_status
@@ -40,7 +41,7 @@ def test_all_pods_running_makes_the_job_running_with_placement() -> None:
     assert "Running" in reasons(decision)
     # Steady state: nothing to do, nothing changes, no new event.
     _, steady = run(job, observe(*pods), 3)
-    assert steady.status == job["status"] | {"observedGeneration": 1}
+    assert without_none(steady.status) == job["status"] | {"observedGeneration": 1}
     assert steady.events == () and steady.create_pods == () and steady.delete_pods == ()
 
 
@@ -53,7 +54,7 @@ def test_gang_waits_then_tears_down_after_the_gang_timeout() -> None:
     job, timeout = run(job, observe(*pods), 31)
     assert timeout.delete_pods == ("job-0", "job-1")
     assert timeout.status["attempt"] == 1 and timeout.status["restarts"] == 0
-    assert timeout.state["gangRetries"] == 1
+    assert timeout.state.gang_retries == 1
     assert "GangTimeout" in reasons(timeout)
     # Old pods still terminating: wait, create nothing.
     deleting = [make_pod(i, node="a", phase="Pending", deleting=True) for i in (0, 1)]
@@ -91,7 +92,8 @@ def test_a_failed_pod_restarts_the_whole_gang_or_fails(
     failed = make_pod(1, phase="Failed", exit_code=exit_code, container_reason=container_reason)
     _, decision = run(job, observe(make_pod(0), failed), 20)
     assert decision.status["phase"] == expected_phase
-    assert decision.state["lastFailure"]["reason"] == expected_reason
+    assert decision.state.last_failure is not None
+    assert decision.state.last_failure.reason == expected_reason
     if expected_phase == "Restarting":
         assert decision.delete_pods == ("job-0", "job-1")
         assert decision.status["restarts"] == 1 and decision.status["attempt"] == 1
@@ -125,7 +127,8 @@ def test_pods_on_a_lost_node_are_force_deleted_and_the_gang_restarts(
     _, decision = run(job, observed, 5)
     assert decision.force_delete
     assert set(decision.delete_pods) == {"job-0", "job-1"}
-    assert decision.state["lastFailure"]["reason"] == "NodeLost"
+    assert decision.state.last_failure is not None
+    assert decision.state.last_failure.reason == "NodeLost"
     assert decision.status["phase"] == "Restarting"
 
 
@@ -186,7 +189,8 @@ def test_a_pod_deleted_by_someone_restarts_the_gang_after_the_grace() -> None:
     assert within.status["restarts"] == 0 and within.create_pods == ()
     _, after = run(job, observe(make_pod(0)), 6)
     assert after.status["phase"] == "Restarting"
-    assert after.state["lastFailure"]["reason"] == "PodDeleted"
+    assert after.state.last_failure is not None
+    assert after.state.last_failure.reason == "PodDeleted"
 
 
 def test_invalid_spec_gets_a_condition_naming_the_field_and_no_pods() -> None:
@@ -226,10 +230,10 @@ def test_condition_transition_time_moves_only_when_status_flips() -> None:
 
 
 def test_lost_bookkeeping_is_rebuilt_so_deadlines_still_apply() -> None:
-    # Pods exist but the annotation recording their creation never got written.
+    # Pods exist but the status write recording their creation never happened.
     job = make_job(runPolicy={"activeDeadlineSeconds": 10})
     job, healed = run(job, observe(make_pod(0), make_pod(1)), 5)
-    assert healed.create_pods == () and healed.state["activeSince"] == "2026-01-01T12:00:05Z"
+    assert healed.create_pods == () and healed.state.active_since == at(5)
     _, late = run(job, observe(make_pod(0), make_pod(1)), 15)
     assert late.status["phase"] == "Failed"
 

@@ -33,7 +33,8 @@ def test_progress_is_reported_and_a_hang_restarts_the_gang() -> None:
     assert fine.status["phase"] == "Running"
     _, hung = run(job, observe(make_pod(0, progress=progress(2)), make_pod(1)), 40)
     assert hung.status["phase"] == "Restarting"
-    assert hung.state["lastFailure"]["reason"] == "ProgressDeadlineExceeded"
+    assert hung.state.last_failure is not None
+    assert hung.state.last_failure.reason == "ProgressDeadlineExceeded"
     assert hung.delete_pods == ("job-0", "job-1")
 
 

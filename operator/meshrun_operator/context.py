@@ -1,0 +1,94 @@
+"""What every reconcile shares: the API door, the knobs, per-job locks and the operator's memory of
+its own writes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshrun_operator import metrics
+from meshrun_operator.kube import Kube
+from meshrun_operator.phases import Tuning
+from meshrun_operator.progress import ProgressReader
+
+
+@dataclass
+class OperatorContext:
+    """What every reconcile shares: the API door, the knobs and per-job memory."""
+
+    kube: Kube
+    """Asynchronous API calls."""
+    tuning: Tuning = field(default_factory=Tuning)
+    """Backoff and grace periods."""
+    resync_seconds: float = 2.0
+    """Interval of the periodic resync of every job (deadlines, backoff, gang timeout)."""
+    progress: ProgressReader = field(default_factory=lambda: ProgressReader(enabled=False))
+    """Reader of the trainer's /progress endpoint."""
+    phases: metrics.PhaseBook = field(default_factory=metrics.PhaseBook)
+    """Phase of every job for the jobs-by-phase gauge."""
+    locks: dict[str, asyncio.Lock] = field(default_factory=dict)
+    """One lock per job uid: two reconciles of one job never overlap."""
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """The job as our last patch left it, by uid: the watch may deliver a body older than our
+    own last write, and deciding on it would undo that write."""
+    unwritten: dict[str, tuple[dict[str, Any], dict[str, Any]]] = field(default_factory=dict)
+    """By uid, (the status a decision started from, the status it could not write): after a
+    write conflict the next pass starts from the status the operator meant to write, as long
+    as nobody else changed the status meanwhile, so no restart or clock is lost."""
+
+    def forget(self, uid: str) -> None:
+        """Drop everything kept about a deleted job."""
+        self.phases.set(uid, None)
+        self.locks.pop(uid, None)
+        self.latest.pop(uid, None)
+        self.unwritten.pop(uid, None)
+
+
+def plain(value: Any) -> Any:
+    """A deep copy of a kopf body (mapping views) as plain dicts and lists."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def without_none(value: Any) -> Any:
+    """``value`` without the None entries of its dicts (as the API server stores a merge patch)."""
+    if isinstance(value, dict):
+        return {k: without_none(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [without_none(v) for v in value]
+    return value
+
+
+def newest(body: dict[str, Any], cached: dict[str, Any] | None) -> dict[str, Any]:
+    """The more recent of two copies of a job, by resourceVersion.
+
+    resourceVersion is formally opaque, but every API server backed by etcd uses the etcd
+    revision, an increasing integer; when either is not an integer the watched body wins.
+    """
+    if cached is None:
+        return body
+    try:
+        newer = int(cached["metadata"]["resourceVersion"]) > int(
+            body["metadata"]["resourceVersion"]
+        )
+    except (KeyError, TypeError, ValueError):
+        return body
+    return cached if newer else body
+
+
+def with_unwritten(
+    body: dict[str, Any], unwritten: tuple[dict[str, Any], dict[str, Any]] | None
+) -> dict[str, Any]:
+    """``body`` with the status a lost write meant to set, if its status is still the one that
+    decision started from (only metadata or spec changed meanwhile)."""
+    if unwritten is None:
+        return body
+    based_on, meant = unwritten
+    if without_none(body.get("status") or {}) != without_none(based_on):
+        return body
+    return {**body, "status": without_none(meant)}

@@ -1,0 +1,68 @@
+"""A job spec checked once per reconcile: defaults applied, settings read, the plan made."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshrun.api import with_defaults
+from meshrun.errors import SpecError
+from meshrun.planner import Plan, plan_job
+from meshrun_operator import names
+from meshrun_operator.jobspec import JobSettings, parse_settings
+from meshrun_operator.state import InvalidSpec
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A spec checked once: defaults applied, settings parsed and planned, or the error."""
+
+    spec: Mapping[str, Any]
+    """The spec with the CRD's defaults applied."""
+    settings: JobSettings | None = None
+    """Run policy, scheduling and resources; None when the spec is invalid."""
+    plan: Plan | None = None
+    """The planner's layout; None when the spec is invalid."""
+    error: SpecError | None = None
+    """Why the spec cannot run (names the field), or None."""
+
+
+def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
+    """Default, parse and plan a spec; any problem becomes an Evaluation with ``error`` set."""
+    try:
+        defaulted = with_defaults(spec)
+        settings = parse_settings(defaulted)
+        names.check_job_name(name, settings.num_nodes)
+        plan = plan_job(defaulted, name=name)
+    except SpecError as error:
+        return Evaluation(spec=spec, error=error)
+    except (ValueError, TypeError, KeyError) as error:
+        # A planner bug must not crash the reconcile loop; it surfaces in the Invalid condition.
+        return Evaluation(spec=spec, error=SpecError("spec", f"could not be planned: {error!r}"))
+    return Evaluation(spec=defaulted, settings=settings, plan=plan)
+
+
+def refused(ev: Evaluation, error: SpecError) -> Evaluation:
+    """The same spec, judged invalid by someone after the planner (the API server)."""
+    return Evaluation(spec=ev.spec, error=error)
+
+
+def still_refused(ev: Evaluation, known: InvalidSpec | None, generation: object) -> Evaluation:
+    """A pod template the API server refused stays refused until the spec changes.
+
+    Only the API server can judge a pod template; without this, every resync would try to
+    create the refused pod again.
+    """
+    if (
+        ev.error is None
+        and known is not None
+        and known.field == POD_TEMPLATE
+        and known.generation == generation
+    ):
+        return refused(ev, SpecError(POD_TEMPLATE, known.rule))
+    return ev
+
+
+POD_TEMPLATE = "spec.podTemplate"
+"""The field the API server judges: a pod it refuses is this field's fault."""

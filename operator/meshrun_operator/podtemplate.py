@@ -1,0 +1,85 @@
+"""Edits of a pod spec built from the user's template: env, the trainer container, security,
+affinity and the checkpoint volume. Each edit fills in only what the template left unset."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from meshrun_operator import names
+
+# Checkpoints live here in every pod: on the PVC named by spec.training.checkpoint.volume (so a
+# restarted gang resumes), else on an emptyDir that dies with the pod.
+CHECKPOINT_MOUNT = "/checkpoints"
+CHECKPOINT_VOLUME = "meshrun-checkpoints"
+
+
+def merge_env(container: dict[str, Any], env: Mapping[str, str]) -> None:
+    """Add the operator's variables the user did not set; the user's own value wins."""
+    current = container.setdefault("env", [])
+    present = {item.get("name") for item in current}
+    current.extend({"name": k, "value": v} for k, v in sorted(env.items()) if k not in present)
+
+
+def trainer_container(template_spec: dict[str, Any]) -> dict[str, Any]:
+    """The template's container named ``trainer`` (or its first one), or a new one in front."""
+    containers: list[dict[str, Any]] = template_spec.setdefault("containers", [])
+    for existing in containers:
+        if existing.get("name") == names.TRAINER_CONTAINER:
+            return existing
+    if containers and not containers[0].get("name"):
+        containers[0]["name"] = names.TRAINER_CONTAINER
+        return containers[0]
+    created: dict[str, Any] = {"name": names.TRAINER_CONTAINER}
+    containers.insert(0, created)
+    return created
+
+
+def restricted_security(pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
+    """Pod Security Standards "restricted" defaults, only where the template set none.
+
+    https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted
+    """
+    pod_security = pod_spec.setdefault("securityContext", {})
+    pod_security.setdefault("runAsNonRoot", True)
+    pod_security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    security = container.setdefault("securityContext", {})
+    security.setdefault("allowPrivilegeEscalation", False)
+    security.setdefault("capabilities", {"drop": ["ALL"]})
+
+
+def stage_affinity(pod_spec: dict[str, Any], job: str, stage: int, topology_key: str) -> None:
+    """Prefer nodes that share ``topology_key`` with the other pods of the same pipeline stage.
+
+    Preferred, not required: a required self-affinity would let the first pod of a stage pin
+    the whole stage to one rack even when that rack is full.
+    """
+    affinity = pod_spec.setdefault("affinity", {})
+    pod_affinity = affinity.setdefault("podAffinity", {})
+    preferred = pod_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    preferred.append(
+        {
+            "weight": 100,
+            "podAffinityTerm": {
+                "topologyKey": topology_key,
+                "labelSelector": {
+                    "matchLabels": {names.LABEL_JOB: job, names.LABEL_STAGE: str(stage)}
+                },
+            },
+        }
+    )
+
+
+def checkpoint_volume(
+    spec: Mapping[str, Any], pod_spec: dict[str, Any], container: dict[str, Any]
+) -> None:
+    claim = ((spec.get("training") or {}).get("checkpoint") or {}).get("volume")
+    source: dict[str, Any] = (
+        {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
+    )
+    volumes = pod_spec.setdefault("volumes", [])
+    if not any(v.get("name") == CHECKPOINT_VOLUME for v in volumes):
+        volumes.append({"name": CHECKPOINT_VOLUME, **source})
+    mounts = container.setdefault("volumeMounts", [])
+    if not any(m.get("name") == CHECKPOINT_VOLUME for m in mounts):
+        mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT})

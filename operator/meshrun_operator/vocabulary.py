@@ -1,0 +1,127 @@
+"""The operator's words: phases, condition types, reasons, and the messages that go with them.
+
+Every phase, condition type and reason the operator writes comes from here, and each reason sits
+next to its message (the layout of JobSet's constants package), so the wording users read is
+reviewed in one place. Messages are ``str.format`` templates; :meth:`Reason.message` fills them.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class Phase(StrEnum):
+    """``status.phase`` of a ParallelTrainingJob."""
+
+    PENDING = "Pending"
+    """Pods are being created or scheduled, or the spec was just fixed."""
+    RUNNING = "Running"
+    """Every pod of the current attempt runs."""
+    RESTARTING = "Restarting"
+    """A whole-gang restart is in progress (old pods going, backoff, new pods coming)."""
+    SUSPENDED = "Suspended"
+    """spec.runPolicy.suspend is true: no pods exist."""
+    SUCCEEDED = "Succeeded"
+    """Every pod exited 0."""
+    FAILED = "Failed"
+    """The job ended without success (invalid spec, permanent failure, limits)."""
+
+    @property
+    def finished(self) -> bool:
+        """Succeeded or Failed: nothing but cleanup and the TTL happens any more."""
+        return self in (Phase.SUCCEEDED, Phase.FAILED)
+
+
+class PodPhase(StrEnum):
+    """``status.phase`` of a pod (Kubernetes' own values)."""
+
+    PENDING = "Pending"
+    RUNNING = "Running"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+    UNKNOWN = "Unknown"
+
+
+class ConditionType(StrEnum):
+    """Condition types in ``status.conditions``, in the order they are listed."""
+
+    INVALID = "Invalid"
+    SUSPENDED = "Suspended"
+    SCHEDULED = "Scheduled"
+    RUNNING = "Running"
+    RESTARTING = "Restarting"
+    SUCCEEDED = "Succeeded"
+    FAILED = "Failed"
+
+
+class EventType(StrEnum):
+    """The two types of Kubernetes Events."""
+
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class Reason(StrEnum):
+    """CamelCase reasons of conditions and Events, each with its message template."""
+
+    template: str
+
+    def __new__(cls, value: str, template: str = "") -> Reason:
+        member = str.__new__(cls, value)
+        member._value_ = value
+        member.template = template
+        return member
+
+    def message(self, **values: object) -> str:
+        """The message of this reason with ``values`` filled in."""
+        return self.template.format(**values)
+
+    # Spec
+    INVALID_SPEC = "InvalidSpec", "{error}"
+    VALID = "Valid", "the spec is valid"
+    # Scheduling
+    WAITING_FOR_GANG = "WaitingForGang", "{bound} of {total} pods bound"
+    ALL_PODS_BOUND = "AllPodsBound", "all {total} pods bound to nodes"
+    GANG_TIMEOUT = (
+        "GangTimeout",
+        "only {bound} of {total} pods were bound within gangTimeoutSeconds={timeout}; "
+        "released them to retry later",
+    )
+    POD_GROUP_UNAVAILABLE = (
+        "PodGroupUnavailable",
+        "{api_version} PodGroup is not served by this cluster",
+    )
+    # Running and its end
+    PODS_CREATED = "PodsCreated", "creating {count} pod(s) for attempt {attempt}"
+    ALL_PODS_RUNNING = "AllPodsRunning", "all pods are running"
+    RECOVERED = "Recovered", "the new attempt is running"
+    COMPLETED = "Completed", "all {count} pods completed successfully"
+    DEADLINE_EXCEEDED = (
+        "DeadlineExceeded",
+        "the job ran longer than activeDeadlineSeconds={deadline}",
+    )
+    BACKOFF_LIMIT_EXCEEDED = (
+        "BackoffLimitExceeded",
+        "{failure}; the backoffLimit of {limit} restart(s) is used up",
+    )
+    # Suspension
+    SUSPENDED = "Suspended", "spec.runPolicy.suspend is true"
+    RESUMED = "Resumed", "spec.runPolicy.suspend is false"
+    # Failures the operator detects itself (the exit-code table lives in failures.py)
+    NODE_LOST = "NodeLost", "node {node} {state}"
+    POD_DELETED = "PodDeleted", "pod {pod} disappeared"
+    PROGRESS_DEADLINE_EXCEEDED = (
+        "ProgressDeadlineExceeded",
+        "no new training step for {deadline}s (last step: {step}); the trainer looks hung",
+    )
+
+
+# status.message while the job waits or changes phase (no condition carries these).
+WAITING_FOR_OLD_PODS = "waiting for {count} pod(s) of an earlier attempt to go away"
+BACKING_OFF = "backing off until {until}"
+WAITING_FOR_NEW_PODS = "waiting for {count} new pod(s) to appear"
+NOT_SCHEDULED = "{count} pod(s) not scheduled yet"
+PODS_STARTING = "pods are starting"
+JOB_SUSPENDED = "the job is suspended"
+RESTARTING_GANG = "{failure}; restarting the whole gang"
+PERMANENT_FAILURE = "{failure} (permanent)"
