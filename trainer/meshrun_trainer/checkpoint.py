@@ -67,8 +67,8 @@ def _app_state(runner: Runner) -> dict[str, Any]:
     return state
 
 
-def _rank_state(runner: Runner, step: int) -> dict[str, Any]:
-    state: dict[str, Any] = {"step": step, "rng": torch.get_rng_state()}
+def _rank_state(runner: Runner, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
+    state: dict[str, Any] = {"step": step, "rng": torch.get_rng_state(), "extra": extra or {}}
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state()
     if _sharded_zero1(runner):
@@ -102,8 +102,15 @@ def prune(root: str | Path, keep: int) -> list[int]:
     return doomed
 
 
-def save(root: str | Path, step: int, runner: Runner, keep: int = 0) -> Path:
-    """Write the checkpoint of ``step``; collective, every rank calls it."""
+def save(
+    root: str | Path, step: int, runner: Runner, keep: int = 0, extra: dict[str, Any] | None = None
+) -> Path:
+    """Write the checkpoint of ``step``; collective, every rank calls it.
+
+    ``extra``: this rank's other training state (data position, learning-rate schedule,
+    validation history: meshrun_trainer.userhooks), plain Python values and tensors, read back
+    with :func:`read_extra`.
+    """
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")
     if dist.get_rank() == 0:
@@ -111,7 +118,7 @@ def save(root: str | Path, step: int, runner: Runner, keep: int = 0) -> Path:
         tmp.mkdir(parents=True)
     dist.barrier()
     dcp_save(_app_state(runner), checkpoint_id=str(tmp))
-    torch.save(_rank_state(runner, step), _rank_file(tmp))
+    torch.save(_rank_state(runner, step, extra), _rank_file(tmp))
     dist.barrier()  # every rank's files are written before the checkpoint becomes visible
     if dist.get_rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -152,3 +159,10 @@ def restore_latest(root: str | Path, runner: Runner) -> int:
     for opt, shard in zip(runner.optimizers, local.get("zero1", []), strict=False):
         opt.optim.load_state_dict(shard)  # type: ignore[attr-defined]
     return step
+
+
+def read_extra(root: str | Path, step: int) -> dict[str, Any]:
+    """The ``extra`` state this rank saved with the checkpoint of ``step``."""
+    local = torch.load(_rank_file(step_dir(root, step)), weights_only=True)
+    extra: dict[str, Any] = local.get("extra", {})
+    return extra

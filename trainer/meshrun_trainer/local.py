@@ -189,6 +189,8 @@ def _follow(
             event = json.loads(line)
             if event["event"] == "summary":
                 summary = event
+            elif event["event"] == "eval":
+                console.print(f"validation loss at step {event['step']}: {event['loss']:.4f}")
             elif event["event"] == "step":
                 steps.append(event)
                 info = f"loss {event['loss']:.4f}  {event['tokensPerSecond']:.0f} tok/s"
@@ -213,6 +215,7 @@ def build_summary(
         "resumedFromStep": final.get("resumedFromStep", 0),
         "losses": losses,
         "finalLoss": losses[-1] if losses else final.get("finalLoss"),
+        "eval": final.get("eval", []),
         "tokensPerSecond": final.get("tokensPerSecond"),
         "peakMemoryBytes": final.get("peakMemoryBytes"),
         "peakMemoryKind": final.get("peakMemoryKind"),
@@ -248,9 +251,11 @@ def run_job(args: argparse.Namespace) -> int:
             return 1
     summary = build_summary(plan, steps, final, wall)
     if steps:
+        evals = summary["eval"]
+        validation = f", validation loss {evals[-1]['loss']:.4f}" if evals else ""
         print(
-            f"{summary['job']}: {len(steps)} steps, final loss {summary['finalLoss']:.4f}, "
-            f"{summary['tokensPerSecond']:.0f} tokens/s, {wall:.1f}s"
+            f"{summary['job']}: {len(steps)} steps, final loss {summary['finalLoss']:.4f}"
+            f"{validation}, {summary['tokensPerSecond']:.0f} tokens/s, {wall:.1f}s"
         )
     else:
         print(f"{summary['job']}: already complete at step {summary['resumedFromStep']}")

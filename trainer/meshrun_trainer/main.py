@@ -9,11 +9,14 @@ from typing import Any
 
 import torch.distributed as dist
 
-from meshrun_trainer.config import ConfigError, TrainConfig, from_env
+from meshrun.errors import SpecError
+from meshrun_trainer.config import TrainConfig, from_env
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.parallel import data_parallel_kind
 from meshrun_trainer.progress import TERMINATION_MESSAGE_LIMIT, Reporter
 from meshrun_trainer.train import TrainResult, peak_memory, train
+from meshrun_trainer.userrun import from_env as user_run_from_env
+from meshrun_trainer.userrun import with_model
 
 
 def summarize(cfg: TrainConfig, result: TrainResult, peaks: list[int]) -> dict[str, Any]:
@@ -29,6 +32,7 @@ def summarize(cfg: TrainConfig, result: TrainResult, peaks: list[int]) -> dict[s
         "steps": cfg.training.steps,
         "resumedFromStep": result.resumed_from,
         "finalLoss": records[-1].loss if records else None,
+        "eval": result.evals,
         "losses": [r.loss for r in records],
         "tokensPerSecond": tokens_per_s,
         "peakMemoryBytes": peaks,
@@ -54,7 +58,9 @@ def write_failure(cfg: TrainConfig, error: BaseException) -> None:
 def main() -> int:
     try:
         cfg = from_env()
-    except ConfigError as error:
+        run = user_run_from_env(cfg)
+        cfg = with_model(cfg, run)
+    except SpecError as error:
         print(f"meshrun-trainer: invalid configuration: {error}", file=sys.stderr)
         return 2
     if cfg.training.checkpoint_every and not cfg.training.checkpoint_dir:
@@ -68,7 +74,17 @@ def main() -> int:
     mesh = build_mesh(cfg.layout, device)
     reporter = Reporter(cfg) if dist.get_rank() == 0 else None
     try:
-        result = train(cfg, mesh, on_step=reporter.on_step if reporter else None)
+        result = train(
+            cfg,
+            mesh,
+            on_step=reporter.on_step if reporter else None,
+            run=run,
+            on_eval=reporter.on_eval if reporter else None,
+        )
+    except SpecError as error:  # found once the data is read: a restart cannot fix it
+        write_failure(cfg, error)
+        print(f"meshrun-trainer: invalid configuration: {error}", file=sys.stderr)
+        return 2
     except Exception as error:
         write_failure(cfg, error)
         raise

@@ -1,51 +1,118 @@
-"""Optimizer construction and global gradient-norm clipping."""
+"""AdamW, its learning-rate schedule (warmup, then cosine or linear decay), and global
+gradient-norm clipping."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
+from torch.optim.lr_scheduler import LambdaLR
 
 ADAMW_BETAS = (0.9, 0.95)
 """Llama 2 paper's AdamW betas (Touvron et al. 2023, section 2.2)."""
 WEIGHT_DECAY = 0.1
 """Llama 2 paper's weight decay."""
 
+Decay = Literal["constant", "cosine", "linear"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSettings:
+    """spec.training.optimizer: AdamW's hyper-parameters (the learning rate is the peak)."""
+
+    learning_rate: float
+    """Peak learning rate, reached at the end of the warmup."""
+    betas: tuple[float, float] = ADAMW_BETAS
+    """AdamW's beta1 and beta2."""
+    weight_decay: float = WEIGHT_DECAY
+    """Decoupled weight decay (Loshchilov and Hutter 2019)."""
+    eps: float = 1e-8
+    """AdamW's epsilon."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class LRSchedule:
+    """spec.training.lrSchedule: linear warmup from 0, then a decay to ``min_ratio`` x peak."""
+
+    decay: Decay = "constant"
+    """constant, cosine (Loshchilov and Hutter 2017) or linear, over the steps after warmup."""
+    warmup_steps: int = 0
+    """Steps of linear warmup (step k of them runs at k / warmup_steps of the peak)."""
+    min_ratio: float = 0.0
+    """Floor of the decay as a fraction of the peak learning rate."""
+
+
+def lr_factor(step: int, total_steps: int, schedule: LRSchedule) -> float:
+    """Multiplier of the peak learning rate for 1-based optimizer step ``step``."""
+    if step <= schedule.warmup_steps:
+        return step / schedule.warmup_steps
+    if schedule.decay == "constant":
+        return 1.0
+    span = max(total_steps - schedule.warmup_steps, 1)
+    progress = min((step - schedule.warmup_steps) / span, 1.0)
+    shape = 0.5 * (1 + math.cos(math.pi * progress)) if schedule.decay == "cosine" else 1 - progress
+    return schedule.min_ratio + (1 - schedule.min_ratio) * shape
+
 
 def make_optimizer(
     params: Iterable[torch.nn.Parameter],
-    learning_rate: float,
+    settings: OptimizerSettings | float,
     zero1_group: dist.ProcessGroup | None = None,
 ) -> torch.optim.Optimizer:
-    """AdamW; sharded across ``zero1_group`` (ZeRO-1) when given."""
+    """AdamW (fused on CUDA); sharded across ``zero1_group`` (ZeRO-1) when given."""
+    if not isinstance(settings, OptimizerSettings):
+        settings = OptimizerSettings(learning_rate=settings)
     params = list(params)
+    options: dict[str, Any] = {
+        "lr": settings.learning_rate,
+        "betas": settings.betas,
+        "weight_decay": settings.weight_decay,
+        "eps": settings.eps,
+        # One kernel for all parameters instead of a loop of small ones (torch docs: AdamW).
+        "fused": bool(params) and all(p.device.type == "cuda" for p in params),
+    }
     if zero1_group is not None:
         return ZeroRedundancyOptimizer(
-            params,
-            optimizer_class=torch.optim.AdamW,
-            process_group=zero1_group,
-            lr=learning_rate,
-            betas=ADAMW_BETAS,
-            weight_decay=WEIGHT_DECAY,
+            params, optimizer_class=torch.optim.AdamW, process_group=zero1_group, **options
         )
-    return torch.optim.AdamW(params, lr=learning_rate, betas=ADAMW_BETAS, weight_decay=WEIGHT_DECAY)
+    return torch.optim.AdamW(params, **options)
+
+
+def make_scheduler(
+    optimizer: torch.optim.Optimizer, schedule: LRSchedule, total_steps: int
+) -> LambdaLR:
+    """The schedule as a LambdaLR; its ``last_epoch`` counts optimizer steps taken.
+
+    LambdaLR sets the learning rate of step 1 at construction (factor of step ``last_epoch +
+    1``), and each ``scheduler.step()`` after an optimizer step prepares the next one.
+    """
+    # ZeroRedundancyOptimizer copies its own groups' learning rate into its shard's optimizer
+    # at each step, so the schedule drives the outer optimizer in every case.
+    return LambdaLR(optimizer, lambda taken: lr_factor(taken + 1, total_steps, schedule))
 
 
 def clip_grad_norm(
     params: list[torch.nn.Parameter],
     max_norm: float,
     pp_group: dist.ProcessGroup | None = None,
+    duplicates: Iterable[torch.nn.Parameter] = (),
 ) -> torch.Tensor:
     """Clip by the norm over all parameters of the whole model; returns that norm.
 
     DTensor gradients (TP and FSDP shards) give a DTensor norm whose full_tensor() covers the
     TP/DP shards; pipeline stages hold disjoint parameters, so their squared norms are summed
     across the pp group (the torchtitan recipe). DDP gradients are already whole on each rank.
+    ``duplicates``: parameters another stage also holds (a tied head's copy of the embedding),
+    counted once, by that other stage.
     """
-    grads = [p.grad for p in params if p.grad is not None]
+    skip = {id(p) for p in duplicates}
+    grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()

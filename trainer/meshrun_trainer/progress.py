@@ -48,6 +48,12 @@ class Metrics:
         self.memory = gauge("meshrun_trainer_peak_memory_bytes", "Rank 0 peak memory").labels(
             **labels
         )
+        self.eval_loss = gauge(
+            "meshrun_trainer_eval_loss", "Validation loss of the last evaluation"
+        ).labels(**labels)
+        self.eval_step = gauge(
+            "meshrun_trainer_eval_step", "Step of the last evaluation (0: before training)"
+        ).labels(**labels)
         self.tokens = Counter(
             "meshrun_trainer_tokens", "Tokens trained on", names, registry=self.registry
         ).labels(**labels)
@@ -137,10 +143,21 @@ class Reporter:
         }
         print(json.dumps(line), flush=True)
 
+    def on_eval(self, step: int, loss: float) -> None:
+        """A validation loss: a JSON line, the gauges, and /progress (evalLoss, evalStep)."""
+        self.metrics.eval_loss.set(loss)
+        self.metrics.eval_step.set(step)
+        lock = self.server.lock if self.server else threading.Lock()
+        with lock:
+            self.progress.update({"evalLoss": loss, "evalStep": step})
+        print(json.dumps({"event": "eval", "step": step, "loss": loss}), flush=True)
+
     def finish(self, summary: dict[str, Any]) -> None:
         """Print the summary line and write the compact termination message."""
         print(json.dumps({"event": "summary", **summary}), flush=True)
         brief = {k: v for k, v in summary.items() if k != "losses"}
+        if "eval" in brief:  # the last evaluations: the message must stay whole JSON
+            brief["eval"] = brief["eval"][-8:]
         text = json.dumps(brief)[:TERMINATION_MESSAGE_LIMIT]
         try:
             with open(self.cfg.termination_log, "w", encoding="utf-8") as handle:

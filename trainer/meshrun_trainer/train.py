@@ -6,6 +6,7 @@ import resource
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -13,12 +14,14 @@ from torch import nn
 
 from meshrun_trainer import checkpoint
 from meshrun_trainer.config import TrainConfig
-from meshrun_trainer.data import make_stream, replica_rows
+from meshrun_trainer.data import replica_rows
 from meshrun_trainer.mesh import Mesh
 from meshrun_trainer.model import build_model, cross_entropy
-from meshrun_trainer.optim import clip_grad_norm, make_optimizer
+from meshrun_trainer.optim import OptimizerSettings, clip_grad_norm, make_optimizer
 from meshrun_trainer.parallel import data_parallel_kind, parallelize
 from meshrun_trainer.pipeline import Schedule, build_schedule, loss_scale, stages_of_rank
+from meshrun_trainer.userhooks import UserHooks
+from meshrun_trainer.userrun import UserRun
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,8 @@ class TrainResult:
     """One record per step run in this process (restored steps excluded)."""
     resumed_from: int = 0
     """Step of the checkpoint this run started from (0: fresh start)."""
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    """Validation losses {"step", "loss"} (step 0: before training), restored ones included."""
 
 
 @dataclass
@@ -76,7 +81,9 @@ def peak_memory() -> tuple[int, str]:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024, "ru_maxrss"
 
 
-def build_runner(cfg: TrainConfig, mesh: Mesh) -> Runner:
+def build_runner(
+    cfg: TrainConfig, mesh: Mesh, optimizer: OptimizerSettings | None = None
+) -> Runner:
     layout = cfg.layout
     bf16 = cfg.training.precision == "bf16"
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
@@ -89,7 +96,8 @@ def build_runner(cfg: TrainConfig, mesh: Mesh) -> Runner:
         parts.append(parallelize(model, layout, mesh))
     zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
     optimizers = [
-        make_optimizer(part.parameters(), cfg.training.learning_rate, zero1) for part in parts
+        make_optimizer(part.parameters(), optimizer or cfg.training.learning_rate, zero1)
+        for part in parts
     ]
     schedule = None
     if layout.pp > 1:
@@ -149,20 +157,27 @@ def train(
     cfg: TrainConfig,
     mesh: Mesh,
     on_step: Callable[[StepRecord], None] | None = None,
+    run: UserRun | None = None,
+    on_eval: Callable[[int, float], None] | None = None,
 ) -> TrainResult:
-    """Run (or resume) training to ``cfg.training.steps``; every rank calls this."""
+    """Run (or resume) training to ``cfg.training.steps``; every rank calls this.
+
+    ``run``: the job's own model folder, data, optimizer, schedule and export (UserHooks).
+    ``on_eval(step, loss)``: called after each validation.
+    """
     training = cfg.training
-    runner = build_runner(cfg, mesh)
+    run = run or UserRun()
+    runner = build_runner(cfg, mesh, run.optimizer)
+    hooks = UserHooks(cfg, run, mesh, runner)
     result = TrainResult()
     if training.checkpoint_dir:
         result.resumed_from = checkpoint.restore_latest(training.checkpoint_dir, runner)
-    stream = make_stream(
-        training.dataset,
-        cfg.model.vocab,
-        cfg.model.seq_len,
-        training.global_batch_size,
-        training.seed,
-    )
+        if result.resumed_from:
+            saved = checkpoint.read_extra(training.checkpoint_dir, result.resumed_from)
+            hooks.restore(result.resumed_from, saved)
+    if result.resumed_from == 0 and hooks.validate(0) is not None and on_eval is not None:
+        on_eval(0, hooks.evals[-1]["loss"])
+    stream = hooks.stream
     pp_group = mesh.group("pp") if cfg.layout.pp > 1 else None
     params = runner.parameters()
     for step in range(result.resumed_from + 1, training.steps + 1):
@@ -171,7 +186,8 @@ def train(
         inputs = replica_rows(inputs, mesh.dp_rank, cfg.layout.dp).to(mesh.device)
         targets = replica_rows(targets, mesh.dp_rank, cfg.layout.dp).to(mesh.device)
         local = forward_backward(cfg, runner, inputs, targets)
-        norm = clip_grad_norm(params, training.max_grad_norm, pp_group)
+        hooks.after_backward()
+        norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
@@ -188,7 +204,17 @@ def train(
         result.records.append(record)
         if on_step is not None:
             on_step(record)
+        if hooks.after_step(step) is not None and on_eval is not None:
+            on_eval(step, hooks.evals[-1]["loss"])
         every = training.checkpoint_every
         if training.checkpoint_dir and ((every and step % every == 0) or step == training.steps):
-            checkpoint.save(training.checkpoint_dir, step, runner, keep=training.checkpoint_keep)
+            extra = hooks.state(step)
+            checkpoint.save(
+                training.checkpoint_dir, step, runner, keep=training.checkpoint_keep, extra=extra
+            )
+    evaluated = len(hooks.evals)
+    hooks.finish(training.steps)
+    if len(hooks.evals) > evaluated and on_eval is not None:
+        on_eval(training.steps, hooks.evals[-1]["loss"])
+    result.evals = hooks.evals
     return result

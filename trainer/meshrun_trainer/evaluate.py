@@ -1,0 +1,82 @@
+"""The validation loss under any layout: the mean next-token cross-entropy over every predicted
+token of every validation window (meshrun_trainer.windows).
+
+Windows go to the data-parallel replicas in blocks shaped like one training call (the rows a
+replica feeds per forward pass), so pipeline stages see the shapes they were built for; a last
+short block is padded with rows whose targets are ignored. Every replica sums its loss and
+counts its tokens, and the sums meet in one all-reduce.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from meshrun_trainer.pipeline import loss_scale
+
+if TYPE_CHECKING:
+    from meshrun_trainer.config import TrainConfig
+    from meshrun_trainer.mesh import Mesh
+    from meshrun_trainer.train import Runner
+
+IGNORE = -100
+"""Target of padding rows: F.cross_entropy leaves it out of the mean."""
+
+
+def _block(
+    windows: np.ndarray, start: int, rows: int, dp: int, dp_rank: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    block = torch.from_numpy(windows[start : start + rows * dp].astype(np.int64))
+    inputs = torch.zeros((rows * dp, block.shape[1] - 1), dtype=torch.long)
+    targets = torch.full_like(inputs, IGNORE)
+    inputs[: len(block)], targets[: len(block)] = block[:, :-1], block[:, 1:]
+    mine = slice(dp_rank * rows, (dp_rank + 1) * rows)
+    return inputs[mine], targets[mine]
+
+
+def _summed_loss(
+    cfg: TrainConfig, runner: Runner, inputs: torch.Tensor, targets: torch.Tensor
+) -> torch.Tensor:
+    """Sum of the token losses of these rows (0 on ranks that never see the loss)."""
+    if runner.schedule is None:
+        logits = runner.parts[0](inputs).float()
+        return F.cross_entropy(
+            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+        )
+    losses: list[torch.Tensor] = []
+    args = (inputs,) if runner.is_first else ()
+    if not runner.is_last:
+        runner.schedule.eval(*args)
+        return torch.zeros((), device=inputs.device)
+    runner.schedule.eval(*args, target=targets, losses=losses)
+    # Each micro-batch's loss is its token mean divided by the schedule's loss scale.
+    counts = [int((t != IGNORE).sum()) for t in targets.chunk(len(losses))]
+    scale = loss_scale(cfg.layout)
+    total = torch.zeros((), device=inputs.device)
+    for loss, count in zip(losses, counts, strict=True):
+        if count:
+            total += loss.detach().float() * scale * count
+    return total
+
+
+@torch.no_grad()
+def validation_loss(cfg: TrainConfig, runner: Runner, mesh: Mesh, windows: np.ndarray) -> float:
+    """The validation loss, identical on every rank; collective."""
+    layout = cfg.layout
+    rows = cfg.training.global_batch_size // layout.dp // layout.grad_accumulation
+    sums = torch.zeros(2, dtype=torch.float64, device=mesh.device)
+    for start in range(0, len(windows), rows * layout.dp):
+        inputs, targets = _block(windows, start, rows, layout.dp, mesh.dp_rank)
+        loss = _summed_loss(cfg, runner, inputs.to(mesh.device), targets.to(mesh.device))
+        sums[0] += loss.double()
+        if runner.is_last:
+            sums[1] += int((targets != IGNORE).sum())
+    if layout.pp > 1:
+        dist.all_reduce(sums, group=mesh.group("pp"))  # only the last stage holds the sums
+    if layout.dp > 1:
+        dist.all_reduce(sums, group=mesh.group("dp"))
+    return float(sums[0] / sums[1])

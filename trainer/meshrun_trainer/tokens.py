@@ -1,0 +1,183 @@
+"""Text datasets to one flat array of token ids, tokenized once and cached next to the data.
+
+Each document is tokenized with the model's ``tokenizer.json`` (the ``tokenizers`` library, no
+network) without added special tokens, the EOS token is appended, and the documents are
+concatenated in file order: the stream the validation loss is defined on and the training
+windows are cut from (meshrun_trainer.windows). The result is cached as raw ``uint16`` (or
+``uint32`` for vocabularies past 65,535) in ``.meshrun-cache/`` beside the data, named by a key
+over the tokenizer, the text field and the files' sizes and times, so a restart or another rank
+memory-maps it instead of tokenizing again. ``tokens`` datasets are memory-mapped as they are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from tokenizers import Tokenizer
+
+from meshrun.errors import SpecError
+from meshrun.userdata import Format, data_files
+
+BATCH = 1024
+"""Documents handed to the tokenizer at once (it encodes a batch on all cores)."""
+CACHE_DIR = ".meshrun-cache"
+
+
+def eos_id(model_folder: Path, tokenizer: Tokenizer) -> int:
+    """The EOS token: tokenizer_config.json's ``eos_token``, else config.json's ``eos_token_id``."""
+    names: list[str | None] = []
+    config_file = model_folder / "tokenizer_config.json"
+    if config_file.is_file():
+        eos = json.loads(config_file.read_text(encoding="utf-8")).get("eos_token")
+        names.append(eos.get("content") if isinstance(eos, dict) else eos)
+    for name in names:
+        found = tokenizer.token_to_id(name) if name else None
+        if found is not None:
+            return int(found)
+    config = json.loads((model_folder / "config.json").read_text(encoding="utf-8"))
+    eos_ids = config.get("eos_token_id")
+    if isinstance(eos_ids, list) and eos_ids:
+        return int(eos_ids[0])
+    if isinstance(eos_ids, int):
+        return eos_ids
+    raise SpecError(
+        "spec.model.hf.path",
+        "no EOS token: tokenizer_config.json has no eos_token and config.json no eos_token_id",
+    )
+
+
+def documents(format: Format, path: str | Path, field: str) -> Iterator[list[str]]:
+    """Batches of document texts in file order."""
+    for file in data_files(format, path):
+        if format == "jsonl":
+            yield from _jsonl(file, field)
+            continue
+        import pyarrow
+        import pyarrow.ipc
+        import pyarrow.parquet
+
+        if format == "parquet":
+            parquet = pyarrow.parquet.ParquetFile(file)
+            if field not in parquet.schema_arrow.names:
+                raise SpecError("spec.training.data.textField", f"{file} has no column {field!r}")
+            for batch in parquet.iter_batches(batch_size=BATCH, columns=[field]):
+                yield [str(t) for t in batch.column(0).to_pylist()]
+            continue
+        with pyarrow.memory_map(str(file)) as source:
+            reader = pyarrow.ipc.open_stream(source)
+            if field not in reader.schema.names:
+                raise SpecError("spec.training.data.textField", f"{file} has no column {field!r}")
+            for batch in reader:
+                yield [str(t) for t in batch.column(field).to_pylist()]
+
+
+def _jsonl(file: Path, field: str) -> Iterator[list[str]]:
+    batch: list[str] = []
+    with open(file, encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                batch.append(str(json.loads(line)[field]))
+            except (ValueError, KeyError, TypeError):
+                raise SpecError(
+                    "spec.training.data.textField",
+                    f"{file}:{number}: not a JSON object with a {field!r} field",
+                ) from None
+            if len(batch) == BATCH:
+                yield batch
+                batch = []
+    if batch:
+        yield batch
+
+
+def cache_key(format: Format, path: str | Path, field: str, tokenizer_json: Path) -> str:
+    digest = hashlib.sha256(tokenizer_json.read_bytes())
+    digest.update(f"{format}\0{field}".encode())
+    for file in data_files(format, path):
+        stat = file.stat()
+        digest.update(f"\0{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cache_path(
+    format: Format, path: str | Path, field: str, tokenizer_json: Path, vocab: int
+) -> Path:
+    """Where the tokens of this dataset are cached: beside it, or in the temp dir if read-only."""
+    data = Path(path)
+    suffix = "u16" if vocab <= 2**16 else "u32"
+    name = f"{data.name}.{cache_key(format, path, field, tokenizer_json)}.{suffix}"
+    beside = data.parent / CACHE_DIR
+    if os.access(data.parent, os.W_OK) or os.access(beside, os.W_OK):
+        return beside / name
+    return Path(tempfile.gettempdir()) / "meshrun-tokens" / name
+
+
+def tokenize(
+    format: Format,
+    path: str | Path,
+    field: str,
+    model_folder: Path,
+    out: Path,
+    vocab: int,
+    quiet: bool = False,
+) -> Path:
+    """Tokenize the dataset into ``out`` (written under a temporary name, then renamed)."""
+    tokenizer = Tokenizer.from_file(str(model_folder / "tokenizer.json"))
+    eos = eos_id(model_folder, tokenizer)
+    dtype = np.uint16 if out.suffix == ".u16" else np.uint32
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
+    total_bytes = sum(f.stat().st_size for f in data_files(format, path))
+    started, count, docs = time.perf_counter(), 0, 0
+    columns = (
+        TextColumn(f"tokenizing {Path(path).name}"),
+        BarColumn(),
+        TaskProgressColumn(),
+        TextColumn("{task.fields[tokens]} tokens"),
+        TimeRemainingColumn(),
+    )
+    console = Console(stderr=True)
+    with open(tmp, "wb") as handle, Progress(*columns, console=console, disable=quiet) as bar:
+        task = bar.add_task("tokenize", total=total_bytes, tokens=0)
+        for batch in documents(format, path, field):
+            encoded = tokenizer.encode_batch(batch, add_special_tokens=False)
+            ids = [token for item in encoded for token in (*item.ids, eos)]
+            if ids and max(ids) >= vocab:
+                raise SpecError("spec.model.hf.path", f"token id {max(ids)} >= vocab {vocab}")
+            np.asarray(ids, dtype=dtype).tofile(handle)
+            count, docs = count + len(ids), docs + len(batch)
+            bar.update(task, advance=sum(len(t.encode()) for t in batch), tokens=count)
+    os.replace(tmp, out)
+    seconds = time.perf_counter() - started
+    info = {"documents": docs, "tokens": count, "seconds": round(seconds, 3)}
+    out.with_suffix(out.suffix + ".json").write_text(json.dumps(info) + "\n", encoding="utf-8")
+    if not quiet:
+        print(
+            f"meshrun: tokenized {docs} documents into {count} tokens in {seconds:.1f}s "
+            f"({count / max(seconds, 1e-9):.0f} tokens/s): {out}",
+            file=sys.stderr,
+        )
+    return out
+
+
+def load_tokens(path: Path, vocab: int) -> np.ndarray:
+    """Memory-map a token file: ``.npy``, or raw ``.u16``/``.u32`` (``.bin``: by vocabulary)."""
+    if path.suffix == ".npy":
+        array: np.ndarray = np.load(path, mmap_mode="r")
+    else:
+        wide = path.suffix in (".u32", ".uint32") or (path.suffix == ".bin" and vocab > 2**16)
+        array = np.memmap(path, dtype=np.uint32 if wide else np.uint16, mode="r")
+    if array.ndim != 1 or array.dtype.kind != "u":
+        raise SpecError("spec.training.data.path", f"{path}: needs a 1-D array of unsigned ids")
+    return array
