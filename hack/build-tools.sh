@@ -16,7 +16,8 @@ export CGO_ENABLED=0 GOFLAGS=-mod=mod GOTOOLCHAIN=local
 # Two cores: one link at a time keeps peak memory low; compile parallelism stays at 2.
 export GOMAXPROCS=${GOMAXPROCS:-2}
 
-log() { printf '[build-tools %(%H:%M:%S)T] %s\n' -1 "$*"; }
+LOG_TAG=build-tools
+source "$ROOT/hack/lib.sh"
 
 # build_in_wrapper DIR GOMOD LDFLAGS VERSION PKG... : build PKGs (at VERSION) inside a throwaway
 # wrapper module so that replace directives (which `go install` refuses) can pin staging modules.

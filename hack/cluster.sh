@@ -24,8 +24,8 @@ export KWOK_WORKDIR=$STATE/kwok
 KWOKCTL=$BIN/kwokctl
 KUBECTL=$BIN/kubectl
 
-log() { printf '[cluster %(%H:%M:%S)T] %s\n' -1 "$*"; }
-kc() { "$KUBECTL" --kubeconfig "$KUBECONFIG_OUT" "$@"; }
+LOG_TAG=cluster KUBECONFIG_FILE=$KUBECONFIG_OUT
+source "$ROOT/hack/lib.sh"
 
 healthy() {
   [[ -s $KUBECONFIG_OUT ]] && kc get --raw /readyz >/dev/null 2>&1

@@ -13,13 +13,8 @@ NS=${DEMO_NAMESPACE:-meshrun-demo}
 JOB_FILE=${DEMO_JOB:-$ROOT/examples/demo-3d-cpu.yaml}
 OUT=$ROOT/out/demo
 CHECKPOINTS=/var/lib/meshrun-checkpoints/$NS
-kc() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG" "$@"; }
-
-declare -a PHASES=()
-t_start=$SECONDS
-t_phase=$SECONDS
-phase_begin() { printf '\n\033[1m== %s\033[0m\n' "$1"; t_phase=$SECONDS; CURRENT=$1; }
-phase_end() { PHASES+=("$(printf '%-44s %5d s' "$CURRENT" $((SECONDS - t_phase)))"); }
+KUBECTL=$BIN/kubectl KUBECONFIG_FILE=$KUBECONFIG
+source "$ROOT/hack/lib.sh"
 
 phase_begin "real node and images (built side by side)"
 # Image builds (network, disk) run while the real node's Go builds (CPU) do; both print progress.
@@ -79,7 +74,7 @@ print(s.get("phase", "Pending"), p.get("step", 0), p.get("totalSteps", "?"),
   read -r ph step total loss tps eta restarts <<<"$status"
   line=$(printf '%-10s step %3s/%-3s loss %-8s %6s tok/s  eta %-5s restarts %s' \
     "$ph" "$step" "$total" "$loss" "$tps" "$eta" "$restarts")
-  [[ $line != "$last" ]] && printf '  [%4d s] %s\n' $((SECONDS - t_phase)) "$line"
+  [[ $line != "$last" ]] && printf '  [%4d s] %s\n' $((SECONDS - PHASE_START)) "$line"
   last=$line
   [[ $ph == Succeeded || $ph == Failed ]] && break
   sleep 2
@@ -99,7 +94,5 @@ echo "status:           $OUT/status.json"
 echo "placement:        $OUT/placement.svg"
 phase_end
 
-printf '\n\033[1m== time per phase\033[0m\n'
-printf '  %s\n' "${PHASES[@]}"
-printf '  %-44s %5d s\n' "total" $((SECONDS - t_start))
+phase_summary
 [[ $ph == Succeeded ]]

@@ -29,8 +29,8 @@ NAMESPACE=meshrun-system
 JOBS_NAMESPACE=meshrun-e2e
 read -r -a EXAMPLE_FILES <<<"${EXAMPLES:-$(echo examples/*.yaml)}"
 
-log() { printf '[e2e-kind %(%H:%M:%S)T] %s\n' -1 "$*"; }
-die() { log "FAILED: $*"; exit 1; }
+LOG_TAG=e2e-kind
+source "$ROOT/hack/lib.sh"
 
 for tool in "$KIND" "$KUBECTL" "$HELM" "$DOCKER" "$PYTHON"; do
   command -v "$tool" >/dev/null || die "$tool not found (this script needs Docker, kind, kubectl, helm and python3)"
@@ -42,7 +42,7 @@ VERSION=$("$PYTHON" -c 'import tomllib; print(tomllib.load(open("pyproject.toml"
 OPERATOR_IMAGE=meshrun/operator:$VERSION
 TRAINER_IMAGE=meshrun/trainer:$VERSION
 CONTEXT=kind-$CLUSTER
-kc() { "$KUBECTL" --context "$CONTEXT" "$@"; }
+KUBE_CONTEXT=$CONTEXT
 
 diagnose() {
   log "diagnostics"

@@ -27,8 +27,9 @@ PAUSE_IMAGE=meshrun.local/pause:3.10
 BASE_IMAGE=meshrun.local/debian:bookworm
 REAL_NODE_LABEL=meshrun.dev/real-node
 
-log() { printf '[realnode %(%H:%M:%S)T] %s\n' -1 "$*"; }
-kc() { "$BIN/kubectl" --kubeconfig "$KUBECONFIG_ADMIN" "$@"; }
+LOG_TAG=realnode KUBECTL=$BIN/kubectl KUBECONFIG_FILE=$KUBECONFIG_ADMIN
+# shellcheck source=../lib.sh
+source "$ROOT/hack/lib.sh"
 ctr_k8s() { ctr --address "$CONTAINERD_SOCK" -n k8s.io "$@"; }
 
 # start_daemon NAME CMD...: run CMD in its own session, log to $RN/logs/NAME.log, pid in

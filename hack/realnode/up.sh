@@ -6,9 +6,6 @@
 # to the KWOK nodes. Idempotent: running parts are left alone.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
-t_all=$SECONDS
-phase() { log "$1 ($((SECONDS - t_phase)) s)"; t_phase=$SECONDS; }
-t_phase=$SECONDS
 
 [[ $(id -u) == 0 ]] || { echo "the real node needs root (containerd, kubelet, iptables)" >&2; exit 1; }
 [[ -s $KUBECONFIG_ADMIN ]] || { echo "no cluster at $STATE: run hack/cluster.sh up first" >&2; exit 1; }
@@ -23,7 +20,7 @@ mkdir -p "$RN"/{logs,pids,pki,cni} "$KUBELET_ROOT" "$CONTAINERD_ROOT"
 "$ROOT/hack/realnode/images.sh" prepare >"$RN/logs/images-prepare.log" 2>&1 &
 prepare_pid=$!
 "$ROOT/hack/build-tools.sh" kubelet coredns
-phase "packages and binaries ready"
+phase_done "packages and binaries ready"
 
 # The API server's advertise address: what the `kubernetes` Service points at, and the host
 # address pods reach (the serving certificate lists it).
@@ -111,10 +108,10 @@ JSON
 start_daemon containerd containerd --config "$RN/containerd.toml"
 wait_for "containerd's CRI plugin" 60 bash -c \
   "ctr --address $CONTAINERD_SOCK plugins ls | grep -E 'io.containerd.grpc.v1 +cri +.* ok'"
-phase "containerd up"
+phase_done "containerd up"
 wait "$prepare_pid" || { cat "$RN/logs/images-prepare.log"; exit 1; }
 "$ROOT/hack/realnode/images.sh" node
-phase "pause and base images in containerd"
+phase_done "pause and base images in containerd"
 
 # ---- CoreDNS: serves cluster.local from the API (headless Service names resolve to pod IPs),
 # forwards the rest to the host's resolver. Runs on the host; the kube-dns Service (no selector)
@@ -226,5 +223,5 @@ start_daemon kubelet "$BIN/kubelet" --config "$RN/kubelet.yaml" \
 wait_for "node $NODE_NAME to be Ready" 120 bash -c \
   "'$BIN/kubectl' --kubeconfig '$KUBECONFIG_ADMIN' get node $NODE_NAME -o jsonpath='{.status.conditions[?(@.type==\"Ready\")].status}' | grep -qx True" \
   || { tail -20 "$RN/logs/kubelet.log"; exit 1; }
-phase "kubelet, kube-proxy and CoreDNS up; node $NODE_NAME Ready"
-log "real node ready in $((SECONDS - t_all)) s (logs in $RN/logs)"
+phase_done "kubelet, kube-proxy and CoreDNS up; node $NODE_NAME Ready"
+log "real node ready in $((SECONDS - SCRIPT_START)) s (logs in $RN/logs)"
