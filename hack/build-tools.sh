@@ -5,6 +5,8 @@
 #
 #   hack/build-tools.sh            build whatever is missing
 #   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns)
+#   hack/build-tools.sh training-operator   opt-in, never built by default: the peer operator
+#                                  that bench/operator_scale.py runs side by side with meshrun
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=versions.env
@@ -132,6 +134,14 @@ build_helm() {
   build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
 }
 
+# Kubeflow's training-operator, the peer in bench/operator_scale.py. Its module has no replace
+# directives, so a plain `go install` builds it; its CRDs are read from the module cache at bench
+# time (manifests/base/crds), never copied into this repository.
+build_training_operator() {
+  build_go_install training-operator "$TRAINING_OPERATOR_VERSION" \
+    github.com/kubeflow/training-operator/cmd/training-operator.v1
+}
+
 link_all() {
   local k=$CACHE/kubernetes-$KUBE_VERSION
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl; do
@@ -146,6 +156,8 @@ link_all() {
     [[ -x $CACHE/kubernetes-node-$KUBE_VERSION/$b ]] && ln -sfn "$CACHE/kubernetes-node-$KUBE_VERSION/$b" "$BIN/$b"
   done
   [[ -x $CACHE/coredns-$COREDNS_VERSION/coredns ]] && ln -sfn "$CACHE/coredns-$COREDNS_VERSION/coredns" "$BIN/coredns"
+  local peer=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
+  [[ -x $peer ]] && ln -sfn "$peer" "$BIN/training-operator"
   return 0
 }
 
@@ -153,7 +165,7 @@ targets=("$@")
 ((${#targets[@]})) || targets=(etcd kwok helm kube)
 for t in "${targets[@]}"; do
   start=$SECONDS
-  "build_$t"
+  "build_${t//-/_}"
   ((SECONDS - start > 1)) && log "$t built ($((SECONDS - start)) s)"
 done
 log "tools ready in $CACHE"
