@@ -25,7 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _launch import ensure_torchrun, layout_env
+from _launch import ensure_torchrun
+from meshrun_trainer.localenv import layout_env
 
 WORLD = 4
 
@@ -47,14 +48,8 @@ MICRO_BATCH = 2
 FORWARD_S, BACKWARD_S = 0.02, 0.04
 """Timed stages: backward costs about twice the forward, as in a transformer."""
 REPEATS = 5
-BASE = {
-    "MESHRUN_MODEL_LAYERS": "8",
-    "MESHRUN_MODEL_HIDDEN": "256",
-    "MESHRUN_MODEL_HEADS": "4",
-    "MESHRUN_MODEL_VOCAB": "256",
-    "MESHRUN_MODEL_SEQ_LEN": "128",
-    "MESHRUN_MODEL_FFN_HIDDEN": "768",
-}
+MODEL = {"layers": 8, "hidden": 256, "heads": 4, "vocab": 256, "seqLen": 128, "ffnHidden": 768}
+TRAINING = {"precision": "fp32", "learningRate": 1e-3, "dataset": "synthetic"}
 
 
 class _Sleep(torch.autograd.Function):
@@ -160,12 +155,12 @@ def main() -> None:
     for p in (2, 4):
         for m in (4, 8):
             env = layout_env(
-                BASE,
-                pp=str(p),
-                dp=str(WORLD // p),
-                pipeline_schedule=schedule,
-                micro_batches=str(m),
-                global_batch_size=str(m * MICRO_BATCH * (WORLD // p)),
+                MODEL,
+                {**TRAINING, "globalBatchSize": m * MICRO_BATCH * (WORLD // p)},
+                pp=p,
+                dp=WORLD // p,
+                schedule=schedule,
+                micro_batches=m,
             )
             cfg = from_env(env)
             mesh = build_mesh(cfg.layout, device)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _launch import ensure_torchrun, layout_env
+from _launch import ensure_torchrun
+from meshrun_trainer.localenv import layout_env
 
 WORLD = 4
 
@@ -33,17 +34,9 @@ from meshrun_trainer.train import build_runner  # noqa: E402
 from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 
-BASE = {
-    # ~3.4M parameters: large enough that fixed overheads vanish, small enough for 2 CPU cores.
-    "MESHRUN_MODEL_LAYERS": "4",
-    "MESHRUN_MODEL_HIDDEN": "256",
-    "MESHRUN_MODEL_HEADS": "4",
-    "MESHRUN_MODEL_VOCAB": "1024",
-    "MESHRUN_MODEL_SEQ_LEN": "32",
-    "MESHRUN_MODEL_FFN_HIDDEN": "768",
-    "MESHRUN_GLOBAL_BATCH_SIZE": "8",
-    "MESHRUN_DP": str(WORLD),
-}
+# ~3.4M parameters: large enough that fixed overheads vanish, small enough for 2 CPU cores.
+MODEL = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1024, "seqLen": 32, "ffnHidden": 768}
+TRAINING = {"globalBatchSize": 8, "precision": "fp32", "learningRate": 1e-3, "dataset": "synthetic"}
 FORMULA = {  # bytes per parameter, fp32 Adam, N = WORLD
     0: 16,
     1: 8 + 8 / WORLD,
@@ -75,7 +68,7 @@ def main() -> None:
     init_distributed(device)
     rows = []
     for stage in range(4):
-        cfg = from_env(layout_env(BASE, zero_stage=str(stage)))
+        cfg = from_env(layout_env(MODEL, TRAINING, dp=WORLD, zero_stage=stage))
         mesh = build_mesh(cfg.layout, device)
         runner = build_runner(cfg, mesh)
         t = cfg.training

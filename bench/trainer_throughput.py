@@ -13,10 +13,12 @@ from __future__ import annotations
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _launch import ensure_torchrun, layout_env
+from _launch import ensure_torchrun
+from meshrun_trainer.localenv import layout_env
 
 WORLD = 4
 
@@ -29,33 +31,31 @@ from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # no
 from meshrun_trainer.train import train  # noqa: E402
 
 STEPS = 6
-BASE = {
-    "MESHRUN_MODEL_LAYERS": "4",
-    "MESHRUN_MODEL_HIDDEN": "256",
-    "MESHRUN_MODEL_HEADS": "4",
-    "MESHRUN_MODEL_VOCAB": "1024",
-    "MESHRUN_MODEL_SEQ_LEN": "64",
-    "MESHRUN_MODEL_FFN_HIDDEN": "768",
-    "MESHRUN_GLOBAL_BATCH_SIZE": "16",
-    "MESHRUN_STEPS": str(STEPS),
+MODEL = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1024, "seqLen": 64, "ffnHidden": 768}
+TRAINING = {
+    "globalBatchSize": 16,
+    "steps": STEPS,
+    "precision": "fp32",
+    "learningRate": 1e-3,
+    "dataset": "synthetic",
 }
-LAYOUTS = {
-    "DDP (dp4)": {"dp": "4"},
-    "ZeRO-1 (dp4)": {"dp": "4", "zero_stage": "1"},
-    "ZeRO-2 (dp4)": {"dp": "4", "zero_stage": "2"},
-    "ZeRO-3 (dp4)": {"dp": "4", "zero_stage": "3"},
-    "PP4 1F1B m4": {"pp": "4", "micro_batches": "4"},
-    "PP2 x DP2 1F1B m4": {"pp": "2", "dp": "2", "micro_batches": "4"},
+LAYOUTS: dict[str, dict[str, Any]] = {
+    "DDP (dp4)": {"dp": 4},
+    "ZeRO-1 (dp4)": {"dp": 4, "zero_stage": 1},
+    "ZeRO-2 (dp4)": {"dp": 4, "zero_stage": 2},
+    "ZeRO-3 (dp4)": {"dp": 4, "zero_stage": 3},
+    "PP4 1F1B m4": {"pp": 4, "micro_batches": 4},
+    "PP2 x DP2 1F1B m4": {"pp": 2, "dp": 2, "micro_batches": 4},
     "PP2 interleaved v2 x DP2": {
-        "pp": "2",
-        "dp": "2",
-        "micro_batches": "4",
-        "pipeline_schedule": "interleaved-1f1b",
-        "virtual_stages": "2",
+        "pp": 2,
+        "dp": 2,
+        "micro_batches": 4,
+        "schedule": "interleaved-1f1b",
+        "virtual_stages": 2,
     },
-    "TP4 + SP": {"tp": "4"},
-    "DP2 x TP2": {"dp": "2", "tp": "2"},
-    "PP2 x TP2": {"pp": "2", "tp": "2", "micro_batches": "4"},
+    "TP4 + SP": {"tp": 4},
+    "DP2 x TP2": {"dp": 2, "tp": 2},
+    "PP2 x TP2": {"pp": 2, "tp": 2, "micro_batches": 4},
 }
 
 
@@ -64,16 +64,16 @@ def main() -> None:
     init_distributed(device)
     rows = []
     for name, layout in LAYOUTS.items():
-        cfg = from_env(layout_env(BASE, **layout))
+        cfg = from_env(layout_env(MODEL, TRAINING, **layout))
         result = train(cfg, build_mesh(cfg.layout, device))
         timed = result.records[1:]
         seconds = statistics.median(r.step_time_s for r in timed)
         rows.append((name, cfg.tokens_per_step / seconds, seconds, result.records[-1].loss))
     if dist.get_rank() == 0:
-        params = from_env(BASE).model.parameters()
+        base = from_env(layout_env(MODEL, TRAINING, dp=WORLD))
         print(
-            f"throughput, {WORLD} processes on {device.type}, {params:,} parameters, "
-            f"{from_env(BASE).tokens_per_step} tokens per step"
+            f"throughput, {WORLD} processes on {device.type}, {base.model.parameters():,} "
+            f"parameters, {base.tokens_per_step} tokens per step"
         )
         print(f"{'layout':28} {'tokens/s':>10} {'step s':>8} {'loss':>8}")
         for name, tps, seconds, loss in rows:

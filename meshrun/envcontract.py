@@ -1,72 +1,93 @@
 """The environment of one trainer pod: the contract between the operator and the trainer.
 
 The operator and ``meshrun run --local`` both call :func:`pod_env`, so a local run sees exactly
-what a pod would. Every variable is documented in docs/env-contract.md. torchrun reads the PET_*
-variables (the Kubeflow Trainer v2 convention) and sets RANK, LOCAL_RANK and WORLD_SIZE for each
-process it starts; MASTER_ADDR/MASTER_PORT/WORLD_SIZE are also set here for tools that read them
-before torchrun runs. Pure: no I/O, no torch.
+what a pod would, and the trainer reads every value back from these variables (it has no
+defaults of its own). Every variable is documented in docs/env-contract.md. torchrun reads the
+PET_* variables (the Kubeflow Trainer v2 convention) and sets RANK, LOCAL_RANK and WORLD_SIZE
+for each process it starts; MASTER_ADDR/MASTER_PORT/WORLD_SIZE are also set here for tools
+that read them before torchrun runs. Pure: no I/O, no torch.
+
+This module is also the one home of the pod's constants: ports, the termination-log path and
+the trainer's command.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from meshrun.planner.plan import Plan
+from meshrun.spec import JobSpec
 
-DEFAULT_MASTER_PORT = 29500
-"""torchrun's default rendezvous port."""
+RENDEZVOUS_PORT = 29500
+"""torchrun's default rendezvous port, on pod 0."""
 METRICS_PORT = 9400
 """Rank 0 serves /metrics and /progress here (HTTP)."""
 TERMINATION_LOG = "/dev/termination-log"
 """Kubernetes' default terminationMessagePath; the trainer writes its JSON summary there."""
-TRAINER_COMMAND = ["python", "-m", "torch.distributed.run", "-m", "meshrun_trainer"]
+TRAINER_COMMAND = ("python", "-m", "torch.distributed.run", "-m", "meshrun_trainer")
 """The pod's default command: torchrun (configured by PET_*) running the trainer module."""
+CHECKPOINT_KEEP = 2
+"""Complete checkpoints kept, newest first (older ones are deleted after each save)."""
+
+ENV_OF_FIELD = {
+    "spec.strategy": "WORLD_SIZE",
+    "spec.strategy.dataParallel": "MESHRUN_DP",
+    "spec.strategy.pipelineParallel": "MESHRUN_PP",
+    "spec.strategy.tensorParallel": "MESHRUN_TP",
+    "spec.strategy.zeroStage": "MESHRUN_ZERO_STAGE",
+    "spec.strategy.pipelineSchedule": "MESHRUN_PIPELINE_SCHEDULE",
+    "spec.strategy.microBatches": "MESHRUN_MICRO_BATCHES",
+    "spec.strategy.virtualStages": "MESHRUN_VIRTUAL_STAGES",
+    "spec.model.preset": "MESHRUN_MODEL_PRESET",
+    "spec.model.layers": "MESHRUN_MODEL_LAYERS",
+    "spec.model.hidden": "MESHRUN_MODEL_HIDDEN",
+    "spec.model.heads": "MESHRUN_MODEL_HEADS",
+    "spec.model.kvHeads": "MESHRUN_MODEL_KV_HEADS",
+    "spec.model.vocab": "MESHRUN_MODEL_VOCAB",
+    "spec.model.seqLen": "MESHRUN_MODEL_SEQ_LEN",
+    "spec.model.ffnHidden": "MESHRUN_MODEL_FFN_HIDDEN",
+    "spec.training.steps": "MESHRUN_STEPS",
+    "spec.training.globalBatchSize": "MESHRUN_GLOBAL_BATCH_SIZE",
+    "spec.training.microBatchSize": "MESHRUN_MICRO_BATCH_SIZE",
+    "spec.training.precision": "MESHRUN_PRECISION",
+    "spec.training.learningRate": "MESHRUN_LEARNING_RATE",
+    "spec.training.seed": "MESHRUN_SEED",
+    "spec.training.maxGradNorm": "MESHRUN_MAX_GRAD_NORM",
+    "spec.training.dataset": "MESHRUN_DATASET",
+    "spec.training.checkpoint.everySteps": "MESHRUN_CHECKPOINT_EVERY",
+}
+"""The variable that carries each spec field (the trainer names both in its errors)."""
 
 
-def _stage_layers(plan: Mapping[str, Any]) -> str:
-    """``"0-1,2-3"``: layer ranges in global stage order (stage = virtual * pp + pp_rank)."""
-    pp = int(plan["layout"]["pp"])
-    stages = sorted(
-        plan.get("stages", []), key=lambda s: int(s.get("virtual", 0)) * pp + int(s["pp"])
-    )
-    return ",".join(f"{s['layers'][0]}-{s['layers'][1]}" for s in stages)
-
-
-def _dataset(training: Mapping[str, Any], vocab: int) -> str:
-    # The shipped corpus is byte-tokenized, so it needs a vocabulary of at least 256.
-    explicit = training.get("dataset")
-    if explicit:
-        return str(explicit)
-    return "corpus" if vocab >= 256 else "synthetic"
+def stage_layers(plan: Plan) -> str:
+    """``"0-1,2-3"``: the plan's layer ranges in global stage order (virtual * pp + pp rank)."""
+    pp = plan.layout.pp
+    stages = sorted(plan.stages, key=lambda s: s.virtual * pp + s.pp)
+    return ",".join(f"{s.first}-{s.last}" for s in stages)
 
 
 def pod_env(
-    plan: Mapping[str, Any],
-    spec: Mapping[str, Any],
+    plan: Plan,
+    job: JobSpec,
     *,
     job_name: str,
     namespace: str,
     pod_index: int,
     master_addr: str,
-    master_port: int = DEFAULT_MASTER_PORT,
+    master_port: int = RENDEZVOUS_PORT,
     attempt: int = 0,
     checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
-    """The environment of pod ``pod_index``, from ``Plan.to_dict()`` and the defaulted spec."""
-    layout, model = plan["layout"], plan["model"]
-    resources = spec.get("resources", {})
-    training = spec.get("training", {})
-    nodes = int(resources.get("numNodes", 1))
-    per_node = int(resources.get("numProcPerNode", 1))
+    """The environment of pod ``pod_index`` of the job ``job`` planned as ``plan``."""
+    layout, model, training = plan.layout, plan.model, job.training
+    nodes = job.resources.num_nodes
     if not 0 <= pod_index < nodes:
         raise ValueError(f"pod_index: {pod_index} must be in [0, numNodes={nodes})")
-    checkpoint = training.get("checkpoint", {}) or {}
-    env = {
+    return {
         # torch.distributed / torchrun
         "MASTER_ADDR": master_addr,
         "MASTER_PORT": str(master_port),
-        "WORLD_SIZE": str(plan["worldSize"]),
+        "WORLD_SIZE": str(plan.world_size),
         "PET_NNODES": str(nodes),
-        "PET_NPROC_PER_NODE": str(per_node),
+        "PET_NPROC_PER_NODE": str(job.resources.num_proc_per_node),
         "PET_NODE_RANK": str(pod_index),
         "PET_MASTER_ADDR": master_addr,
         "PET_MASTER_PORT": str(master_port),
@@ -75,42 +96,39 @@ def pod_env(
         "MESHRUN_NAMESPACE": namespace,
         "MESHRUN_ATTEMPT": str(attempt),
         "MESHRUN_POD_INDEX": str(pod_index),
-        "MESHRUN_STRATEGY": str(plan.get("strategy", "")),
+        "MESHRUN_STRATEGY": plan.strategy,
         # layout
-        "MESHRUN_DP": str(layout["dp"]),
-        "MESHRUN_PP": str(layout["pp"]),
-        "MESHRUN_TP": str(layout["tp"]),
-        "MESHRUN_ZERO_STAGE": str(layout.get("zeroStage", 0)),
-        "MESHRUN_PIPELINE_SCHEDULE": str(layout.get("pipelineSchedule", "1f1b")),
-        "MESHRUN_MICRO_BATCHES": str(layout.get("microBatches", 1)),
-        "MESHRUN_VIRTUAL_STAGES": str(layout.get("virtualStages", 1)),
-        "MESHRUN_GRAD_ACCUMULATION": str(layout.get("gradAccumulation", 1)),
-        "MESHRUN_STAGE_LAYERS": _stage_layers(plan),
+        "MESHRUN_DP": str(layout.dp),
+        "MESHRUN_PP": str(layout.pp),
+        "MESHRUN_TP": str(layout.tp),
+        "MESHRUN_ZERO_STAGE": str(layout.zero_stage),
+        "MESHRUN_PIPELINE_SCHEDULE": layout.schedule,
+        "MESHRUN_MICRO_BATCHES": str(layout.micro_batches),
+        "MESHRUN_VIRTUAL_STAGES": str(layout.virtual_stages),
+        "MESHRUN_GRAD_ACCUMULATION": str(layout.grad_accumulation),
+        "MESHRUN_STAGE_LAYERS": stage_layers(plan),
         # model
-        "MESHRUN_MODEL_PRESET": str(model.get("preset") or "custom"),
-        "MESHRUN_MODEL_LAYERS": str(model["layers"]),
-        "MESHRUN_MODEL_HIDDEN": str(model["hidden"]),
-        "MESHRUN_MODEL_HEADS": str(model["heads"]),
-        "MESHRUN_MODEL_KV_HEADS": str(model.get("kvHeads", model["heads"])),
-        "MESHRUN_MODEL_VOCAB": str(model["vocab"]),
-        "MESHRUN_MODEL_SEQ_LEN": str(model["seqLen"]),
-        "MESHRUN_MODEL_FFN_HIDDEN": str(model["ffnHidden"]),
+        "MESHRUN_MODEL_PRESET": plan.preset or "custom",
+        "MESHRUN_MODEL_LAYERS": str(model.layers),
+        "MESHRUN_MODEL_HIDDEN": str(model.hidden),
+        "MESHRUN_MODEL_HEADS": str(model.heads),
+        "MESHRUN_MODEL_KV_HEADS": str(model.kv_heads),
+        "MESHRUN_MODEL_VOCAB": str(model.vocab),
+        "MESHRUN_MODEL_SEQ_LEN": str(model.seq_len),
+        "MESHRUN_MODEL_FFN_HIDDEN": str(model.ffn_hidden),
         # training
-        "MESHRUN_STEPS": str(training.get("steps", 100)),
-        "MESHRUN_GLOBAL_BATCH_SIZE": str(training.get("globalBatchSize", 8)),
-        "MESHRUN_MICRO_BATCH_SIZE": str(training.get("microBatchSize", 1)),
-        "MESHRUN_PRECISION": str(training.get("precision", "bf16")),
-        "MESHRUN_LEARNING_RATE": repr(float(training.get("learningRate", 3e-4))),
-        "MESHRUN_SEED": str(training.get("seed", 0)),
-        "MESHRUN_DATASET": _dataset(training, int(model["vocab"])),
-        "MESHRUN_CHECKPOINT_EVERY": str(checkpoint.get("everySteps", 0)),
-        "MESHRUN_CHECKPOINT_KEEP": str(checkpoint.get("keep", 2)),
+        "MESHRUN_STEPS": str(training.steps),
+        "MESHRUN_GLOBAL_BATCH_SIZE": str(training.global_batch_size),
+        "MESHRUN_MICRO_BATCH_SIZE": str(training.micro_batch_size),
+        "MESHRUN_PRECISION": training.precision,
+        "MESHRUN_LEARNING_RATE": repr(training.learning_rate),
+        "MESHRUN_SEED": str(training.seed),
+        "MESHRUN_MAX_GRAD_NORM": repr(training.max_grad_norm),
+        "MESHRUN_DATASET": job.dataset,
+        "MESHRUN_CHECKPOINT_DIR": checkpoint_dir or "",
+        "MESHRUN_CHECKPOINT_EVERY": str(training.checkpoint.every_steps),
+        "MESHRUN_CHECKPOINT_KEEP": str(CHECKPOINT_KEEP),
         # progress
         "MESHRUN_METRICS_PORT": str(METRICS_PORT),
         "MESHRUN_TERMINATION_LOG": TERMINATION_LOG,
     }
-    if "maxGradNorm" in training:
-        env["MESHRUN_MAX_GRAD_NORM"] = str(training["maxGradNorm"])
-    if checkpoint_dir:
-        env["MESHRUN_CHECKPOINT_DIR"] = checkpoint_dir
-    return env

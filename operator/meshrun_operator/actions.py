@@ -57,12 +57,11 @@ async def _create_children(
             # for that scheduler), and the user is told why nothing will gang-schedule them.
             message = Reason.POD_GROUP_UNAVAILABLE.message(api_version=podgroup["apiVersion"])
             notes.append(Event(EventType.WARNING, Reason.POD_GROUP_UNAVAILABLE, message))
-    plan = ev.plan.to_dict()
     pods = []
     for index in decision.create_pods:
         env = pod_env(
-            plan,
-            ev.spec,
+            ev.plan,
+            ev.settings,
             job_name=job.name,
             namespace=job.namespace,
             pod_index=index,
@@ -71,7 +70,7 @@ async def _create_children(
             attempt=attempt,
             checkpoint_dir=CHECKPOINT_MOUNT,
         )
-        pods.append(build_pod(job, ev.spec, ev.settings, ev.plan, index, attempt, env))
+        pods.append(build_pod(job, ev.settings, ev.plan, index, attempt, env))
     created = await ctx.kube.create_all(pods)
     metrics.PODS_CREATED.inc(sum(created))
     for pod, was_created in zip(pods, created, strict=True):

@@ -14,9 +14,9 @@ from typing import Any
 from meshrun.envcontract import TRAINER_COMMAND
 from meshrun.planner import Plan
 from meshrun.planner.ranks import compress_ranks
+from meshrun.spec import CPU, JobSpec, Scheduling
 from meshrun_operator import names
 from meshrun_operator.children import JobRef, child_metadata, pod_ranks, pod_stage
-from meshrun_operator.jobspec import ACCELERATOR_CPU, JobSettings, gang_scheduler_kind
 from meshrun_operator.podtemplate import (
     CHECKPOINT_MOUNT,
     checkpoint_volume,
@@ -63,10 +63,19 @@ def build_service(job: JobRef) -> dict[str, Any]:
     }
 
 
+def gang_scheduler_kind(scheduling: Scheduling) -> str | None:
+    """``volcano`` or ``scheduler-plugins`` when the scheduler needs a PodGroup, else None."""
+    name = scheduling.scheduler_name or ""
+    if name == "volcano":
+        return "volcano"
+    if name.startswith("scheduler-plugins"):
+        return "scheduler-plugins"
+    return None
+
+
 def build_pod(
     job: JobRef,
-    spec: Mapping[str, Any],
-    settings: JobSettings,
+    settings: JobSpec,
     plan: Plan,
     index: int,
     attempt: int,
@@ -74,7 +83,7 @@ def build_pod(
 ) -> dict[str, Any]:
     """Pod ``index`` of attempt ``attempt``: ``numProcPerNode`` accelerators, the env contract,
     the user's ``podTemplate`` merged in, and labels saying where it sits in the plan."""
-    template = copy.deepcopy(spec.get("podTemplate") or {})
+    template = copy.deepcopy(settings.pod_template or {})
     template_meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
     stage = pod_stage(plan, index)
@@ -113,32 +122,32 @@ def build_pod(
         # One Kueue pod group per attempt: Kueue admits the whole gang or none of it.
         metadata["labels"][names.KUEUE_QUEUE_LABEL] = queue
         metadata["labels"][names.KUEUE_POD_GROUP_LABEL] = f"{job.name}-{attempt}"
-        annotations[names.KUEUE_POD_GROUP_TOTAL] = str(settings.num_nodes)
+        annotations[names.KUEUE_POD_GROUP_TOTAL] = str(settings.resources.num_nodes)
 
     container = trainer_container(pod_spec)
     container["image"] = settings.image
-    command = spec.get("command")
-    if command:
-        container["command"] = list(command)
+    if settings.command:
+        container["command"] = list(settings.command)
     else:
         container.setdefault("command", list(DEFAULT_COMMAND))
-    if spec.get("args"):
-        container["args"] = list(spec["args"])
+    if settings.args:
+        container["args"] = list(settings.args)
     merge_env(container, env)
-    if settings.accelerator != ACCELERATOR_CPU:
+    accelerator = settings.resources.accelerator
+    if accelerator != CPU:
         resources = container.setdefault("resources", {})
-        count = str(settings.num_proc_per_node)
-        resources.setdefault("limits", {})[settings.accelerator] = count
-        resources.setdefault("requests", {})[settings.accelerator] = count
+        count = str(settings.resources.num_proc_per_node)
+        resources.setdefault("limits", {})[accelerator] = count
+        resources.setdefault("requests", {})[accelerator] = count
     ports = container.setdefault("ports", [])
     if not any(p.get("name") == "metrics" for p in ports):
         ports.append({"name": "metrics", "containerPort": names.METRICS_PORT})
-    checkpoint_volume(spec, pod_spec, container)
+    checkpoint_volume(settings.training.checkpoint.volume, pod_spec, container)
     restricted_security(pod_spec, container)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_podgroup(job: JobRef, settings: JobSettings) -> dict[str, Any] | None:
+def build_podgroup(job: JobRef, settings: JobSpec) -> dict[str, Any] | None:
     """The PodGroup for volcano or scheduler-plugins' coscheduling; None for other schedulers.
 
     minMember is every pod: a partial gang holding GPUs is the failure of Kubeflow #948/#1825.
@@ -148,10 +157,10 @@ def build_podgroup(job: JobRef, settings: JobSettings) -> dict[str, Any] | None:
         return None
     metadata = child_metadata(job, names.podgroup_name(job.name), {})
     if kind == "volcano":
-        spec: dict[str, Any] = {"minMember": settings.num_nodes}
-        if settings.accelerator != ACCELERATOR_CPU:
-            total = settings.num_nodes * settings.num_proc_per_node
-            spec["minResources"] = {settings.accelerator: str(total)}
+        res = settings.resources
+        spec: dict[str, Any] = {"minMember": res.num_nodes}
+        if res.accelerator != CPU:
+            spec["minResources"] = {res.accelerator: str(res.world_size)}
         if settings.scheduling.queue_name:
             spec["queue"] = settings.scheduling.queue_name
         if settings.scheduling.priority_class_name:
@@ -167,7 +176,7 @@ def build_podgroup(job: JobRef, settings: JobSettings) -> dict[str, Any] | None:
         "kind": "PodGroup",
         "metadata": metadata,
         "spec": {
-            "minMember": settings.num_nodes,
+            "minMember": settings.resources.num_nodes,
             "scheduleTimeoutSeconds": settings.scheduling.gang_timeout_seconds,
         },
     }

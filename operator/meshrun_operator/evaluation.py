@@ -1,4 +1,4 @@
-"""A job spec checked once per reconcile: defaults applied, settings read, the plan made."""
+"""A job spec checked once per reconcile: read into types (CRD defaults applied), planned."""
 
 from __future__ import annotations
 
@@ -6,22 +6,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.api import with_defaults
 from meshrun.errors import SpecError
 from meshrun.planner import Plan, plan_job
+from meshrun.spec import JobSpec
+from meshrun.specread import read_spec
 from meshrun_operator import names
-from meshrun_operator.jobspec import JobSettings, parse_settings
 from meshrun_operator.state import InvalidSpec
 
 
 @dataclass(frozen=True)
 class Evaluation:
-    """A spec checked once: defaults applied, settings parsed and planned, or the error."""
+    """A spec checked once: read, its rules checked and planned, or the error."""
 
     spec: Mapping[str, Any]
-    """The spec with the CRD's defaults applied."""
-    settings: JobSettings | None = None
-    """Run policy, scheduling and resources; None when the spec is invalid."""
+    """The spec as the job holds it."""
+    settings: JobSpec | None = None
+    """The typed, defaulted spec (meshrun.spec); None when the spec is invalid."""
     plan: Plan | None = None
     """The planner's layout; None when the spec is invalid."""
     error: SpecError | None = None
@@ -29,18 +29,17 @@ class Evaluation:
 
 
 def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
-    """Default, parse and plan a spec; any problem becomes an Evaluation with ``error`` set."""
+    """Read and plan a spec; any problem becomes an Evaluation with ``error`` set."""
     try:
-        defaulted = with_defaults(spec)
-        settings = parse_settings(defaulted)
-        names.check_job_name(name, settings.num_nodes)
-        plan = plan_job(defaulted, name=name)
+        settings = read_spec(spec)
+        names.check_job_name(name, settings.resources.num_nodes)
+        plan = plan_job(settings, name=name)
     except SpecError as error:
         return Evaluation(spec=spec, error=error)
     except (ValueError, TypeError, KeyError) as error:
         # A planner bug must not crash the reconcile loop; it surfaces in the Invalid condition.
         return Evaluation(spec=spec, error=SpecError("spec", f"could not be planned: {error!r}"))
-    return Evaluation(spec=defaulted, settings=settings, plan=plan)
+    return Evaluation(spec=spec, settings=settings, plan=plan)
 
 
 def refused(ev: Evaluation, error: SpecError) -> Evaluation:

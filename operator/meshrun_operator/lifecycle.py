@@ -19,12 +19,12 @@ from typing import Any
 
 from meshrun.errors import SpecError
 from meshrun.planner import Plan
+from meshrun.spec import JobSpec
 from meshrun_operator import names
 from meshrun_operator import vocabulary as words
 from meshrun_operator.conditions import format_time
 from meshrun_operator.evaluation import Evaluation, evaluate, still_refused
 from meshrun_operator.failures import Failure, FailureClass, classify, node_lost
-from meshrun_operator.jobspec import JobSettings
 from meshrun_operator.observe import Observed, PodView
 from meshrun_operator.phases import Draft, Event, Tuning
 from meshrun_operator.state import JobState
@@ -103,7 +103,7 @@ def decide(
     )
 
 
-def _run(draft: Draft, settings: JobSettings, plan: Plan, observed: Observed) -> None:
+def _run(draft: Draft, settings: JobSpec, plan: Plan, observed: Observed) -> None:
     state, now = draft.state, draft.now
     draft.revalidated()
     current = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
@@ -139,7 +139,8 @@ def _run(draft: Draft, settings: JobSettings, plan: Plan, observed: Observed) ->
         draft.failure(found[0], found[1], settings, current)
         return
     pod0 = next((p for p in current if p.index == 0), None)
-    if len(current) == settings.num_nodes and all(p.phase == PodPhase.SUCCEEDED for p in current):
+    done = all(p.phase == PodPhase.SUCCEEDED for p in current)
+    if len(current) == settings.resources.num_nodes and done:
         final = final_progress(pod0.summary if pod0 else None)
         if final:
             draft.derived["progress"] = {**(draft.derived.get("progress") or {}), **final}
@@ -176,10 +177,10 @@ def _first_failure(
     return None
 
 
-def _create_or_wait(draft: Draft, settings: JobSettings, current: list[PodView]) -> bool:
+def _create_or_wait(draft: Draft, settings: JobSpec, current: list[PodView]) -> bool:
     """Create the attempt's missing pods, or notice pods that vanished; True when handled."""
     present = {p.index for p in current}
-    missing = [i for i in range(settings.num_nodes) if i not in present]
+    missing = [i for i in range(settings.resources.num_nodes) if i not in present]
     if not missing:
         return False
     attempt_start = draft.state.attempt_start_time
@@ -195,9 +196,9 @@ def _create_or_wait(draft: Draft, settings: JobSettings, current: list[PodView])
     return True
 
 
-def _schedule_and_run(draft: Draft, settings: JobSettings, current: list[PodView]) -> None:
+def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -> None:
     state, now = draft.state, draft.now
-    total = settings.num_nodes
+    total = settings.resources.num_nodes
     unbound = [p for p in current if not p.node]
     if unbound:
         bound = total - len(unbound)

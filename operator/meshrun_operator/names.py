@@ -8,13 +8,11 @@ from __future__ import annotations
 
 import re
 
+from meshrun.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from meshrun.envcontract import METRICS_PORT, RENDEZVOUS_PORT
 from meshrun.errors import SpecError
 
-GROUP = "meshrun.dev"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
-KIND = "ParallelTrainingJob"
-PLURAL = "paralleltrainingjobs"
+__all__ = ["API_VERSION", "GROUP", "KIND", "METRICS_PORT", "PLURAL", "RENDEZVOUS_PORT", "VERSION"]
 
 # Labels on every child: which job, which pod, which pipeline stage, which attempt.
 LABEL_JOB = f"{GROUP}/job-name"
@@ -46,8 +44,6 @@ KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
 KUEUE_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 
 TRAINER_CONTAINER = "trainer"
-RENDEZVOUS_PORT = 29500
-METRICS_PORT = 9400
 
 # RFC 1123 DNS label: pod hostnames and Service names must match it and fit in 63 characters
 # (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).

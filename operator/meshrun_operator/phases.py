@@ -15,10 +15,10 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from meshrun.errors import SpecError
+from meshrun.spec import JobSpec, RunPolicy
 from meshrun_operator import vocabulary as words
 from meshrun_operator.conditions import clear_condition, is_true, set_condition
 from meshrun_operator.failures import Failure, FailureClass
-from meshrun_operator.jobspec import JobSettings, RunPolicy
 from meshrun_operator.observe import PodView
 from meshrun_operator.state import InvalidSpec, JobState, LastFailure
 from meshrun_operator.vocabulary import ConditionType, EventType, Phase, PodPhase, Reason
@@ -220,7 +220,7 @@ class Draft:
             self.condition(ConditionType.SUSPENDED, False, Reason.RESUMED, resumed)
 
     def failure(
-        self, failure: Failure, pod: PodView | None, settings: JobSettings, current: list[PodView]
+        self, failure: Failure, pod: PodView | None, settings: JobSpec, current: list[PodView]
     ) -> None:
         """A failed, lost or hung pod: restart the whole gang, or fail the job."""
         self.state.last_failure = LastFailure(

@@ -71,9 +71,10 @@ def stage_affinity(pod_spec: dict[str, Any], job: str, stage: int, topology_key:
 
 
 def checkpoint_volume(
-    spec: Mapping[str, Any], pod_spec: dict[str, Any], container: dict[str, Any]
+    claim: str | None, pod_spec: dict[str, Any], container: dict[str, Any]
 ) -> None:
-    claim = ((spec.get("training") or {}).get("checkpoint") or {}).get("volume")
+    """Mount the checkpoint volume: the PVC ``claim`` (spec.training.checkpoint.volume), or an
+    emptyDir when there is none."""
     source: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     )

@@ -29,7 +29,7 @@ def pod_for(index: int = 1, attempt: int = 2, **spec: Any) -> dict[str, Any]:
     job = make_job(**spec)
     ev = evaluate(job["spec"], "job")
     assert ev.error is None and ev.settings is not None and ev.plan is not None, ev.error
-    return build_pod(JOB, ev.spec, ev.settings, ev.plan, index, attempt, ENV)
+    return build_pod(JOB, ev.settings, ev.plan, index, attempt, ENV)
 
 
 def container(pod: dict[str, Any], name: str = names.TRAINER_CONTAINER) -> dict[str, Any]:
@@ -164,14 +164,14 @@ def test_podgroup_only_for_gang_schedulers() -> None:
     assert group is not None
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert group["spec"] == {"minMember": 2, "minResources": {"nvidia.com/gpu": "8"}, "queue": "q"}
-    pod = build_pod(JOB, volcano.spec, volcano.settings, volcano.plan, 0, 0, ENV)
+    pod = build_pod(JOB, volcano.settings, volcano.plan, 0, 0, ENV)
     assert pod["metadata"]["annotations"][names.VOLCANO_GROUP_ANNOTATION] == "job"
     plugins_spec = make_job(scheduling={"schedulerName": "scheduler-plugins-scheduler"})["spec"]
     plugins = evaluate(plugins_spec, "job")
     assert plugins.settings is not None and plugins.plan is not None
     group = build_podgroup(JOB, plugins.settings)
     assert group is not None and group["spec"]["minMember"] == 2
-    pod = build_pod(JOB, plugins.spec, plugins.settings, plugins.plan, 0, 0, ENV)
+    pod = build_pod(JOB, plugins.settings, plugins.plan, 0, 0, ENV)
     assert pod["metadata"]["labels"][names.COSCHEDULING_GROUP_LABEL] == "job"
 
 
@@ -205,6 +205,6 @@ def test_a_queue_name_makes_the_pods_one_kueue_pod_group_per_attempt() -> None:
     ev = evaluate(make_job()["spec"], "job")
     assert ev.settings is not None and ev.plan is not None
     labelled = JobRef(name="job", namespace="ns", uid="u", queue_label="from-label")
-    pod = build_pod(labelled, ev.spec, ev.settings, ev.plan, 0, 0, ENV)
+    pod = build_pod(labelled, ev.settings, ev.plan, 0, 0, ENV)
     assert pod["metadata"]["labels"][names.KUEUE_QUEUE_LABEL] == "from-label"
     assert names.KUEUE_QUEUE_LABEL not in pod_for()["metadata"]["labels"]

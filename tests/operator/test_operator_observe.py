@@ -1,4 +1,4 @@
-"""Failure classification, the views of observed pods and nodes, and spec settings parsing."""
+"""Failure classification, and the views of observed pods and nodes."""
 
 from __future__ import annotations
 
@@ -8,10 +8,7 @@ from typing import Any
 import pytest
 from meshrun_operator import names
 from meshrun_operator.failures import FailureClass, classify
-from meshrun_operator.jobspec import parse_settings
 from meshrun_operator.observe import node_ready, parse_progress, pod_view
-
-from meshrun.errors import SpecError
 
 pytestmark = pytest.mark.unit
 
@@ -95,34 +92,6 @@ def test_node_ready() -> None:
     ready = {"status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     not_ready = {"status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}}
     assert node_ready(ready) and not node_ready(not_ready) and not node_ready({})
-
-
-SPEC = {"image": "img", "resources": {"numNodes": 4, "numProcPerNode": 8}}
-
-
-def test_settings_defaults() -> None:
-    settings = parse_settings(SPEC)
-    assert settings.run_policy.backoff_limit == 3
-    assert settings.run_policy.clean_pod_policy == "Running"
-    assert settings.scheduling.gang and settings.scheduling.gang_timeout_seconds == 300
-    assert settings.accelerator == "nvidia.com/gpu" and settings.num_nodes == 4
-
-
-@pytest.mark.parametrize(
-    ("overrides", "field"),
-    [
-        ({"image": ""}, "spec.image"),
-        ({"runPolicy": {"backoffLimit": -1}}, "spec.runPolicy.backoffLimit"),
-        ({"runPolicy": {"cleanPodPolicy": "Some"}}, "spec.runPolicy.cleanPodPolicy"),
-        ({"runPolicy": {"suspend": "yes"}}, "spec.runPolicy.suspend"),
-        ({"scheduling": {"gangTimeoutSeconds": True}}, "spec.scheduling.gangTimeoutSeconds"),
-        ({"scheduling": "fast"}, "spec.scheduling"),
-    ],
-)
-def test_settings_errors_name_the_field(overrides: dict[str, Any], field: str) -> None:
-    with pytest.raises(SpecError) as error:
-        parse_settings({**SPEC, **overrides})
-    assert error.value.field == field
 
 
 def test_the_termination_message_is_read_as_the_summary() -> None:

@@ -16,38 +16,38 @@ import torch
 import torch.distributed as dist
 from meshrun_trainer.config import TrainConfig, from_env
 from meshrun_trainer.data import make_stream
+from meshrun_trainer.localenv import layout_env
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.model import build_model, cross_entropy
 from meshrun_trainer.optim import clip_grad_norm, make_optimizer
 from meshrun_trainer.train import train
 
 STEPS = 3
-BASE = {
-    "MESHRUN_MODEL_PRESET": "tiny",
-    "MESHRUN_STEPS": str(STEPS),
-    "MESHRUN_GLOBAL_BATCH_SIZE": "8",
-    "MESHRUN_LEARNING_RATE": "0.01",
-    "MESHRUN_SEED": "7",
-    "MESHRUN_PRECISION": "fp32",
-    "MESHRUN_MAX_GRAD_NORM": "1.0",
+MODEL = {"preset": "tiny"}
+TRAINING = {
+    "steps": STEPS,
+    "globalBatchSize": 8,
+    "learningRate": 0.01,
+    "seed": 7,
+    "precision": "fp32",
+    "maxGradNorm": 1.0,
+    "dataset": "synthetic",
 }
 
 
-def _layout(dp: int = 1, pp: int = 1, tp: int = 1, **extra: str) -> dict[str, str]:
-    env = {"MESHRUN_DP": str(dp), "MESHRUN_PP": str(pp), "MESHRUN_TP": str(tp)}
-    return {**env, **{f"MESHRUN_{k.upper()}": v for k, v in extra.items()}}
+def _layout(**layout: Any) -> dict[str, str]:
+    """The environment of a tiny fp32 job laid out as asked (planned, like any job)."""
+    return layout_env(MODEL, TRAINING, **layout)
 
 
 def _pipeline(schedule: str, micro_batches: int = 4, **kw: Any) -> dict[str, str]:
-    virtual = "2" if schedule == "interleaved-1f1b" else "1"
-    return _layout(
-        pipeline_schedule=schedule, micro_batches=str(micro_batches), virtual_stages=virtual, **kw
-    )
+    virtual = 2 if schedule == "interleaved-1f1b" else 1
+    return _layout(schedule=schedule, micro_batches=micro_batches, virtual_stages=virtual, **kw)
 
 
 def _accumulating(schedule: str, **kw: Any) -> dict[str, str]:
     """A pipeline that calls the schedule twice per optimizer step (2 micro-batches each)."""
-    return _pipeline(schedule, micro_batches=2, grad_accumulation="2", **kw)
+    return _pipeline(schedule, micro_batches=2, grad_accumulation=2, **kw)
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
@@ -58,24 +58,24 @@ LAYOUTS: dict[int, dict[str, dict[str, str]]] = {
         **{f"pp2-{s}-acc2": _accumulating(s, pp=2) for s in SCHEDULES},
     },
     4: {
-        "ddp4": _layout(dp=4, grad_accumulation="2"),
-        "zero1-dp4": _layout(dp=4, zero_stage="1"),
-        "zero2-dp4": _layout(dp=4, zero_stage="2", grad_accumulation="2"),
-        "zero3-dp4": _layout(dp=4, zero_stage="3", grad_accumulation="2"),
+        "ddp4": _layout(dp=4, grad_accumulation=2),
+        "zero1-dp4": _layout(dp=4, zero_stage=1),
+        "zero2-dp4": _layout(dp=4, zero_stage=2, grad_accumulation=2),
+        "zero3-dp4": _layout(dp=4, zero_stage=3, grad_accumulation=2),
         **{f"pp2-{s}-dp2-acc2": _accumulating(s, pp=2, dp=2) for s in SCHEDULES},
-        "pp2-1f1b-zero3-dp2-acc2": _accumulating("1f1b", pp=2, dp=2, zero_stage="3"),
+        "pp2-1f1b-zero3-dp2-acc2": _accumulating("1f1b", pp=2, dp=2, zero_stage=3),
         "pp4-1f1b": _pipeline("1f1b", pp=4),
         "tp4": _layout(tp=4),
         "dp2-tp2": _layout(dp=2, tp=2),  # ZeRO-0 in a hybrid: HSDP, shard size 1
-        "dp2-tp2-zero2": _layout(dp=2, tp=2, zero_stage="2"),
+        "dp2-tp2-zero2": _layout(dp=2, tp=2, zero_stage=2),
         "pp2-tp2-acc2": _accumulating("1f1b", pp=2, tp=2),
     },
     8: {
         "3d-pp2-dp2-tp2": _pipeline("1f1b", pp=2, dp=2, tp=2),
         "3d-pp2-zero3-tp2-interleaved-acc2": _accumulating(
-            "interleaved-1f1b", pp=2, dp=2, tp=2, zero_stage="3"
+            "interleaved-1f1b", pp=2, dp=2, tp=2, zero_stage=3
         ),
-        "3d-pp2-zero2-tp2-gpipe-acc2": _accumulating("gpipe", pp=2, dp=2, tp=2, zero_stage="2"),
+        "3d-pp2-zero2-tp2-gpipe-acc2": _accumulating("gpipe", pp=2, dp=2, tp=2, zero_stage=2),
     },
 }
 
@@ -105,8 +105,8 @@ def main(out: str) -> None:
     world = dist.get_world_size()
     results: dict[str, Any] = {}
     reference: dict[str, list[float]] | None = None
-    for name, layout_env in LAYOUTS[world].items():
-        cfg = from_env({**BASE, **layout_env, "WORLD_SIZE": str(world)})
+    for name, env in LAYOUTS[world].items():
+        cfg = from_env({**env, "WORLD_SIZE": str(world)})
         if reference is None and dist.get_rank() == 0:
             reference = reference_run(cfg)
         result = train(cfg, build_mesh(cfg.layout, device))

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from trainer_launch import cpu_env, free_port
 
-from meshrun.api import with_defaults
 from meshrun.envcontract import TRAINER_COMMAND, pod_env
 from meshrun.planner import plan_job
+from meshrun.specread import read_spec
 
 pytestmark = pytest.mark.trainer
 
@@ -43,7 +43,7 @@ STRATEGIES = {
 
 
 def _env(strategy: dict[str, Any], checkpoint_dir: Path) -> dict[str, str]:
-    spec = with_defaults(
+    spec = read_spec(
         {
             "image": "meshrun/trainer:test",
             "resources": {"numNodes": 1, "numProcPerNode": 2, "accelerator": "cpu"},
@@ -58,7 +58,7 @@ def _env(strategy: dict[str, Any], checkpoint_dir: Path) -> dict[str, str]:
             },
         }
     )
-    plan = plan_job(spec, "resume").to_dict()
+    plan = plan_job(spec, "resume")
     env = pod_env(
         plan,
         spec,

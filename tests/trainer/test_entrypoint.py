@@ -8,22 +8,24 @@ import sys
 from pathlib import Path
 
 import pytest
+from meshrun_trainer.localenv import layout_env
 from trainer_launch import REPO, cpu_env
 
 pytestmark = pytest.mark.trainer
 
 
-def trainer(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str], Path]:
+def trainer(
+    tmp_path: Path, *, drop: str = "", **env: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """Run the trainer with a one-process tiny job's environment, changed by ``env``/``drop``."""
     log = tmp_path / "termination-log"
-    base = {
-        "MESHRUN_MODEL_PRESET": "tiny",
-        "MESHRUN_STEPS": "3",
-        "MESHRUN_TERMINATION_LOG": str(log),
-    }
+    base = layout_env({"preset": "tiny"}, {"steps": 3, "globalBatchSize": 8, "dataset": "corpus"})
+    base.update(MESHRUN_TERMINATION_LOG=str(log), **env)
+    base.pop(drop, None)
     proc = subprocess.run(
         [sys.executable, "-m", "meshrun_trainer"],
         cwd=REPO,
-        env=cpu_env(**base, **env),
+        env=cpu_env(**base),
         capture_output=True,
         text=True,
         timeout=120,
@@ -34,7 +36,7 @@ def trainer(tmp_path: Path, **env: str) -> tuple[subprocess.CompletedProcess[str
 
 @pytest.mark.timeout(180)
 def test_single_process_without_torchrun(tmp_path: Path) -> None:
-    proc, log = trainer(tmp_path, MESHRUN_DATASET="corpus")
+    proc, log = trainer(tmp_path)
     assert proc.returncode == 0, proc.stderr[-2000:]
     events = [json.loads(line) for line in proc.stdout.splitlines()]
     assert [e["step"] for e in events if e["event"] == "step"] == [1, 2, 3]
@@ -45,10 +47,17 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
 
 
 def test_bad_configuration_exits_2_naming_the_variable(tmp_path: Path) -> None:
-    proc, _ = trainer(tmp_path, MESHRUN_TP="3")
+    proc, _ = trainer(tmp_path, MESHRUN_TP="3", WORLD_SIZE="3")
     assert proc.returncode == 2
-    assert "invalid configuration: MESHRUN_TP: 3 must divide MESHRUN_MODEL_HEADS=4" in proc.stderr
+    assert (
+        "invalid configuration: MESHRUN_TP: spec.strategy.tensorParallel: must divide "
+        "spec.model.heads"
+    ) in proc.stderr
+    assert "(3 does not divide heads=4)" in proc.stderr
     assert "Traceback" not in proc.stderr
+    missing, _ = trainer(tmp_path, drop="MESHRUN_LEARNING_RATE")
+    assert missing.returncode == 2, "the trainer has no defaults of its own"
+    assert "invalid configuration: MESHRUN_LEARNING_RATE: is required" in missing.stderr
 
 
 @pytest.mark.timeout(180)

@@ -3,24 +3,22 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
+from meshrun.localnet import free_port
+
+__all__ = ["REPO", "cpu_env", "free_port", "run", "torchrun"]
+
 REPO = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def cpu_env(**extra: str) -> dict[str, str]:
-    """The current environment with one OpenMP thread per process (the machine has 2 cores)."""
+    """The current environment without meshrun's variables, with one OpenMP thread per process
+    (the machine has 2 cores), plus ``extra`` (e.g. a ``layout_env``)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("MESHRUN_", "PET_"))}
-    env.update({"OMP_NUM_THREADS": "1", "MESHRUN_METRICS_PORT": "0", **extra})
+    env.update({"OMP_NUM_THREADS": "1", **extra})
     return env
 
 

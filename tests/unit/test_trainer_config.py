@@ -1,75 +1,70 @@
-"""Trainer configuration from the environment: defaults, parsing and every validation rule."""
+"""Trainer configuration from the environment: no defaults, and the planner's rules."""
 
 from __future__ import annotations
 
 import pytest
-from meshrun_trainer.config import (
-    ConfigError,
-    even_stage_layers,
-    from_env,
-    parse_stage_layers,
-)
+from meshrun_trainer.config import ConfigError, from_env, parse_stage_layers
+from meshrun_trainer.localenv import layout_env
 
+from meshrun.envcontract import ENV_OF_FIELD
 from meshrun.presets import PRESETS
 
 pytestmark = pytest.mark.unit
 
+TINY = {"preset": "tiny"}
+TRAINING = {"steps": 4, "globalBatchSize": 8, "precision": "fp32", "dataset": "synthetic"}
+
 
 def make_env(**overrides: str) -> dict[str, str]:
-    env = {"MESHRUN_MODEL_PRESET": "tiny", "MESHRUN_GLOBAL_BATCH_SIZE": "8"}
+    """A one-process tiny job's environment, with MESHRUN_<KEY> overrides."""
+    env = layout_env(TINY, TRAINING)
+    del env["WORLD_SIZE"]  # torchrun sets it for each process it starts
     env.update({f"MESHRUN_{k.upper()}": v for k, v in overrides.items()})
     return env
 
 
-def test_defaults_describe_a_single_process_tiny_run() -> None:
+def test_a_planned_environment_reads_back_exactly() -> None:
     cfg = from_env(make_env())
-    assert cfg.model == PRESETS["tiny"]
+    assert cfg.model == PRESETS["tiny"] and cfg.preset == "tiny"
     assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp, cfg.layout.world_size) == (1, 1, 1, 1)
     assert cfg.layout.stage_layers == ((0, 3),)
-    assert cfg.training.precision == "fp32"
-    assert cfg.metrics_port == 9400
+    assert cfg.training.precision == "fp32" and cfg.training.steps == 4
+    assert cfg.training.learning_rate == 3e-4, "the CRD's default, not one of the trainer's"
+    assert cfg.metrics_port == 0 and cfg.training.checkpoint_dir is None
     assert cfg.tokens_per_step == 8 * 64
 
 
 def test_interleaved_pipeline_takes_planner_ranges_in_stage_order() -> None:
-    cfg = from_env(
-        make_env(
-            pp="2",
-            pipeline_schedule="interleaved-1f1b",
-            virtual_stages="2",
-            micro_batches="4",
-            stage_layers="0-0,1-1,2-2,3-3",
-        )
+    env = layout_env(
+        TINY, TRAINING, pp=2, schedule="interleaved-1f1b", virtual_stages=2, micro_batches=4
     )
+    cfg = from_env(env)
+    assert env["MESHRUN_STAGE_LAYERS"] == "0-0,1-1,2-2,3-3"
     assert cfg.layout.num_stages == 4
     assert cfg.layout.stage_layers == ((0, 0), (1, 1), (2, 2), (3, 3))
 
 
-def test_one_range_per_rank_is_resplit_for_interleaving() -> None:
-    cfg = from_env(
-        make_env(
-            pp="2",
-            pipeline_schedule="interleaved-1f1b",
-            virtual_stages="2",
-            stage_layers="0-1,2-3",
-        )
-    )
-    assert cfg.layout.stage_layers == ((0, 0), (1, 1), (2, 2), (3, 3))
+READ = sorted(
+    name
+    for name in layout_env(TINY, TRAINING)
+    # torchrun reads PET_* and MASTER_*; these two are for people and tools, not the trainer.
+    if name.startswith("MESHRUN_") and name not in ("MESHRUN_POD_INDEX", "MESHRUN_STRATEGY")
+)
 
 
-def test_explicit_model_overrides_the_preset() -> None:
-    cfg = from_env(
-        make_env(
-            model_preset="",
-            model_layers="2",
-            model_hidden="32",
-            model_heads="2",
-            model_vocab="64",
-            model_seq_len="16",
-        )
-    )
-    assert cfg.preset == "custom"
-    assert (cfg.model.layers, cfg.model.ffn_hidden, cfg.model.kv_heads) == (2, 128, 2)
+@pytest.mark.parametrize("name", READ)
+def test_every_variable_is_required(name: str) -> None:
+    env = make_env()
+    del env[name]
+    with pytest.raises(ConfigError) as caught:
+        from_env(env)
+    assert caught.value.field == name
+    assert "is required" in caught.value.rule
+
+
+def test_every_field_the_rules_name_has_a_variable() -> None:
+    env = make_env()
+    assert set(ENV_OF_FIELD.values()) - {"WORLD_SIZE"} <= set(env)
 
 
 @pytest.mark.parametrize(
@@ -77,21 +72,44 @@ def test_explicit_model_overrides_the_preset() -> None:
     [
         ({"dp": "two"}, "MESHRUN_DP", "integer"),
         ({"tp": "0"}, "MESHRUN_TP", ">= 1"),
-        ({"tp": "3"}, "MESHRUN_TP", "must divide MESHRUN_MODEL_HEADS=4"),
-        ({"pp": "8"}, "MESHRUN_PP", "need >= that many layers"),
-        ({"zero_stage": "4"}, "MESHRUN_ZERO_STAGE", "0-3"),
+        ({"tp": "3"}, "MESHRUN_TP", "spec.strategy.tensorParallel: must divide spec.model.heads"),
+        ({"model_seq_len": "30", "tp": "4"}, "MESHRUN_TP", "(4 does not divide seqLen=30)"),
+        ({"pp": "8", "micro_batches": "8"}, "MESHRUN_PP", "8 stages for layers=4"),
+        ({"zero_stage": "4"}, "MESHRUN_ZERO_STAGE", "must be 0, 1, 2 or 3"),
         ({"pipeline_schedule": "zigzag"}, "MESHRUN_PIPELINE_SCHEDULE", "one of"),
-        ({"pp": "2", "pipeline_schedule": "interleaved-1f1b"}, "MESHRUN_VIRTUAL_STAGES", ">= 2"),
-        ({"pp": "2", "stage_layers": "0-2,2-3"}, "MESHRUN_STAGE_LAYERS", "contiguous"),
-        ({"pp": "2", "stage_layers": "0-0,1-2"}, "MESHRUN_STAGE_LAYERS", "cover all 4"),
-        ({"pp": "2", "stage_layers": "a-b,c"}, "MESHRUN_STAGE_LAYERS", "look like"),
-        ({"dp": "3"}, "MESHRUN_GLOBAL_BATCH_SIZE", "dp*gradAccumulation*microBatches=3"),
-        ({"pp": "2", "micro_batches": "16"}, "MESHRUN_GLOBAL_BATCH_SIZE", "=16"),
+        (
+            {
+                "pp": "2",
+                "micro_batches": "2",
+                "micro_batch_size": "4",
+                "pipeline_schedule": "interleaved-1f1b",
+            },
+            "MESHRUN_VIRTUAL_STAGES",
+            "at least 2",
+        ),
+        (
+            {"pp": "2", "micro_batches": "2", "micro_batch_size": "4", "stage_layers": "0-2,2-3"},
+            "MESHRUN_STAGE_LAYERS",
+            "contiguous",
+        ),
+        (
+            {"pp": "2", "micro_batches": "2", "micro_batch_size": "4", "stage_layers": "0-0,1-2"},
+            "MESHRUN_STAGE_LAYERS",
+            "cover all 4",
+        ),
+        (
+            {"pp": "2", "micro_batches": "2", "micro_batch_size": "4"},
+            "MESHRUN_STAGE_LAYERS",
+            "needs pp x virtualStages = 2",
+        ),
+        ({"stage_layers": "a-b,c"}, "MESHRUN_STAGE_LAYERS", "look like"),
+        ({"dp": "3"}, "MESHRUN_GLOBAL_BATCH_SIZE", "(8 against 3x8 = 24)"),
+        ({"grad_accumulation": "2"}, "MESHRUN_GLOBAL_BATCH_SIZE", "gradient accumulation"),
         ({"learning_rate": "fast"}, "MESHRUN_LEARNING_RATE", "number"),
-        ({"learning_rate": "-1"}, "MESHRUN_LEARNING_RATE", ">= 0"),
-        ({"precision": "fp8"}, "MESHRUN_PRECISION", "fp32, bf16"),
-        ({"model_preset": "huge"}, "MESHRUN_MODEL_PRESET", "unknown preset"),
-        ({"model_kv_heads": "3"}, "MESHRUN_MODEL_KV_HEADS", "must divide heads=4"),
+        ({"learning_rate": "-1"}, "MESHRUN_LEARNING_RATE", "greater than 0"),
+        ({"precision": "fp8"}, "MESHRUN_PRECISION", "bf16, fp32"),
+        ({"model_kv_heads": "3"}, "MESHRUN_MODEL_KV_HEADS", "(3 does not divide heads=4)"),
+        ({"model_heads": "64", "model_kv_heads": "4"}, "MESHRUN_MODEL_HEADS", "rotary"),
         ({"dataset": "corpus", "model_vocab": "128"}, "MESHRUN_DATASET", "vocab >= 256"),
     ],
 )
@@ -106,10 +124,9 @@ def test_bad_values_name_the_variable_and_rule(
 
 
 def test_world_size_must_match_the_layout() -> None:
-    with pytest.raises(ConfigError, match="WORLD_SIZE: 4 != MESHRUN_DP"):
-        from_env({**make_env(dp="2"), "WORLD_SIZE": "4"})
+    with pytest.raises(ConfigError, match=r"WORLD_SIZE: spec.strategy: .*1x1x1 = 1, not 4"):
+        from_env({**make_env(), "WORLD_SIZE": "4"})
 
 
-def test_stage_layer_helpers() -> None:
+def test_stage_layer_parsing() -> None:
     assert parse_stage_layers("0-1, 2-3,4") == ((0, 1), (2, 3), (4, 4))
-    assert even_stage_layers(10, 4) == ((0, 2), (3, 5), (6, 7), (8, 9))

@@ -7,19 +7,21 @@ from pathlib import Path
 import pytest
 from meshrun_trainer.config import from_env
 
-from meshrun.api import load_jobs, with_defaults
+from meshrun.api import load_jobs
 from meshrun.envcontract import pod_env
-from meshrun.planner import plan_job
+from meshrun.planner import Plan, plan_job
+from meshrun.spec import JobSpec
+from meshrun.specread import read_spec
 
 pytestmark = pytest.mark.unit
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 
 
-def planned(name: str) -> tuple[dict, dict]:  # type: ignore[type-arg]
+def planned(name: str) -> tuple[Plan, JobSpec]:
     job = load_jobs(EXAMPLES / f"{name}.yaml")[0]
-    spec = with_defaults(job["spec"])
-    return plan_job(spec, job["metadata"]["name"]).to_dict(), spec
+    spec = read_spec(job["spec"])
+    return plan_job(spec, job["metadata"]["name"]), spec
 
 
 def test_demo_job_env_for_second_pod() -> None:
@@ -57,25 +59,21 @@ def test_every_example_parses_in_the_trainer(name: str) -> None:
     plan, spec = planned(name)
     env = pod_env(plan, spec, job_name=name, namespace="ns", pod_index=0, master_addr="m")
     cfg = from_env(env)
-    layout = plan["layout"]
-    assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (
-        layout["dp"],
-        layout["pp"],
-        layout["tp"],
-    )
-    assert cfg.layout.world_size == plan["worldSize"]
-    assert cfg.model.parameters() == plan["model"]["parameters"]
+    lay = plan.layout
+    assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (lay.dp, lay.pp, lay.tp)
+    assert cfg.layout.world_size == plan.world_size
+    assert cfg.model == plan.model
     assert cfg.layout.stage_layers[-1][1] == cfg.model.layers - 1
+    t = spec.training
+    assert (cfg.training.learning_rate, cfg.training.precision) == (t.learning_rate, t.precision)
+    assert cfg.training.steps == t.steps and cfg.training.max_grad_norm == t.max_grad_norm
 
 
 def test_interleaved_stage_ranges_are_in_stage_order() -> None:
     plan, spec = planned("3d")
     env = pod_env(plan, spec, job_name="x", namespace="ns", pod_index=0, master_addr="m")
     firsts = [int(r.split("-")[0]) for r in env["MESHRUN_STAGE_LAYERS"].split(",")]
-    assert (
-        firsts == sorted(firsts)
-        and len(firsts) == plan["layout"]["pp"] * plan["layout"]["virtualStages"]
-    )
+    assert firsts == sorted(firsts) and len(firsts) == plan.layout.pp * plan.layout.virtual_stages
 
 
 def test_pod_index_out_of_range_is_an_error() -> None:
@@ -97,7 +95,7 @@ def test_pod_index_out_of_range_is_an_error() -> None:
 def test_local_pods_get_disjoint_gpus(
     accelerator: str, gpus: list[str], pod: int, visible: str, warned: bool
 ) -> None:
-    from meshrun_trainer.local import device_env
+    from meshrun_trainer.localenv import device_env
 
     env, reason = device_env(accelerator, world=4, per_pod=2, pod_index=pod, gpus=gpus)
     assert env == {"CUDA_VISIBLE_DEVICES": visible}

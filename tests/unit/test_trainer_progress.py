@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from meshrun_trainer.config import from_env
+from meshrun_trainer.localenv import layout_env
 from meshrun_trainer.progress import Metrics, ProgressServer, Reporter
 from meshrun_trainer.train import StepRecord
 
@@ -18,15 +19,9 @@ def test_step_lines_endpoints_and_termination_message(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     log = tmp_path / "termination-log"
-    cfg = from_env(
-        {
-            "MESHRUN_MODEL_PRESET": "tiny",
-            "MESHRUN_STEPS": "5",
-            "MESHRUN_JOB_NAME": "j1",
-            "MESHRUN_METRICS_PORT": "0",  # no fixed port in tests: we start one below
-            "MESHRUN_TERMINATION_LOG": str(log),
-        }
-    )
+    env = layout_env({"preset": "tiny"}, {"steps": 5, "globalBatchSize": 8}, name="j1")
+    # No fixed port in tests: the server is started below on a free one.
+    cfg = from_env({**env, "MESHRUN_METRICS_PORT": "0", "MESHRUN_TERMINATION_LOG": str(log)})
     reporter = Reporter(cfg)
     assert reporter.server is None
     reporter.server = ProgressServer(0, reporter.metrics, reporter.progress)
@@ -43,8 +38,8 @@ def test_step_lines_endpoints_and_termination_message(
     assert progress["tokensPerSecond"] == 1024.0 and progress["stepTimeSeconds"] == 0.5
     with urllib.request.urlopen(f"{base}/metrics", timeout=5) as response:
         metrics = response.read().decode()
-    assert 'meshrun_trainer_step{job="j1",namespace="default"} 3.0' in metrics
-    assert 'meshrun_trainer_loss{job="j1",namespace="default"} 4.25' in metrics
+    assert 'meshrun_trainer_step{job="j1",namespace="local"} 3.0' in metrics
+    assert 'meshrun_trainer_loss{job="j1",namespace="local"} 4.25' in metrics
     assert "meshrun_trainer_tokens_total" in metrics
 
     reporter.finish({"status": "Succeeded", "finalLoss": 4.25, "losses": [5.0, 4.25]})
@@ -55,18 +50,13 @@ def test_step_lines_endpoints_and_termination_message(
 def test_unwritable_termination_log_does_not_fail(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    cfg = from_env(
-        {
-            "MESHRUN_MODEL_PRESET": "tiny",
-            "MESHRUN_METRICS_PORT": "0",
-            "MESHRUN_TERMINATION_LOG": str(tmp_path / "missing" / "log"),
-        }
-    )
+    env = layout_env({"preset": "tiny"}, {"globalBatchSize": 8})
+    cfg = from_env({**env, "MESHRUN_TERMINATION_LOG": str(tmp_path / "missing" / "log")})
     Reporter(cfg).finish({"status": "Succeeded"})
     assert "cannot write termination log" in capsys.readouterr().err
 
 
 def test_metrics_registry_is_per_reporter() -> None:
-    cfg = from_env({"MESHRUN_MODEL_PRESET": "tiny"})
+    cfg = from_env(layout_env({"preset": "tiny"}, {"globalBatchSize": 8}))
     # Two registries in one process must not clash (tests build several reporters).
     assert Metrics(cfg).registry is not Metrics(cfg).registry

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from meshrun_trainer.config import Layout, even_stage_layers
+from meshrun_trainer.config import Layout
 from meshrun_trainer.parallel import data_parallel_kind
 from meshrun_trainer.pipeline import stages_of_rank
+
+from meshrun.layout import layer_ranges
 
 pytestmark = pytest.mark.unit
 
@@ -20,7 +22,7 @@ def make_layout(dp: int = 1, pp: int = 1, tp: int = 1, zero: int = 0, virtual: i
         micro_batches=4,
         virtual_stages=virtual,
         grad_accumulation=1,
-        stage_layers=even_stage_layers(8, pp * virtual),
+        stage_layers=layer_ranges(8, pp * virtual),
     )
 
 

@@ -1,39 +1,28 @@
 """Typed trainer configuration, read from the environment the operator (or the local launcher) sets.
 
-Every variable is documented in docs/env-contract.md and written by
-``meshrun.envcontract.pod_env``. Bad values raise :class:`ConfigError` naming the variable and the
-rule, so a misconfigured pod fails with one readable line instead of a traceback.
+Every variable is written by ``meshrun.envcontract.pod_env`` and documented in
+docs/env-contract.md. The trainer has no defaults of its own: a missing variable is a
+:class:`ConfigError`, and so is a value that breaks a rule. The rules are the planner's own
+(:mod:`meshrun.rules`), so a job that ``meshrun plan`` accepts starts without a configuration
+error; the error names the variable, the spec field it carries and the rule.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
+from typing import get_args
 
-from meshrun.presets import PRESETS, ModelShape
-from meshrun_trainer.layout import (
-    SCHEDULES,
-    ConfigError,
-    Layout,
-    even_stage_layers,
-    parse_stage_layers,
-    validate_layout,
-)
+from meshrun.envcontract import ENV_OF_FIELD
+from meshrun.errors import SpecError
+from meshrun.presets import ModelShape
+from meshrun.rules import check_data, check_layout, check_model
+from meshrun.spec import Dataset, Precision, Schedule
+from meshrun_trainer.layout import ConfigError, Layout, check_stage_layers, parse_stage_layers
 
-__all__ = [
-    "ConfigError",
-    "Layout",
-    "TrainConfig",
-    "Training",
-    "even_stage_layers",
-    "from_env",
-    "parse_stage_layers",
-    "validate_layout",
-]
-
-DATASETS = ("synthetic", "corpus")
-PRECISIONS = ("fp32", "bf16")
+__all__ = ["ConfigError", "Layout", "TrainConfig", "Training", "from_env", "parse_stage_layers"]
 
 
 @dataclass(frozen=True)
@@ -45,7 +34,7 @@ class Training:
     global_batch_size: int
     """Sequences per optimizer step over all data-parallel replicas."""
     micro_batch_size: int
-    """Sequences per micro-batch (informational: the layout's counts decide the split)."""
+    """Sequences per forward pass on one rank."""
     precision: str
     """fp32, or bf16 autocast over fp32 master weights."""
     learning_rate: float
@@ -55,7 +44,7 @@ class Training:
     dataset: str
     """synthetic (a learnable deterministic stream) or corpus (the shipped text, bytes)."""
     max_grad_norm: float
-    """Global gradient-norm clipping threshold (0 disables clipping)."""
+    """Global gradient-norm clipping threshold."""
     checkpoint_dir: str | None
     """Directory of distributed checkpoints; None disables checkpointing."""
     checkpoint_every: int
@@ -92,153 +81,126 @@ class TrainConfig:
         return self.training.global_batch_size * self.model.seq_len
 
 
-def _get(env: Mapping[str, str], name: str, default: str | None = None) -> str:
-    value = env.get(name, default)
-    if value is None or value == "":
-        raise ConfigError(name, "is required but not set")
-    return value
+class _Env:
+    """Typed reads of required variables; each failure names the variable."""
+
+    def __init__(self, env: Mapping[str, str]) -> None:
+        self.env = env
+
+    def text(self, name: str, *, empty: bool = False) -> str:
+        value = self.env.get(name)
+        if value is None or (value == "" and not empty):
+            raise ConfigError(name, "is required but not set (meshrun.envcontract.pod_env sets it)")
+        return value
+
+    def int(self, name: str, minimum: int = 1) -> int:
+        raw = self.text(name)
+        try:
+            value = int(raw)
+        except ValueError:
+            raise ConfigError(name, f"must be an integer, got {raw!r}") from None
+        if value < minimum:
+            raise ConfigError(name, f"must be >= {minimum}, got {value}")
+        return value
+
+    def float(self, name: str) -> float:
+        raw = self.text(name)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(name, f"must be a number, got {raw!r}") from None
+        if not value > 0:
+            raise ConfigError(name, f"must be greater than 0, got {raw}")
+        return value
+
+    def choice(self, name: str, choices: tuple[str, ...]) -> str:
+        value = self.text(name)
+        if value not in choices:
+            raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+        return value
 
 
-def _int(env: Mapping[str, str], name: str, default: int | None = None, minimum: int = 1) -> int:
-    raw = _get(env, name, None if default is None else str(default))
+@contextmanager
+def _as_config_errors() -> Iterator[None]:
+    """A broken rule, reported with the variable that carries the field it names."""
     try:
-        value = int(raw)
-    except ValueError:
-        raise ConfigError(name, f"must be an integer, got {raw!r}") from None
-    if value < minimum:
-        raise ConfigError(name, f"must be >= {minimum}, got {value}")
-    return value
+        yield
+    except ConfigError:
+        raise
+    except SpecError as error:
+        variable = ENV_OF_FIELD.get(error.field, error.field)
+        raise ConfigError(variable, f"{error.field}: {error.rule}") from None
 
 
-def _float(env: Mapping[str, str], name: str, default: float, minimum: float = 0.0) -> float:
-    raw = _get(env, name, str(default))
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ConfigError(name, f"must be a number, got {raw!r}") from None
-    if not value >= minimum:
-        raise ConfigError(name, f"must be >= {minimum}, got {raw}")
-    return value
+def _model(env: _Env) -> ModelShape:
+    def dim(name: str) -> int:
+        return env.int(f"MESHRUN_MODEL_{name}")
 
-
-def _choice(env: Mapping[str, str], name: str, default: str, choices: tuple[str, ...]) -> str:
-    value = _get(env, name, default).lower()
-    if value not in choices:
-        raise ConfigError(name, f"must be one of {', '.join(choices)}, got {value!r}")
-    return value
-
-
-def _model(env: Mapping[str, str]) -> tuple[str, ModelShape]:
-    preset = env.get("MESHRUN_MODEL_PRESET", "") or "custom"
-    base = PRESETS.get(preset)
-    if base is None and preset != "custom":
-        raise ConfigError(
-            "MESHRUN_MODEL_PRESET", f"unknown preset {preset!r}; use one of {sorted(PRESETS)}"
-        )
-
-    def dim(name: str, fallback: int | None) -> int:
-        return _int(env, f"MESHRUN_MODEL_{name}", fallback)
-
-    heads = dim("HEADS", base.heads if base else None)
-    hidden = dim("HIDDEN", base.hidden if base else None)
-    shape = ModelShape(
-        layers=dim("LAYERS", base.layers if base else None),
-        hidden=hidden,
-        heads=heads,
-        vocab=dim("VOCAB", base.vocab if base else None),
-        seq_len=dim("SEQ_LEN", base.seq_len if base else None),
-        ffn_hidden=dim("FFN_HIDDEN", base.ffn_hidden if base else 4 * hidden),
-        kv_heads=dim("KV_HEADS", base.kv_heads if base else heads),
+    return ModelShape(
+        layers=dim("LAYERS"),
+        hidden=dim("HIDDEN"),
+        heads=dim("HEADS"),
+        vocab=dim("VOCAB"),
+        seq_len=dim("SEQ_LEN"),
+        ffn_hidden=dim("FFN_HIDDEN"),
+        kv_heads=dim("KV_HEADS"),
     )
-    if shape.hidden % shape.heads:
-        raise ConfigError("MESHRUN_MODEL_HIDDEN", f"{shape.hidden} must divide by heads={heads}")
-    if shape.heads % shape.kv_heads:
-        raise ConfigError("MESHRUN_MODEL_KV_HEADS", f"{shape.kv_heads} must divide heads={heads}")
-    if shape.head_dim % 2:
-        raise ConfigError("MESHRUN_MODEL_HIDDEN", "hidden/heads must be even for rotary embeddings")
-    return preset, shape
 
 
-def _layout(env: Mapping[str, str], model: ModelShape) -> Layout:
-    dp, pp, tp = (_int(env, f"MESHRUN_{d}", 1) for d in ("DP", "PP", "TP"))
-    schedule = _choice(env, "MESHRUN_PIPELINE_SCHEDULE", "1f1b", SCHEDULES)
-    virtual = _int(env, "MESHRUN_VIRTUAL_STAGES", 1)
-    if pp > 1 and schedule == "interleaved-1f1b" and virtual < 2:
-        raise ConfigError("MESHRUN_VIRTUAL_STAGES", "interleaved-1f1b needs >= 2 stages per rank")
-    if pp == 1 or schedule != "interleaved-1f1b":
-        virtual = 1
-    raw_stages = env.get("MESHRUN_STAGE_LAYERS", "")
-    stages = parse_stage_layers(raw_stages) if raw_stages else ()
-    if len(stages) != pp * virtual:
-        # The planner lists one range per pipeline rank; interleaving needs pp * v chunks in
-        # stage order (rank r holds chunks r, r + pp, ...), so re-split evenly.
-        stages = even_stage_layers(model.layers, pp * virtual)
-    layout = Layout(
-        dp=dp,
-        pp=pp,
-        tp=tp,
-        zero_stage=_int(env, "MESHRUN_ZERO_STAGE", 0, minimum=0),
-        schedule=schedule,
-        micro_batches=_int(env, "MESHRUN_MICRO_BATCHES", 1) if pp > 1 else 1,
-        virtual_stages=virtual,
-        grad_accumulation=_int(env, "MESHRUN_GRAD_ACCUMULATION", 1),
-        stage_layers=stages,
+def _layout(env: _Env) -> Layout:
+    return Layout(
+        dp=env.int("MESHRUN_DP"),
+        pp=env.int("MESHRUN_PP"),
+        tp=env.int("MESHRUN_TP"),
+        zero_stage=env.int("MESHRUN_ZERO_STAGE", minimum=0),
+        schedule=env.choice("MESHRUN_PIPELINE_SCHEDULE", get_args(Schedule)),
+        micro_batches=env.int("MESHRUN_MICRO_BATCHES"),
+        virtual_stages=env.int("MESHRUN_VIRTUAL_STAGES"),
+        grad_accumulation=env.int("MESHRUN_GRAD_ACCUMULATION"),
+        stage_layers=parse_stage_layers(env.text("MESHRUN_STAGE_LAYERS")),
     )
-    validate_layout(layout, model)
-    return layout
 
 
-def _training(env: Mapping[str, str], layout: Layout, model: ModelShape) -> Training:
-    checkpoint_dir = env.get("MESHRUN_CHECKPOINT_DIR") or None
-    training = Training(
-        steps=_int(env, "MESHRUN_STEPS", 10),
-        global_batch_size=_int(env, "MESHRUN_GLOBAL_BATCH_SIZE", 8),
-        micro_batch_size=_int(env, "MESHRUN_MICRO_BATCH_SIZE", 1),
-        precision=_choice(env, "MESHRUN_PRECISION", "fp32", PRECISIONS),
-        learning_rate=_float(env, "MESHRUN_LEARNING_RATE", 1e-3),
-        seed=_int(env, "MESHRUN_SEED", 0, minimum=0),
-        dataset=_choice(env, "MESHRUN_DATASET", "synthetic", DATASETS),
-        max_grad_norm=_float(env, "MESHRUN_MAX_GRAD_NORM", 1.0),
-        checkpoint_dir=checkpoint_dir,
-        checkpoint_every=_int(env, "MESHRUN_CHECKPOINT_EVERY", 0, minimum=0),
-        checkpoint_keep=_int(env, "MESHRUN_CHECKPOINT_KEEP", 2, minimum=0),
+def _training(env: _Env) -> Training:
+    return Training(
+        steps=env.int("MESHRUN_STEPS"),
+        global_batch_size=env.int("MESHRUN_GLOBAL_BATCH_SIZE"),
+        micro_batch_size=env.int("MESHRUN_MICRO_BATCH_SIZE"),
+        precision=env.choice("MESHRUN_PRECISION", get_args(Precision)),
+        learning_rate=env.float("MESHRUN_LEARNING_RATE"),
+        seed=env.int("MESHRUN_SEED", minimum=0),
+        dataset=env.choice("MESHRUN_DATASET", get_args(Dataset)),
+        max_grad_norm=env.float("MESHRUN_MAX_GRAD_NORM"),
+        checkpoint_dir=env.text("MESHRUN_CHECKPOINT_DIR", empty=True) or None,
+        checkpoint_every=env.int("MESHRUN_CHECKPOINT_EVERY", minimum=0),
+        checkpoint_keep=env.int("MESHRUN_CHECKPOINT_KEEP", minimum=0),
     )
-    validate_batch(training, layout)
-    if training.dataset == "corpus" and model.vocab < 256:
-        raise ConfigError(
-            "MESHRUN_DATASET", f"corpus needs vocab >= 256 (bytes), got {model.vocab}"
-        )
-    return training
-
-
-def validate_batch(training: Training, layout: Layout) -> None:
-    """The global batch must split evenly over replicas, accumulation steps and micro-batches."""
-    split = layout.dp * layout.grad_accumulation * layout.micro_batches
-    if training.global_batch_size % split:
-        raise ConfigError(
-            "MESHRUN_GLOBAL_BATCH_SIZE",
-            f"{training.global_batch_size} must divide by dp*gradAccumulation*microBatches={split}",
-        )
 
 
 def from_env(env: Mapping[str, str] | None = None) -> TrainConfig:
-    """Build the configuration from ``env`` (default: ``os.environ``)."""
-    env = os.environ if env is None else env
-    preset, model = _model(env)
-    layout = _layout(env, model)
-    world = env.get("WORLD_SIZE")
-    if world is not None and world.isdigit() and int(world) != layout.world_size:
-        raise ConfigError(
-            "WORLD_SIZE", f"{world} != MESHRUN_DP*MESHRUN_PP*MESHRUN_TP={layout.world_size}"
+    """Build and check the configuration from ``env`` (default: ``os.environ``)."""
+    read = _Env(os.environ if env is None else env)
+    model, layout, training = _model(read), _layout(read), _training(read)
+    world = read.env.get("WORLD_SIZE")  # set by torchrun for every process
+    with _as_config_errors():
+        check_model(model)
+        check_layout(
+            layout,
+            model,
+            global_batch_size=training.global_batch_size,
+            micro_batch_size=training.micro_batch_size,
+            world_size=int(world) if world and world.isdigit() else None,
         )
+        check_data(training.dataset, model)
+    check_stage_layers(layout, model.layers)
     return TrainConfig(
         model=model,
-        preset=preset,
+        preset=read.text("MESHRUN_MODEL_PRESET"),
         layout=layout,
-        training=_training(env, layout, model),
-        job_name=env.get("MESHRUN_JOB_NAME", "local"),
-        namespace=env.get("MESHRUN_NAMESPACE", "default"),
-        attempt=_int(env, "MESHRUN_ATTEMPT", 0, minimum=0),
-        metrics_port=_int(env, "MESHRUN_METRICS_PORT", 9400, minimum=0),
-        termination_log=env.get("MESHRUN_TERMINATION_LOG", "/dev/termination-log"),
+        training=training,
+        job_name=read.text("MESHRUN_JOB_NAME"),
+        namespace=read.text("MESHRUN_NAMESPACE"),
+        attempt=read.int("MESHRUN_ATTEMPT", minimum=0),
+        metrics_port=read.int("MESHRUN_METRICS_PORT", minimum=0),
+        termination_log=read.text("MESHRUN_TERMINATION_LOG"),
     )

@@ -1,5 +1,5 @@
-"""The parallel layout of a run and its rules: how many ranks along each mesh dimension, the
-pipeline schedule, and which layers each pipeline stage holds."""
+"""The parallel layout of a run as the trainer reads it: the planner's layout plus the layers each
+pipeline stage holds. The layout's rules are the planner's (:func:`meshrun.rules.check_layout`)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,6 @@ from dataclasses import dataclass
 
 from meshrun.errors import SpecError
 from meshrun.layout import Layout as PlannedLayout
-from meshrun.presets import ModelShape
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 class ConfigError(SpecError):
@@ -44,39 +41,19 @@ def parse_stage_layers(
     return tuple(stages)
 
 
-def even_stage_layers(layers: int, stages: int) -> tuple[tuple[int, int], ...]:
-    """Split ``layers`` into ``stages`` contiguous ranges, earlier stages taking the remainder."""
-    base, extra = divmod(layers, stages)
-    ranges, first = [], 0
-    for stage in range(stages):
-        count = base + (1 if stage < extra else 0)
-        ranges.append((first, first + count - 1))
-        first += count
-    return tuple(ranges)
-
-
-def validate_layout(layout: Layout, model: ModelShape) -> None:
-    """Check that the layout can split this model; raise ConfigError naming the variable."""
-    if layout.zero_stage > 3:
-        raise ConfigError("MESHRUN_ZERO_STAGE", f"must be 0-3, got {layout.zero_stage}")
-    if model.layers < layout.num_stages:
-        raise ConfigError("MESHRUN_PP", f"{layout.num_stages} stages need >= that many layers")
+def check_stage_layers(layout: Layout, layers: int) -> None:
+    """The stage ranges of MESHRUN_STAGE_LAYERS: one per stage, contiguous, covering the model."""
+    field = "MESHRUN_STAGE_LAYERS"
+    if len(layout.stage_layers) != layout.num_stages:
+        raise ConfigError(
+            field,
+            f"needs pp x virtualStages = {layout.num_stages} ranges in stage order, got "
+            f"{len(layout.stage_layers)}",
+        )
     expected = 0
     for first, last in layout.stage_layers:
         if first != expected or last < first:
-            raise ConfigError(
-                "MESHRUN_STAGE_LAYERS", "ranges must be contiguous, non-empty and start at 0"
-            )
+            raise ConfigError(field, "ranges must be contiguous, non-empty and start at 0")
         expected = last + 1
-    if expected != model.layers:
-        raise ConfigError("MESHRUN_STAGE_LAYERS", f"ranges must cover all {model.layers} layers")
-    tp = layout.tp
-    for name, value in (
-        ("HEADS", model.heads),
-        ("KV_HEADS", model.kv_heads),
-        ("FFN_HIDDEN", model.ffn_hidden),
-        ("VOCAB", model.vocab),
-        ("SEQ_LEN", model.seq_len),  # sequence parallel shards the sequence dimension
-    ):
-        if value % tp:
-            raise ConfigError("MESHRUN_TP", f"{tp} must divide MESHRUN_MODEL_{name}={value}")
+    if expected != layers:
+        raise ConfigError(field, f"ranges must cover all {layers} layers")

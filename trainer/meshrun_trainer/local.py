@@ -1,7 +1,8 @@
 """``meshrun run FILE --local``: plan a job and run it on this machine, one torchrun per pod.
 
-Each "pod" gets exactly the environment the operator would give it (meshrun.envcontract.pod_env)
-with 127.0.0.1 as the master address, so a local run exercises the same contract as a cluster.
+Each "pod" gets exactly the environment the operator would give it (meshrun.envcontract.pod_env,
+through :mod:`meshrun_trainer.localenv`) with 127.0.0.1 as the master address, so a local run
+goes through the same reading, rules and contract as a cluster.
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -21,11 +21,13 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from meshrun.api import load_jobs, with_defaults
-from meshrun.envcontract import TRAINER_COMMAND, pod_env
+from meshrun.api import load_jobs
+from meshrun.envcontract import TRAINER_COMMAND
 from meshrun.errors import SpecError
 from meshrun.planner import plan_job
+from meshrun.specread import read_spec
 from meshrun_trainer.config import ConfigError, from_env
+from meshrun_trainer.localenv import local_envs
 
 MAX_LOCAL_PROCESSES = 64
 """More processes than this on one machine is almost surely a mistake (a GPU-sized job)."""
@@ -53,39 +55,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def visible_gpus() -> list[str]:
-    """Physical ids of the GPUs this process may use (honours CUDA_VISIBLE_DEVICES)."""
-    import torch
-
-    count = torch.cuda.device_count()
-    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
-    ids = [i.strip() for i in preset.split(",") if i.strip()] if preset else []
-    return ids[:count] if ids else [str(i) for i in range(count)]
-
-
-def device_env(
-    accelerator: str, world: int, per_pod: int, pod_index: int, gpus: list[str]
-) -> tuple[dict[str, str], str | None]:
-    """CUDA_VISIBLE_DEVICES for one local "pod": its own GPUs, or none (CPU) with a reason.
-
-    Every pod's torchrun numbers its processes from LOCAL_RANK 0, so pods on one machine must
-    see disjoint GPU sets or they would all use the first ones.
-    """
-    if accelerator == "cpu":
-        return {"CUDA_VISIBLE_DEVICES": ""}, None
-    if len(gpus) < world:
-        reason = f"{world} processes need {world} GPUs, {len(gpus)} visible: running on CPU"
-        return {"CUDA_VISIBLE_DEVICES": ""}, reason
-    mine = gpus[pod_index * per_pod : (pod_index + 1) * per_pod]
-    return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}, None
-
-
 def _pick_job(path: str, name: str | None) -> dict[str, Any]:
     jobs = load_jobs(path)
     if name is not None:
@@ -105,41 +74,21 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
         raise UsageError(f"--plot: {args.plot} must end in .png, .svg or .pdf")
     job = _pick_job(args.file, args.job)
     name = str(job.get("metadata", {}).get("name", "job"))
-    spec = with_defaults(job.get("spec", {}))
-    plan = plan_job(spec, name).to_dict()
-    if plan["worldSize"] > MAX_LOCAL_PROCESSES:
+    spec = read_spec(job.get("spec", {}))
+    planned = plan_job(spec, name)
+    if planned.world_size > MAX_LOCAL_PROCESSES:
         raise UsageError(
-            f"spec.resources: {plan['worldSize']} processes exceed the local limit of "
+            f"spec.resources: {planned.world_size} processes exceed the local limit of "
             f"{MAX_LOCAL_PROCESSES}; run it on a cluster"
         )
-    master_port = free_port()
-    gpus = visible_gpus() if plan.get("accelerator") != "cpu" else []
-    envs = []
-    for pod in plan["pods"]:
-        index = int(pod["index"])
-        env = pod_env(
-            plan,
-            spec,
-            job_name=name,
-            namespace="local",
-            pod_index=index,
-            master_addr="127.0.0.1",
-            master_port=master_port,
-            checkpoint_dir=args.checkpoint_dir,
-        )
-        devices, reason = device_env(
-            str(plan.get("accelerator")), plan["worldSize"], len(pod["ranks"]), index, gpus
-        )
-        if reason and index == 0:
-            print(f"meshrun run: {reason}", file=sys.stderr)
-        env.update(devices)
-        env["MESHRUN_TERMINATION_LOG"] = str(workdir / f"pod-{index}-termination.json")
-        env["MESHRUN_METRICS_PORT"] = str(free_port()) if index == 0 else "0"
-        envs.append(env)
-    try:  # the trainer's own checks, before any process starts
+    envs, why_cpu = local_envs(spec, planned, workdir, args.checkpoint_dir)
+    if why_cpu:
+        print(f"meshrun run: {why_cpu}", file=sys.stderr)
+    try:  # the trainer's own checks (the planner's rules), before any process starts
         from_env(envs[0])
     except ConfigError as error:
         raise UsageError(f"the planned job cannot train: {error}") from None
+    plan = planned.to_dict()
     return plan, envs
 
 

@@ -10,7 +10,6 @@ without sharding (HSDP with shard size 1), the data parallelism hybrids use at Z
 from __future__ import annotations
 
 import os
-import socket
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -18,6 +17,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from meshrun.localnet import free_port
 from meshrun_trainer.config import Layout
 
 
@@ -30,16 +30,10 @@ def pick_device() -> torch.device:
     return torch.device("cpu")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
     """Join the job's process group (env:// rendezvous set up by torchrun).
 
-    "cpu:gloo,cuda:nccl" fails on CPU-only builds (REFERENCE section 4), so pick one backend.
+    "cpu:gloo,cuda:nccl" fails on CPU-only builds of torch, so pick one backend.
     """
     if dist.is_initialized():
         return
@@ -48,7 +42,7 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
             os.environ.setdefault(key, value)
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        os.environ.setdefault("MASTER_PORT", str(free_port()))
     backend = "nccl" if device.type == "cuda" else "gloo"
     dist.init_process_group(backend=backend, timeout=timedelta(seconds=timeout_s))
 

@@ -1,0 +1,131 @@
+"""One set of rules: a spec the planner accepts starts every trainer without a configuration error.
+
+Specs come from hypothesis, valid or not; each one the planner accepts is turned into every
+pod's environment by the env contract and read back by the trainer's own configuration check
+(no processes). The trainer must agree with the plan on every value it reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+from meshrun_trainer.config import from_env
+
+from meshrun.envcontract import pod_env
+from meshrun.errors import SpecError
+from meshrun.planner import plan_job
+from meshrun.specread import read_spec
+
+pytestmark = pytest.mark.unit
+
+
+@st.composite
+def models(draw: st.DrawFn) -> dict[str, Any]:
+    """A preset, a preset with overrides, or explicit sizes (odd head sizes included)."""
+    sizes: dict[str, Any] = {}
+    heads = draw(st.sampled_from([1, 2, 3, 4, 8]))
+    if draw(st.integers(0, 3)) == 0:
+        sizes["heads"] = heads
+        sizes["hidden"] = heads * draw(st.sampled_from([2, 3, 4, 8, 16]))
+    if draw(st.integers(0, 3)) == 0:
+        sizes["kvHeads"] = draw(st.sampled_from([1, 2, 4]))
+    for key, values in (
+        ("layers", [1, 2, 3, 4, 8]),
+        ("vocab", [64, 128, 256, 260, 512]),
+        ("seqLen", [8, 16, 30, 32, 64, 100]),
+        ("ffnHidden", [24, 48, 64, 96, 192]),
+    ):
+        if draw(st.integers(0, 3)) == 0:
+            sizes[key] = draw(st.sampled_from(values))
+    if draw(st.booleans()):
+        return {"preset": "tiny", **sizes}
+    return {"layers": 2, "hidden": 32, "heads": 4, "vocab": 256, "seqLen": 32, **sizes}
+
+
+@st.composite
+def strategies(draw: st.DrawFn, world: int, procs: int) -> dict[str, Any]:
+    """A strategy with degrees that fit the machines (mostly), or any degrees at all."""
+    kind = draw(st.sampled_from(["auto", "ddp", "zero", "pipeline", "tensor", "hybrid"]))
+    strategy: dict[str, Any] = {"type": kind}
+    tp = draw(st.sampled_from([t for t in (1, 2, 4, 8) if procs % t == 0]))
+    pp = draw(st.sampled_from([p for p in (1, 2, 4) if (world // tp) % p == 0]))
+    fitting = {"tensorParallel": tp, "pipelineParallel": pp, "dataParallel": world // (tp * pp)}
+    if kind in ("pipeline", "tensor", "hybrid"):
+        for key, value in fitting.items():
+            if draw(st.booleans()):
+                strategy[key] = value if draw(st.integers(0, 4)) else draw(st.sampled_from([2, 3]))
+    if kind != "auto" and draw(st.booleans()):
+        strategy["zeroStage"] = draw(st.integers(0 if kind != "zero" else 1, 3))
+    strategy["pipelineSchedule"] = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b"]))
+    for key, values in (("microBatches", [1, 2, 4, 8]), ("virtualStages", [2, 3])):
+        if draw(st.integers(0, 3)) == 0:
+            strategy[key] = draw(st.sampled_from(values))
+    return strategy
+
+
+@st.composite
+def specs(draw: st.DrawFn) -> dict[str, Any]:
+    """A job on up to 4 pods x 8 processes with any strategy type."""
+    nodes, procs = draw(st.integers(1, 4)), draw(st.sampled_from([1, 2, 4, 8]))
+    micro_batch = draw(st.sampled_from([1, 2]))
+    training: dict[str, Any] = {
+        "globalBatchSize": micro_batch * draw(st.sampled_from([1, 3, 8, 16, 32, 64])),
+        "microBatchSize": micro_batch,
+        "precision": draw(st.sampled_from(["bf16", "fp32"])),
+    }
+    dataset = draw(st.sampled_from([None, "synthetic", "corpus"]))
+    if dataset:
+        training["dataset"] = dataset
+    return {
+        "image": "trainer:1",
+        "resources": {
+            "numNodes": nodes,
+            "numProcPerNode": procs,
+            "accelerator": draw(st.sampled_from(["cpu", "nvidia.com/gpu"])),
+        },
+        "strategy": draw(strategies(nodes * procs, procs)),
+        "model": draw(models()),
+        "training": training,
+    }
+
+
+@settings(max_examples=400, deadline=None)
+@given(specs())
+def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
+    try:
+        job = read_spec(spec)
+        plan = plan_job(job, "prop")
+    except SpecError as error:
+        event(f"refused: {error.field}")
+        return
+    event("accepted")
+    for index in {0, job.resources.num_nodes - 1}:
+        env = pod_env(plan, job, job_name="prop", namespace="ns", pod_index=index, master_addr="m")
+        cfg = from_env(env)  # raises ConfigError if the trainer would refuse it
+        assert cfg.layout.world_size == plan.world_size
+        assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (
+            plan.layout.dp,
+            plan.layout.pp,
+            plan.layout.tp,
+        )
+        assert cfg.model == plan.model
+        assert cfg.training.dataset == job.dataset
+        assert cfg.training.global_batch_size == job.training.global_batch_size
+        stages = sorted(plan.stages, key=lambda s: s.virtual * plan.layout.pp + s.pp)
+        assert cfg.layout.stage_layers == tuple((s.first, s.last) for s in stages)
+
+
+def test_the_issue_example_is_refused_at_plan_time() -> None:
+    spec = {
+        "image": "trainer:1",
+        "resources": {"numNodes": 1, "numProcPerNode": 8},
+        "strategy": {"type": "tensor", "tensorParallel": 8},
+        "model": {"layers": 2, "hidden": 512, "heads": 8, "vocab": 32000, "seqLen": 100},
+    }
+    with pytest.raises(SpecError) as caught:
+        plan_job(spec)
+    assert caught.value.field == "spec.strategy.tensorParallel"
+    assert "(8 does not divide seqLen=100)" in caught.value.rule

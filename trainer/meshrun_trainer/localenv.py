@@ -1,0 +1,130 @@
+"""Environments for trainer processes on this machine, always built by the operator's contract.
+
+``meshrun run --local`` gives each local "pod" exactly the environment the operator would
+(``meshrun.envcontract.pod_env``) with 127.0.0.1 as the master address. Tests and benchmarks
+that launch torchrun themselves take :func:`layout_env`: a one-pod job with the layout they
+want, planned and checked by the planner like any other, never a hand-written environment.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from meshrun.envcontract import pod_env
+from meshrun.localnet import free_port
+from meshrun.planner import Plan, plan_job
+from meshrun.spec import CPU, JobSpec
+from meshrun.specread import read_spec
+
+
+def visible_gpus() -> list[str]:
+    """Physical ids of the GPUs this process may use (honours CUDA_VISIBLE_DEVICES)."""
+    import torch
+
+    count = torch.cuda.device_count()
+    preset = os.environ.get("CUDA_VISIBLE_DEVICES")
+    ids = [i.strip() for i in preset.split(",") if i.strip()] if preset else []
+    return ids[:count] if ids else [str(i) for i in range(count)]
+
+
+def device_env(
+    accelerator: str, world: int, per_pod: int, pod_index: int, gpus: list[str]
+) -> tuple[dict[str, str], str | None]:
+    """CUDA_VISIBLE_DEVICES for one local "pod": its own GPUs, or none (CPU) with a reason.
+
+    Every pod's torchrun numbers its processes from LOCAL_RANK 0, so pods on one machine must
+    see disjoint GPU sets or they would all use the first ones.
+    """
+    if accelerator == CPU:
+        return {"CUDA_VISIBLE_DEVICES": ""}, None
+    if len(gpus) < world:
+        reason = f"{world} processes need {world} GPUs, {len(gpus)} visible: running on CPU"
+        return {"CUDA_VISIBLE_DEVICES": ""}, reason
+    mine = gpus[pod_index * per_pod : (pod_index + 1) * per_pod]
+    return {"CUDA_VISIBLE_DEVICES": ",".join(mine)}, None
+
+
+def local_envs(
+    job: JobSpec, plan: Plan, workdir: Path, checkpoint_dir: str | None = None
+) -> tuple[list[dict[str, str]], str | None]:
+    """Each local pod's environment, and why it runs on CPU when GPUs were wanted (or None).
+
+    Pod 0 serves /metrics and /progress on a free port; every pod writes its termination
+    message into ``workdir``.
+    """
+    master_port = free_port()
+    gpus = visible_gpus() if job.resources.accelerator != CPU else []
+    envs, why_cpu = [], None
+    per_pod = job.resources.num_proc_per_node
+    for index in range(job.resources.num_nodes):
+        env = pod_env(
+            plan,
+            job,
+            job_name=plan.name,
+            namespace="local",
+            pod_index=index,
+            master_addr="127.0.0.1",
+            master_port=master_port,
+            checkpoint_dir=checkpoint_dir,
+        )
+        devices, reason = device_env(
+            job.resources.accelerator, plan.world_size, per_pod, index, gpus
+        )
+        why_cpu = why_cpu or reason
+        env.update(devices)
+        env["MESHRUN_TERMINATION_LOG"] = str(workdir / f"pod-{index}-termination.json")
+        env["MESHRUN_METRICS_PORT"] = str(free_port()) if index == 0 else "0"
+        envs.append(env)
+    return envs, why_cpu
+
+
+def layout_env(
+    model: Mapping[str, Any],
+    training: Mapping[str, Any],
+    *,
+    dp: int = 1,
+    pp: int = 1,
+    tp: int = 1,
+    zero_stage: int = 0,
+    schedule: str = "1f1b",
+    micro_batches: int = 1,
+    virtual_stages: int = 1,
+    grad_accumulation: int = 1,
+    name: str = "local",
+) -> dict[str, str]:
+    """The environment of every process of a one-pod job laid out as asked.
+
+    ``training`` needs globalBatchSize; microBatchSize follows from the layout. The job goes
+    through the planner (so its rules hold) and the env contract; the process serves no
+    metrics and writes its summary nowhere. For torchrun launched with dp x pp x tp processes.
+    """
+    batch = int(training["globalBatchSize"])
+    per_rank = dp * micro_batches * grad_accumulation
+    strategy: dict[str, Any] = {
+        "type": "hybrid",
+        "dataParallel": dp,
+        "pipelineParallel": pp,
+        "tensorParallel": tp,
+        "zeroStage": zero_stage,
+        "pipelineSchedule": schedule,
+    }
+    if pp > 1:
+        strategy["microBatches"] = micro_batches
+    if virtual_stages > 1:
+        strategy["virtualStages"] = virtual_stages
+    job = read_spec(
+        {
+            "image": "local",
+            "resources": {"numNodes": 1, "numProcPerNode": dp * pp * tp, "accelerator": CPU},
+            "strategy": strategy,
+            "model": dict(model),
+            "training": {**training, "microBatchSize": max(1, batch // per_rank)},
+        }
+    )
+    plan = plan_job(job, name)
+    env = pod_env(plan, job, job_name=name, namespace="local", pod_index=0, master_addr="127.0.0.1")
+    env.update(MESHRUN_METRICS_PORT="0", MESHRUN_TERMINATION_LOG=os.devnull)
+    return env
