@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import urllib.request
@@ -23,17 +22,12 @@ import pytest
 from helm_support import Kubectl, Release, can_i, token_kubeconfig
 from waiting import wait_for
 
+from meshrun.localnet import free_port
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 FAST = {"resyncSeconds": 0.5, "backoffBaseSeconds": 1, "backoffMaxSeconds": 2}
 JOB = "rbac-proof"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def healthy(port: int, proc: subprocess.Popen[bytes], log: Path) -> bool:

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,8 @@ from typing import Any
 
 from meshrun_operator import names
 from waiting import wait_for
+
+from meshrun.localnet import free_port
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -33,13 +34,6 @@ FAST_FLAGS = [
     "2",
     "--no-progress-http",
 ]
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class OperatorProcess:

@@ -13,6 +13,8 @@ import pytest
 from meshrun_operator.observe import PodView
 from meshrun_operator.progress import ProgressReader
 
+from meshrun.localnet import free_port
+
 pytestmark = pytest.mark.unit
 
 REPORT = {
@@ -43,12 +45,6 @@ def server() -> Iterator[int]:
     thread.start()
     yield int(httpd.server_address[1])
     httpd.shutdown()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def pod0(ip: str | None, phase: str = "Running") -> PodView:
