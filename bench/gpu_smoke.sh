@@ -4,8 +4,8 @@
 #   bench/gpu_smoke.sh                 # on an H200 (or any CUDA GPU): 1b preset, 20 steps
 #   PRESET=tiny STEPS=3 PRECISION=fp32 ACCELERATOR=cpu bench/gpu_smoke.sh   # dry run on a CPU
 #
-# MFU = achieved model FLOP/s / peak, with model FLOPs per token ~ 6*psi + 12*L*h*s (REFERENCE
-# section 3, after Narayanan et al. 2021) and the H100/H200 dense bf16 peak of 989 TFLOP/s.
+# MFU = achieved model FLOP/s / peak, with model FLOPs per token ~ 6*psi + 12*L*h*s (Narayanan
+# et al. 2021, arXiv 2104.04473) and the H100/H200 dense bf16 peak of 989 TFLOP/s.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}

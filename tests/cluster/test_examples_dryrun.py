@@ -99,7 +99,7 @@ def test_cel_rules_reject_with_field_names(
 
 def test_explain_describes_fields(kubectl: Kubectl, ns: str) -> None:
     text = kubectl("explain", "ptj.spec.strategy").stdout
-    assert "tensorParallel" in text and "seeds' strategy table" in " ".join(text.split())
+    assert "tensorParallel" in text and "the strategy table of docs/planner.md" in " ".join(text.split())
 
 
 def test_resources_strategy_model_are_immutable(kubectl: Kubectl, ns: str) -> None:
