@@ -1,4 +1,4 @@
-"""True end to end on the real node (issue 7 item 3): the chart's operator, running in the
+"""True end to end on the real node: the chart's operator, running in the
 cluster as a pod, trains examples/demo-3d-cpu.yaml (2 pods x 4 CPU processes, dp2 x pp2 x tp2)
 with torchrun over gloo between pod IPs; the final loss equals `meshrun run --local` on the same
 file, also after one trainer pod is killed mid-run and the gang resumes from its checkpoint."""
