@@ -180,7 +180,7 @@ def check_spec(job: JobSpec) -> None:
 
 def check_model(shape: ModelShape) -> None:
     """The model's own rules: heads split the width, kv heads the heads, rotary pairs."""
-    if shape.hidden % shape.heads:
+    if not shape.head_size and shape.hidden % shape.heads:  # a given head size needs no split
         raise HEADS.error(f"{shape.heads} does not divide hidden={shape.hidden}")
     if shape.kv_heads > shape.heads or shape.heads % shape.kv_heads:
         raise KV_HEADS.error(f"{shape.kv_heads} does not divide heads={shape.heads}")
