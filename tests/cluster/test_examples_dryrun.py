@@ -1,4 +1,5 @@
-"""The CRD on a real API server: examples accepted, defaults and CEL rules as meshrun.api says."""
+"""The CRD on a real API server: examples accepted, defaults as meshrun.api applies them, and
+every CEL rule refusing what meshrun.rules refuses, with the same message."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from typing import Any
 import pytest
 import yaml
 
+from meshrun import rules
 from meshrun.api import with_defaults
+from meshrun.errors import SpecError
 from meshrun.planner import plan_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
@@ -97,9 +100,103 @@ def test_cel_rules_reject_with_field_names(
     assert message in " ".join(result.stderr.split())
 
 
+# One spec per CEL rule of the CRD, changed from the demo job (2 pods x 4, dp2 x pp2 x tp2):
+# the API server must refuse it with the rule's message and the planner must refuse it too.
+BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
+    (rules.AUTO_DEGREES, {"strategy": {"type": "auto"}}),
+    (rules.DATA_PARALLEL_ONLY, {"strategy": {"type": "ddp", "dataParallel": None}}),
+    (
+        rules.DATA_PARALLEL_WORLD,
+        {
+            "strategy": {
+                "type": "zero",
+                "zeroStage": 1,
+                "dataParallel": 4,
+                "pipelineParallel": None,
+                "tensorParallel": None,
+            }
+        },
+    ),
+    (
+        rules.DDP_ZERO,
+        {
+            "strategy": {
+                "type": "ddp",
+                "zeroStage": 1,
+                "dataParallel": None,
+                "pipelineParallel": None,
+                "tensorParallel": None,
+            }
+        },
+    ),
+    (
+        rules.ZERO_STAGE,
+        {
+            "strategy": {
+                "type": "zero",
+                "dataParallel": None,
+                "pipelineParallel": None,
+                "tensorParallel": None,
+            }
+        },
+    ),
+    (rules.PIPELINE_TP, {"strategy": {"type": "pipeline", "dataParallel": None}}),
+    (rules.TENSOR_PP, {"strategy": {"type": "tensor", "dataParallel": None}}),
+    (rules.VIRTUAL_STAGES, {"strategy": {"virtualStages": 2}}),
+    (
+        rules.INTERLEAVED_VIRTUAL,
+        {"strategy": {"pipelineSchedule": "interleaved-1f1b", "virtualStages": 1}},
+    ),
+    (rules.ONE_F_ONE_B, {"strategy": {"microBatches": 1}}),
+    (rules.TP_PROCS, {"strategy": {"tensorParallel": 3, "dataParallel": None}}),
+    (rules.DEGREES_WORLD, {"strategy": {"dataParallel": 4}}),
+    (rules.BATCH, {"training": {"globalBatchSize": 9}}),
+    (rules.DP_BATCH, {"training": {"globalBatchSize": 6}}),
+    (rules.TP_MODEL, {"model": {"seqLen": 63}}),
+    (rules.PP_LAYERS, {"model": {"layers": 1}}),
+    (rules.HEADS, {"model": {"hidden": 66, "heads": 4}}),
+    (rules.KV_HEADS, {"model": {"heads": 4, "kvHeads": 3}}),
+    (rules.ROTARY, {"model": {"hidden": 12, "heads": 4}}),
+    (rules.CORPUS_VOCAB, {"model": {"vocab": 128}, "training": {"dataset": "corpus"}}),
+]
+
+
+def test_every_cel_rule_has_a_case() -> None:
+    assert sorted(r.message for r, _ in BREAKS) == sorted(r.message for r in rules.ALL_RULES)
+
+
+@pytest.mark.parametrize(("rule", "changes"), BREAKS, ids=[r.message[:50] for r, _ in BREAKS])
+def test_the_api_server_and_the_planner_refuse_alike(
+    kubectl: Kubectl, ns: str, rule: rules.Rule, changes: dict[str, dict[str, Any]]
+) -> None:
+    job = base_job()
+    for section, change in changes.items():
+        for key, value in change.items():
+            if value is None:
+                job["spec"][section].pop(key, None)
+            else:
+                job["spec"][section][key] = value
+    result = dry_run(kubectl, ns, job)
+    assert result.returncode != 0, f"the API server accepted {changes}"
+    assert rule.message in " ".join(result.stderr.split()), result.stderr
+    with pytest.raises(SpecError):
+        plan_job(job["spec"], "refused")
+
+
+def test_the_issue_example_is_refused_by_the_api_server(kubectl: Kubectl, ns: str) -> None:
+    job = base_job()
+    job["spec"]["resources"]["numProcPerNode"] = 8
+    job["spec"]["strategy"] = {"type": "tensor", "tensorParallel": 8}
+    job["spec"]["model"] = {"layers": 2, "hidden": 512, "heads": 8, "vocab": 32000, "seqLen": 100}
+    result = dry_run(kubectl, ns, job)
+    assert result.returncode != 0 and rules.TP_MODEL.message in " ".join(result.stderr.split())
+
+
 def test_explain_describes_fields(kubectl: Kubectl, ns: str) -> None:
     text = kubectl("explain", "ptj.spec.strategy").stdout
-    assert "tensorParallel" in text and "the strategy table of docs/planner.md" in " ".join(text.split())
+    assert "tensorParallel" in text and "the strategy table of docs/planner.md" in " ".join(
+        text.split()
+    )
 
 
 def test_resources_strategy_model_are_immutable(kubectl: Kubectl, ns: str) -> None:
