@@ -118,14 +118,25 @@ def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
         assert cfg.layout.stage_layers == tuple((s.first, s.last) for s in stages)
 
 
-def test_the_issue_example_is_refused_at_plan_time() -> None:
-    spec = {
-        "image": "trainer:1",
-        "resources": {"numNodes": 1, "numProcPerNode": 8},
-        "strategy": {"type": "tensor", "tensorParallel": 8},
-        "model": {"layers": 2, "hidden": 512, "heads": 8, "vocab": 32000, "seqLen": 100},
-    }
+TP8_SEQ100 = {
+    "image": "trainer:1",
+    "resources": {"numNodes": 1, "numProcPerNode": 8},
+    "strategy": {"type": "tensor", "tensorParallel": 8},
+    "model": {"layers": 2, "hidden": 512, "heads": 8, "vocab": 32000, "seqLen": 100},
+}
+
+
+def test_a_job_its_trainers_would_refuse_is_refused_at_plan_time() -> None:
     with pytest.raises(SpecError) as caught:
-        plan_job(spec)
+        plan_job(TP8_SEQ100)
     assert caught.value.field == "spec.strategy.tensorParallel"
     assert "(8 does not divide seqLen=100)" in caught.value.rule
+
+
+def test_the_operator_marks_it_invalid_with_the_same_rule() -> None:
+    from meshrun_operator.evaluation import evaluate
+
+    ev = evaluate(TP8_SEQ100, "tp8")
+    assert ev.error is not None and ev.plan is None
+    assert ev.error.field == "spec.strategy.tensorParallel"
+    assert "(8 does not divide seqLen=100)" in ev.error.rule
