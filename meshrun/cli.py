@@ -47,6 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     for name, text in (
         ("run", "run a job locally with torchrun-style processes (needs meshrun[trainer])"),
         ("operator", "run the Kubernetes operator (needs meshrun[operator])"),
+        ("prepare-data", "tokenize a dataset once for training (needs meshrun[trainer])"),
     ):
         sub = commands.add_parser(name, help=text, add_help=False)
         sub.add_argument("rest", nargs=argparse.REMAINDER)
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
 DELEGATES = {
     "run": ("meshrun_trainer.local", "trainer"),
     "operator": ("meshrun_operator.main", "operator"),
+    "prepare-data": ("meshrun_trainer.prepare", "trainer"),
 }
 """Subcommand -> (module with ``main(argv) -> int``, the pip extra that installs it)."""
 

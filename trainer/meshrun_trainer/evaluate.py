@@ -9,12 +9,14 @@ counts its tokens, and the sums meet in one all-reduce.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from contextlib import AbstractContextManager, nullcontext
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.tensor import DTensor
 
 from meshrun_trainer.pipeline import loss_scale
 
@@ -38,28 +40,38 @@ def _block(
     return inputs[mine], targets[mine]
 
 
+def _loss_context(runner: Runner) -> AbstractContextManager[Any]:
+    """Where the training loop computes its loss (loss_parallel for vocabulary-sharded logits)."""
+    context = getattr(runner, "loss_context", None)
+    return context() if context is not None else nullcontext()
+
+
 def _summed_loss(
     cfg: TrainConfig, runner: Runner, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """Sum of the token losses of these rows (0 on ranks that never see the loss)."""
     if runner.schedule is None:
         logits = runner.parts[0](inputs).float()
-        return F.cross_entropy(
-            logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
-        )
+        with _loss_context(runner):  # vocabulary-sharded logits under tensor parallelism
+            loss = F.cross_entropy(
+                logits.flatten(0, 1), targets.flatten(), ignore_index=IGNORE, reduction="sum"
+            )
+        return loss.full_tensor() if isinstance(loss, DTensor) else loss
     losses: list[torch.Tensor] = []
     args = (inputs,) if runner.is_first else ()
-    if not runner.is_last:
-        runner.schedule.eval(*args)
-        return torch.zeros((), device=inputs.device)
-    runner.schedule.eval(*args, target=targets, losses=losses)
+    with _loss_context(runner):
+        if not runner.is_last:
+            runner.schedule.eval(*args)
+            return torch.zeros((), device=inputs.device)
+        runner.schedule.eval(*args, target=targets, losses=losses)
     # Each micro-batch's loss is its token mean divided by the schedule's loss scale.
     counts = [int((t != IGNORE).sum()) for t in targets.chunk(len(losses))]
     scale = loss_scale(cfg.layout)
     total = torch.zeros((), device=inputs.device)
     for loss, count in zip(losses, counts, strict=True):
         if count:
-            total += loss.detach().float() * scale * count
+            value = loss.full_tensor() if isinstance(loss, DTensor) else loss
+            total += value.detach().float() * scale * count
     return total
 
 

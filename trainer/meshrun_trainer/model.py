@@ -137,7 +137,8 @@ class Transformer(nn.Module):
 
     def tie(self) -> None:
         """Share the input embedding's weight with the output head (when both are here)."""
-        if self.tok_embeddings is not None and self.output is not None:
+        tied = self.shape.tie_embeddings
+        if tied and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
     def init_weights(self, seed: int) -> None:

@@ -63,6 +63,9 @@ def apply_tensor_parallel(model: Transformer, mesh: Mesh) -> None:
         top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
     if top:
         parallelize_module(model, tp_mesh, top)
+        # parallelize_module gave the embedding and the head a DTensor each; both are sharded
+        # over the vocabulary (Shard(0)), so a tied pair can share one again.
+        model.tie()
     block_plan: dict[str, Any] = {
         "attention_norm": SequenceParallel(),
         # rope tables travel as plain tensors (None: leave them alone)
