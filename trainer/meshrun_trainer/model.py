@@ -18,9 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshrun.presets import ModelShape
-
-INIT_STD = 0.02
-"""GPT-2 / Llama reference initialisation standard deviation."""
+from meshrun_trainer.materialize import SeededInit, materialize
 
 
 def rotary_frequencies(shape: ModelShape) -> torch.Tensor:
@@ -141,18 +139,13 @@ class Transformer(nn.Module):
         if tied and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
 
-    def init_weights(self, seed: int) -> None:
-        """Deterministic init from ``seed`` in parameter order: identical for every layout."""
-        generator = torch.Generator().manual_seed(seed)
+    def reset_buffers(self) -> None:
+        """Recompute the rotary tables in place (a model built on the meta device gets garbage
+        in its non-persistent buffers from ``to_empty``)."""
+        cos, sin = rotary_tables(self.shape)
         with torch.no_grad():
-            for name, param in self.named_parameters():
-                if "norm" in name:
-                    param.fill_(1.0)
-                elif name.endswith(".bias"):
-                    param.zero_()
-                else:
-                    values = torch.randn(param.shape, generator=generator) * INIT_STD
-                    param.copy_(values.to(param.dtype))
+            self.get_buffer("rope_cos").copy_(cos)
+            self.get_buffer("rope_sin").copy_(sin)
 
     def keep_layers(self, first: int, last: int) -> None:
         """Turn the full model into the pipeline stage holding layers first..last (inclusive).
@@ -173,7 +166,12 @@ class Transformer(nn.Module):
         """Token ids (first stage) or hidden states (later stages) to logits or hidden states."""
         enabled = self.autocast_dtype is not None
         with torch.autocast(x.device.type, dtype=self.autocast_dtype, enabled=enabled):
-            h = self.tok_embeddings(x) if self.tok_embeddings is not None else x
+            h = x
+            if self.tok_embeddings is not None:
+                h = self.tok_embeddings(x)
+                if self.autocast_dtype is not None:
+                    # The residual stream (and what a stage sends) in the compute dtype.
+                    h = h.to(self.autocast_dtype)
             cos, sin = self.rope_cos, self.rope_sin
             for layer in self.layers.values():
                 h = layer(h, cos, sin)
@@ -187,11 +185,17 @@ class Transformer(nn.Module):
 def build_model(
     shape: ModelShape, seed: int, layers: tuple[int, int] | None = None, bf16: bool = False
 ) -> Transformer:
-    """Initialise the full model from ``seed``, then keep only ``layers`` (a pipeline stage)."""
-    model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 else None)
-    model.init_weights(seed)
+    """The model (or the pipeline stage holding ``layers``) on the CPU, initialised from ``seed``.
+
+    Built on the meta device and materialized after the cut, so a stage never allocates the
+    other stages; each parameter's values depend only on (seed, name), identical for every
+    layout (:class:`meshrun_trainer.materialize.SeededInit`).
+    """
+    with torch.device("meta"):
+        model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 else None)
     if layers is not None:
         model.keep_layers(*layers)
+    materialize([model], torch.device("cpu"), SeededInit(seed, shape.tie_embeddings))
     return model
 
 

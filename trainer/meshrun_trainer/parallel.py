@@ -1,23 +1,39 @@
-"""Tensor and data parallelism applied to one model part (the whole model or a pipeline stage).
+"""The model parts of one rank: built on the meta device, parallelised, then materialized.
+
+Order (torchtitan's): build on the meta device and cut the pipeline stage, tensor parallelism,
+activation checkpointing and ``torch.compile`` per block, FSDP2, then materialization
+(:mod:`meshrun_trainer.materialize`: each rank allocates and fills only its own shards), then
+DDP (which needs real parameters).
 
 Tensor parallel: DTensor ``parallelize_module`` with sequence parallel, the plan of torchtitan's
-Llama (Megatron-LM column/row split, Korthikanti et al. 2022 for the sequence-parallel norms).
+Llama (Megatron-LM column/row split, Korthikanti et al. 2022 for the sequence-parallel norms),
+with the output head left sharded over the vocabulary for a loss-parallel cross-entropy.
 Data parallel: DDP (ZeRO-0), DDP + ZeroRedundancyOptimizer (ZeRO-1), FSDP2 ``fully_shard`` with
 ``reshard_after_forward`` False (ZeRO-2) or True (ZeRO-3). DDP cannot wrap DTensor modules or a
-pipeline stage (REFERENCE section 4), so hybrids take data parallelism from FSDP2: ZeRO-0 replicates
-(HSDP on the ("dp", "dp_shard") mesh with shard size 1, DDP's memory), ZeRO-1/2 shard on "dp" with
+pipeline stage, so hybrids take data parallelism from FSDP2: ZeRO-0 replicates (HSDP on the
+("dp", "dp_shard") mesh with shard size 1, DDP's memory), ZeRO-1/2 shard on "dp" with
 reshard_after_forward=False (FSDP2 has no optimizer-only sharding, so ZeRO-1 also shards
-gradients there) and ZeRO-3 with True.
+gradients there) and ZeRO-3 with True, except under pipelining (see :func:`apply_fsdp`).
+
+Precision (docs/trainer.md): parameters and optimizer state stay fp32 (the master weights).
+Under FSDP2, bf16 training is a ``MixedPrecisionPolicy``: parameters are gathered and computed in
+bf16, gradients reduced in fp32. Elsewhere (one process, DDP, TP or PP without data parallel
+replicas) autocast computes in bf16 over the fp32 parameters and DDP all-reduces fp32 gradients.
+Either way the residual stream and what pipeline stages send are bf16.
 """
 
 from __future__ import annotations
 
 import warnings
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
-from torch.distributed.fsdp import fully_shard
-from torch.distributed.tensor import Replicate, Shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
     PrepareModuleInput,
@@ -27,7 +43,9 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from meshrun_trainer.config import Layout
+from meshrun_trainer.blocks import apply_activation_checkpointing, apply_compile
+from meshrun_trainer.config import Layout, TrainConfig
+from meshrun_trainer.materialize import SeededInit, WeightSource, materialize
 from meshrun_trainer.mesh import Mesh
 from meshrun_trainer.model import Transformer
 
@@ -35,6 +53,18 @@ from meshrun_trainer.model import Transformer
 # because an in-place op on it would skip the pre-backward hook. Nothing here modifies model
 # outputs in place (the loss and pipeline stages read them), so the warning is noise.
 warnings.filterwarnings("ignore", message=r"FSDP2-wrapped module .* returned a view tensor")
+
+
+@dataclass(frozen=True, kw_only=True)
+class PartOptions:
+    """How each model part is built, beyond the layout and the precision."""
+
+    activation_checkpointing: str = "none"
+    """none, selective (per-op) or full (meshrun_trainer.blocks)."""
+    compile: bool = False
+    """torch.compile each transformer block."""
+    loss_parallel: bool = True
+    """Under TP, keep the logits sharded over the vocabulary and compute the loss that way."""
 
 
 def data_parallel_kind(layout: Layout) -> str:
@@ -51,8 +81,14 @@ def data_parallel_kind(layout: Layout) -> str:
     return "fsdp-zero3" if layout.zero_stage == 3 else "fsdp-zero2"
 
 
-def apply_tensor_parallel(model: Transformer, mesh: Mesh) -> None:
-    """Shard every block's linears (column then row) and the norms along the sequence."""
+def uses_fsdp(layout: Layout) -> bool:
+    """Whether data parallelism comes from FSDP2 (and bf16 from its mixed-precision policy)."""
+    return data_parallel_kind(layout) not in ("none", "ddp", "ddp+zero1")
+
+
+def apply_tensor_parallel(model: Transformer, mesh: Mesh, loss_parallel: bool = True) -> None:
+    """Shard every block's linears (column then row) and the norms along the sequence; the head
+    leaves its logits sharded over the vocabulary when ``loss_parallel``."""
     tp_mesh = mesh.device_mesh["tp"]
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -60,7 +96,11 @@ def apply_tensor_parallel(model: Transformer, mesh: Mesh) -> None:
     if model.norm is not None:
         top["norm"] = SequenceParallel()
     if model.output is not None:
-        top["output"] = ColwiseParallel(input_layouts=Shard(1), output_layouts=Replicate())
+        top["output"] = ColwiseParallel(
+            input_layouts=Shard(1),
+            output_layouts=Shard(-1) if loss_parallel else Replicate(),
+            use_local_output=not loss_parallel,
+        )
     if top:
         parallelize_module(model, tp_mesh, top)
         # parallelize_module gave the embedding and the head a DTensor each; both are sharded
@@ -89,30 +129,89 @@ def apply_tensor_parallel(model: Transformer, mesh: Mesh) -> None:
         parallelize_module(block, tp_mesh, block_plan)
 
 
-def apply_fsdp(
-    model: Transformer, mesh: Mesh, reshard_after_forward: bool, replicate: bool = False
-) -> None:
+def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> None:
     """FSDP2 per transformer block, then the root (embeddings, norm, head).
 
-    ``replicate``: HSDP on (dp, dp_shard) with dp_shard of size 1, i.e. plain replication.
+    ZeRO-0 in a hybrid replicates: HSDP on (dp, dp_shard) with dp_shard of size 1. Under
+    pipelining, parameters are not resharded after each micro-batch's forward (torchtitan's
+    default): a stage's blocks would otherwise be gathered again for every micro-batch; the
+    schedule reshards them once, after the last backward of the optimizer step.
     """
-    dp_mesh = mesh.device_mesh["dp", "dp_shard"] if replicate else mesh.device_mesh["dp"]
-    for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard_after_forward)
-
-
-def parallelize(model: Transformer, layout: Layout, mesh: Mesh) -> nn.Module:
-    """Apply TP then DP to ``model`` in place; returns the module to call (DDP wraps it)."""
-    model.to(mesh.device)
-    if layout.tp > 1:
-        apply_tensor_parallel(model, mesh)
     kind = data_parallel_kind(layout)
-    if kind in ("ddp", "ddp+zero1"):
+    replicate = kind == "hsdp-replicate"
+    dp_mesh = mesh.device_mesh["dp", "dp_shard"] if replicate else mesh.device_mesh["dp"]
+    reshard = kind == "fsdp-zero3" and layout.pp == 1
+    policy = MixedPrecisionPolicy(
+        param_dtype=torch.bfloat16 if bf16 else None,
+        reduce_dtype=torch.float32 if bf16 else None,
+    )
+    for block in model.layers.values():
+        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+
+
+def build_parts(
+    cfg: TrainConfig,
+    mesh: Mesh,
+    stage_ids: list[int],
+    options: PartOptions | None = None,
+    source: WeightSource | None = None,
+) -> list[nn.Module]:
+    """This rank's model parts (one per pipeline stage it holds), parallelised and initialised
+    from ``source`` (default: the seeded random initialisation). DDP wraps the part it
+    returns when the layout is plain data parallel."""
+    options = options or PartOptions()
+    layout = cfg.layout
+    bf16 = cfg.training.precision == "bf16"
+    fsdp = uses_fsdp(layout)
+    parts: list[nn.Module] = []
+    for stage_id in stage_ids:
+        with torch.device("meta"):
+            # Autocast only where no FSDP2 policy casts the parameters.
+            model = Transformer(
+                cfg.model, autocast_dtype=torch.bfloat16 if bf16 and not fsdp else None
+            )
+        if layout.pp > 1:
+            model.keep_layers(*layout.stage_layers[stage_id])
+        if layout.tp > 1:
+            apply_tensor_parallel(model, mesh, options.loss_parallel)
+        blocks = list(model.layers.values())
+        apply_activation_checkpointing(blocks, options.activation_checkpointing)
+        if options.compile:
+            apply_compile(blocks)
+        if fsdp:
+            apply_fsdp(model, layout, mesh, bf16)
+        parts.append(model)
+    materialize(
+        parts, mesh.device, source or SeededInit(cfg.training.seed, cfg.model.tie_embeddings)
+    )
+    if data_parallel_kind(layout) in ("ddp", "ddp+zero1"):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
-        return DistributedDataParallel(model, device_ids=device_ids, process_group=mesh.group("dp"))
-    if kind == "hsdp-replicate":
-        apply_fsdp(model, mesh, reshard_after_forward=False, replicate=True)
-    elif kind.startswith("fsdp"):
-        apply_fsdp(model, mesh, reshard_after_forward=kind == "fsdp-zero3")
-    return model
+        return [
+            DistributedDataParallel(parts[0], device_ids=device_ids, process_group=mesh.group("dp"))
+        ]
+    return parts
+
+
+@contextmanager
+def gradient_sync(parts: list[nn.Module], layout: Layout, last: bool) -> Iterator[None]:
+    """One gradient-accumulation micro-step (without pipelining; the pipeline stages do this
+    themselves): replicated gradients (DDP, ZeRO-1, HSDP) are all-reduced only on the ``last``
+    one. Sharded gradients (ZeRO-2/3) are reduce-scattered after every micro-step: skipping
+    that would hold the whole model's gradients on every rank, which ZeRO-2/3 exist to avoid."""
+    if last or data_parallel_kind(layout) not in ("ddp", "ddp+zero1", "hsdp-replicate"):
+        yield
+        return
+    with ExitStack() as stack:
+        for part in parts:
+            if isinstance(part, DistributedDataParallel):
+                stack.enter_context(part.no_sync())
+            elif isinstance(part, FSDPModule):
+                part.set_requires_gradient_sync(False)
+                stack.callback(part.set_requires_gradient_sync, True)
+        yield
+
+
+def plain(tensor: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor (a loss-parallel loss is a replicated DTensor)."""
+    return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor

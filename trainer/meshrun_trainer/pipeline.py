@@ -2,14 +2,24 @@
 
 Stage s of pp * v holds the layer range ``stage_layers[s]``; rank r holds stages r, r + pp, ...
 (the "loop" placement of Interleaved 1F1B, Narayanan et al. 2021). GPipe and 1F1B use v = 1.
+
+With gradient accumulation the schedule runs once per accumulation step. At the end of each run
+torch's stage hands FSDP2 its post-backward: reduce(-scatter) the gradients and reshard the
+parameters. :class:`AccumulatingStage` does that only after the last run of the optimizer step:
+before it, parameters stay gathered (no all-gather per accumulation step, as none happens per
+micro-batch: see meshrun_trainer.parallel.apply_fsdp), and replicated gradients (HSDP) are not
+all-reduced; sharded gradients (ZeRO-2/3) are still reduce-scattered each run, so that a rank
+never holds the whole stage's gradients.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
+from torch.distributed.fsdp import FSDPModule, fully_shard
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleMulti,
@@ -22,6 +32,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from meshrun_trainer.config import Layout
 from meshrun_trainer.mesh import Mesh
+from meshrun_trainer.parallel import data_parallel_kind
 
 Schedule = PipelineScheduleSingle | PipelineScheduleMulti
 
@@ -29,6 +40,34 @@ Schedule = PipelineScheduleSingle | PipelineScheduleMulti
 def stages_of_rank(pp_rank: int, layout: Layout) -> list[int]:
     """Global stage indices held by pipeline rank ``pp_rank``."""
     return [pp_rank + k * layout.pp for k in range(layout.virtual_stages)]
+
+
+class AccumulatingStage(PipelineStage):
+    """A pipeline stage whose FSDP2 post-backward waits for the optimizer step's last run."""
+
+    def __init__(self, *args: Any, replicated: bool, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.replicated = replicated
+        """Gradients are whole on every replica (HSDP): no need to reduce them before the end."""
+        self.last_run = True
+        """The next schedule run ends the optimizer step (set by the training loop)."""
+
+    def perform_reduce_grad(self, grad_scale_factor: int) -> None:
+        module = self.submod
+        if self.last_run or not isinstance(module, FSDPModule):
+            super().perform_reduce_grad(grad_scale_factor)
+            return
+        # torch's post-backward with the end-of-step switches off: keep parameters gathered,
+        # reduce only gradients that are sharded.
+        module.set_is_last_backward(False)
+        module.set_reshard_after_backward(False)
+        module.set_requires_gradient_sync(not self.replicated)
+        state = fully_shard.state(module)  # type: ignore[attr-defined]
+        for inner in state._state_ctx.all_states:
+            for group in inner._fsdp_param_groups:
+                group.post_backward()
+        state._root_post_backward_final_callback()
+        assert grad_scale_factor == 1, "the loss function carries the averaging (loss_scale)"
 
 
 def build_schedule(
@@ -46,8 +85,11 @@ def build_schedule(
     so with gradient accumulation it would shrink the earlier contributions again and again.
     """
     group = mesh.group("pp")
+    replicated = data_parallel_kind(layout) == "hsdp-replicate"
     stages: list[_PipelineStageBase] = [
-        PipelineStage(part, stage_id, layout.num_stages, mesh.device, group=group)
+        AccumulatingStage(
+            part, stage_id, layout.num_stages, mesh.device, group=group, replicated=replicated
+        )
         for part, stage_id in zip(parts, stage_ids, strict=True)
     ]
     m = layout.micro_batches
@@ -56,6 +98,15 @@ def build_schedule(
     if layout.schedule == "1f1b":
         return Schedule1F1B(stages[0], n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
     return ScheduleInterleaved1F1B(stages, n_microbatches=m, loss_fn=loss_fn, scale_grads=False)
+
+
+def schedule_stages(schedule: Schedule) -> list[AccumulatingStage]:
+    """The stages a schedule runs on this rank."""
+    if isinstance(schedule, PipelineScheduleSingle):
+        stages = [schedule._stage]
+    else:
+        stages = list(schedule._stages)
+    return [stage for stage in stages if isinstance(stage, AccumulatingStage)]
 
 
 def loss_scale(layout: Layout) -> int:

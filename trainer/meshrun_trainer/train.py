@@ -5,21 +5,36 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor.parallel import loss_parallel
 
 from meshrun_trainer import checkpoint
 from meshrun_trainer.config import TrainConfig
 from meshrun_trainer.data import replica_rows
+from meshrun_trainer.materialize import WeightSource
 from meshrun_trainer.mesh import Mesh
-from meshrun_trainer.model import build_model, cross_entropy
+from meshrun_trainer.model import cross_entropy
 from meshrun_trainer.optim import OptimizerSettings, clip_grad_norm, make_optimizer
-from meshrun_trainer.parallel import data_parallel_kind, parallelize
-from meshrun_trainer.pipeline import Schedule, build_schedule, loss_scale, stages_of_rank
+from meshrun_trainer.parallel import (
+    PartOptions,
+    build_parts,
+    data_parallel_kind,
+    gradient_sync,
+    plain,
+)
+from meshrun_trainer.pipeline import (
+    Schedule,
+    build_schedule,
+    loss_scale,
+    schedule_stages,
+    stages_of_rank,
+)
 from meshrun_trainer.userhooks import UserHooks
 from meshrun_trainer.userrun import UserRun
 
@@ -68,9 +83,15 @@ class Runner:
     """This rank feeds token ids (holds the first stage)."""
     is_last: bool
     """This rank computes the loss (holds the last stage)."""
+    loss_parallel: bool = False
+    """The logits stay sharded over the vocabulary (TP): compute the loss in loss_context()."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
+
+    def loss_context(self) -> AbstractContextManager[None]:
+        """Where the loss and its backward run: torch's loss_parallel() for sharded logits."""
+        return loss_parallel() if self.loss_parallel else nullcontext()
 
 
 def peak_memory() -> tuple[int, str]:
@@ -82,18 +103,18 @@ def peak_memory() -> tuple[int, str]:
 
 
 def build_runner(
-    cfg: TrainConfig, mesh: Mesh, optimizer: OptimizerSettings | None = None
+    cfg: TrainConfig,
+    mesh: Mesh,
+    optimizer: OptimizerSettings | None = None,
+    options: PartOptions | None = None,
+    source: WeightSource | None = None,
 ) -> Runner:
+    """This rank's model parts (initial values from ``source``, default the seeded random
+    initialisation), optimizers and pipeline schedule."""
     layout = cfg.layout
-    bf16 = cfg.training.precision == "bf16"
+    options = options or PartOptions()
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
-    parts: list[nn.Module] = []
-    for stage_id in stage_ids:
-        layers = layout.stage_layers[stage_id] if layout.pp > 1 else None
-        # Every rank initialises the full model from the same seed before splitting, so every
-        # layout starts from identical weights.
-        model = build_model(cfg.model, cfg.training.seed, layers, bf16=bf16)
-        parts.append(parallelize(model, layout, mesh))
+    parts = build_parts(cfg, mesh, stage_ids, options, source)
     zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
     optimizers = [
         make_optimizer(part.parameters(), optimizer or cfg.training.learning_rate, zero1)
@@ -113,6 +134,7 @@ def build_runner(
         schedule=schedule,
         is_first=0 in stage_ids,
         is_last=layout.num_stages - 1 in stage_ids,
+        loss_parallel=options.loss_parallel and layout.tp > 1,
     )
 
 
@@ -125,20 +147,24 @@ def forward_backward(
     """
     accumulation = cfg.layout.grad_accumulation
     total = torch.zeros((), device=inputs.device)
-    for x, y in zip(inputs.chunk(accumulation), targets.chunk(accumulation), strict=True):
+    stages = schedule_stages(runner.schedule) if runner.schedule is not None else []
+    chunks = zip(inputs.chunk(accumulation), targets.chunk(accumulation), strict=True)
+    for index, (x, y) in enumerate(chunks):
+        last = index == accumulation - 1
         if runner.schedule is None:
-            loss = cross_entropy(runner.parts[0](x), y) / accumulation
-            torch.autograd.backward(loss)
-            total += loss.detach()
+            with gradient_sync(runner.parts, cfg.layout, last), runner.loss_context():
+                loss = cross_entropy(runner.parts[0](x), y) / accumulation
+                torch.autograd.backward(loss)
+            total += plain(loss.detach())
             continue
+        for stage in stages:
+            stage.last_run = last
         losses: list[torch.Tensor] = []
         args = (x,) if runner.is_first else ()
-        if runner.is_last:
-            runner.schedule.step(*args, target=y, losses=losses)
-            # Each micro-batch loss is already divided by micro_batches * accumulation.
-            total += torch.stack([loss.detach() for loss in losses]).sum()
-        else:
-            runner.schedule.step(*args)
+        with runner.loss_context():
+            runner.schedule.step(*args, target=y if runner.is_last else None, losses=losses)
+        # Each micro-batch loss is already divided by micro_batches * accumulation.
+        total += sum((plain(loss.detach()) for loss in losses), torch.zeros_like(total))
     return total
 
 
