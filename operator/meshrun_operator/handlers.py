@@ -79,9 +79,11 @@ def register(registry: kopf.OperatorRegistry, watch_nodes: bool) -> None:
 
     @kopf.on.cleanup(id="stop-resync", registry=registry)
     async def stop_resync(memo: OperatorMemo, **_: Any) -> None:
-        memo.task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await memo.task
+        task: asyncio.Task[None] | None = memo.get("task")
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
 
     @kopf.on.probe(id="resync", registry=registry)
     def resync_alive(memo: OperatorMemo, **_: Any) -> float:
