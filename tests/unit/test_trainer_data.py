@@ -57,3 +57,13 @@ def test_tokenizer_round_trips_and_corpus_is_real_text() -> None:
     corpus = load_corpus()
     assert corpus.numel() > 5000
     assert "Four score and seven years ago" in decode(corpus.tolist())
+
+
+def test_the_planner_knows_the_corpus_length() -> None:
+    from meshrun.rules import CORPUS_BYTES
+
+    # meshrun.rules refuses seqLen + 1 >= CORPUS_BYTES for dataset corpus, at plan time.
+    assert load_corpus().numel() == CORPUS_BYTES
+    with pytest.raises(ValueError):
+        CorpusStream(CORPUS_BYTES - 1, 1, 0)
+    CorpusStream(CORPUS_BYTES - 2, 1, 0)
