@@ -4,7 +4,7 @@
 # only when its cached binary is missing, so a fresh clone on the same machine reuses them.
 #
 #   hack/build-tools.sh            build whatever is missing
-#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns)
+#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns, kueue)
 #   hack/build-tools.sh training-operator   opt-in, never built by default: the peer operator
 #                                  that bench/operator_scale.py runs side by side with meshrun
 set -euo pipefail
@@ -111,7 +111,7 @@ require go.etcd.io/etcd/server/v3 $ETCD_VERSION"
   mv "$dir/server" "$dir/etcd"
 }
 
-build_go_install() {  # NAME VERSION PKG...
+build_go_install() {  # NAME VERSION PKG... (GO_LDFLAGS overrides "-s -w")
   local name=$1 version=$2; shift 2
   local dir=$CACHE/$name-$version
   local missing=0
@@ -121,7 +121,7 @@ build_go_install() {  # NAME VERSION PKG...
   local t0=$SECONDS
   mkdir -p "$dir.partial"
   for pkg in "$@"; do
-    GOBIN=$dir.partial go install -trimpath -ldflags "-s -w" "$pkg@$version"
+    GOBIN=$dir.partial go install -trimpath -ldflags "${GO_LDFLAGS:--s -w}" "$pkg@$version"
   done
   rm -rf "$dir"; mv "$dir.partial" "$dir"
   echo $((SECONDS - t0)) >"$dir/.build-seconds"
@@ -132,6 +132,14 @@ build_kwok() {
 }
 build_helm() {
   build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+}
+
+# Kueue's manager (hack/kueue/up.sh runs it next to the control plane; KUEUE=1). Its module has
+# no replace directives, so `go install` builds it; the version is stamped so its log reports
+# the release instead of v0.0.0-main.
+build_kueue() {
+  GO_LDFLAGS="-s -w -X sigs.k8s.io/kueue/pkg/version.GitVersion=$KUEUE_VERSION" \
+    build_go_install kueue "$KUEUE_VERSION" sigs.k8s.io/kueue/cmd/kueue
 }
 
 # Kubeflow's training-operator, the peer in bench/operator_scale.py. Its module has no replace
@@ -158,6 +166,7 @@ link_all() {
   [[ -x $CACHE/coredns-$COREDNS_VERSION/coredns ]] && ln -sfn "$CACHE/coredns-$COREDNS_VERSION/coredns" "$BIN/coredns"
   local peer=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
   [[ -x $peer ]] && ln -sfn "$peer" "$BIN/training-operator"
+  [[ -x $CACHE/kueue-$KUEUE_VERSION/kueue ]] && ln -sfn "$CACHE/kueue-$KUEUE_VERSION/kueue" "$BIN/kueue"
   return 0
 }
 

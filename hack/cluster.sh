@@ -5,7 +5,8 @@
 # The KWOK controller manages only nodes annotated kwok.x-k8s.io/node=fake (the extra args below
 # override kwokctl's manage-all-nodes), so a real kubelet node can join the same cluster.
 #
-#   hack/cluster.sh up      start, or reuse a running cluster (idempotent); NODES=N nodes
+#   hack/cluster.sh up      start, or reuse a running cluster (idempotent); NODES=N nodes,
+#                           KUEUE=1 adds Kueue (hack/kueue/up.sh)
 #   hack/cluster.sh down    stop every process and remove the cluster's state
 #   hack/cluster.sh status  say whether it is up
 set -euo pipefail
@@ -20,6 +21,8 @@ NAME=${MESHRUN_CLUSTER_NAME:-meshrun}
 NODES=${NODES:-8}
 # REAL_NODE=1 adds a real kubelet node (hack/realnode/up.sh) next to the fake ones.
 REAL_NODE=${REAL_NODE:-1}
+# KUEUE=1 adds Kueue (hack/kueue/up.sh): its manager next to the control plane, webhooks included.
+KUEUE=${KUEUE:-0}
 export KWOK_WORKDIR=$STATE/kwok
 KWOKCTL=$BIN/kwokctl
 KUBECTL=$BIN/kubectl
@@ -63,6 +66,7 @@ up() {
     log "reusing the running cluster"
   else
     # A cluster whose processes died (machine restart, killed session) is removed first.
+    [[ -d $STATE/kueue ]] && { MESHRUN_CLUSTER_DIR=$STATE "$ROOT/hack/kueue/down.sh" || true; }
     "$KWOKCTL" delete cluster --name "$NAME" >/dev/null 2>&1 || true
     local t0=$SECONDS
     log "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok-controller"
@@ -86,6 +90,7 @@ up() {
   if [[ $REAL_NODE == 1 ]]; then
     MESHRUN_CLUSTER_DIR=$STATE MESHRUN_CLUSTER_NAME=$NAME "$ROOT/hack/realnode/up.sh"
   fi
+  [[ $KUEUE == 1 ]] && MESHRUN_CLUSTER_DIR=$STATE "$ROOT/hack/kueue/up.sh"
   kc version 2>/dev/null | sed 's/^/  /'
   cat <<MSG
 
@@ -98,6 +103,7 @@ MSG
 }
 
 down() {
+  [[ -d $STATE/kueue ]] && { MESHRUN_CLUSTER_DIR=$STATE "$ROOT/hack/kueue/down.sh" || true; }
   # A real node (if one was added) goes first, while the API server can still see it.
   if [[ -d $STATE/realnode ]]; then
     MESHRUN_CLUSTER_DIR=$STATE MESHRUN_CLUSTER_NAME=$NAME "$ROOT/hack/realnode/down.sh" || true
