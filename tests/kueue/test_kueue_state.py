@@ -15,9 +15,8 @@ pytestmark = pytest.mark.unit
 NOW = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 ADMISSION = {"clusterQueue": "gpus", "podSetAssignments": [{"name": "stage-0", "count": 2}]}
 NO_QUOTA = (
-    "couldn't assign flavors to pod set stage-0: insufficient quota for nvidia.com/gpu in "
-    "flavor h200, previously considered podsets requests (0) + current podset request (48) > "
-    "maximum capacity (32)"
+    "couldn't assign flavors to pod set stage-1: insufficient unused quota for nvidia.com/gpu in "
+    "flavor h200-pool, 16 more needed"
 )
 RESERVED = condition(ks.QUOTA_RESERVED, True, "QuotaReserved", "Quota reserved in gpus")
 ADMITTED = condition(ks.ADMITTED, True, "Admitted", "The workload is admitted")
