@@ -146,6 +146,9 @@ def test_a_lost_node_force_deletes_its_pods_and_restarts_the_gang(
 
 
 def test_healthz_and_metrics(cluster: Cluster, operator_process: OperatorProcess) -> None:
+    # The resync loop runs from the operator's start (kopf's startup handler), before any job.
+    idle = http_get(f"http://127.0.0.1:{operator_process.health_port}/healthz") or ""
+    assert '"resync"' in idle, idle
     cluster.apply(job_manifest("metered"))
     cluster.wait_phase("metered", "Running")
     text = wait_for(
