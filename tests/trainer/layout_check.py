@@ -1,8 +1,10 @@
 """Run many layouts in one torchrun launch and compare each with a single-process reference.
 
 Usage (under torchrun): layout_check.py OUT.json  -- every layout of ``LAYOUTS[world_size]`` is
-trained for a few steps on the tiny preset in fp32; rank 0 also trains the plain model on the
-whole global batch and writes {name: {"losses", "gradNorms", "reference": {...}}} to OUT.json.
+trained for a few steps on the tiny preset twice: in fp32 without activation checkpointing, and
+in bf16 with activation checkpointing (selective and full in turn). Rank 0 also trains the plain
+model on the whole global batch in each precision and writes {name: {"losses", "gradNorms",
+"precision", "reference": {...}}} to OUT.json, one entry per run (see :func:`runs`).
 Launched by test_layouts.py; not a test module itself.
 """
 
@@ -20,6 +22,7 @@ from meshrun_trainer.localenv import layout_env
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.model import build_model, cross_entropy
 from meshrun_trainer.optim import clip_grad_norm, make_optimizer
+from meshrun_trainer.parallel import PartOptions
 from meshrun_trainer.train import train
 
 STEPS = 3
@@ -35,39 +38,34 @@ TRAINING = {
 }
 
 
-def _layout(**layout: Any) -> dict[str, str]:
-    """The environment of a tiny fp32 job laid out as asked (planned, like any job)."""
-    return layout_env(MODEL, TRAINING, **layout)
-
-
-def _pipeline(schedule: str, micro_batches: int = 4, **kw: Any) -> dict[str, str]:
+def _pipeline(schedule: str, micro_batches: int = 4, **kw: Any) -> dict[str, Any]:
     virtual = 2 if schedule == "interleaved-1f1b" else 1
-    return _layout(schedule=schedule, micro_batches=micro_batches, virtual_stages=virtual, **kw)
+    return {"schedule": schedule, "micro_batches": micro_batches, "virtual_stages": virtual, **kw}
 
 
-def _accumulating(schedule: str, **kw: Any) -> dict[str, str]:
+def _accumulating(schedule: str, **kw: Any) -> dict[str, Any]:
     """A pipeline that calls the schedule twice per optimizer step (2 micro-batches each)."""
     return _pipeline(schedule, micro_batches=2, grad_accumulation=2, **kw)
 
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
-LAYOUTS: dict[int, dict[str, dict[str, str]]] = {
+LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
     2: {
-        "tp2": _layout(tp=2),
+        "tp2": {"tp": 2},
         **{f"pp2-{s}": _pipeline(s, pp=2) for s in SCHEDULES},
         **{f"pp2-{s}-acc2": _accumulating(s, pp=2) for s in SCHEDULES},
     },
     4: {
-        "ddp4": _layout(dp=4, grad_accumulation=2),
-        "zero1-dp4": _layout(dp=4, zero_stage=1),
-        "zero2-dp4": _layout(dp=4, zero_stage=2, grad_accumulation=2),
-        "zero3-dp4": _layout(dp=4, zero_stage=3, grad_accumulation=2),
+        "ddp4": {"dp": 4, "grad_accumulation": 2},
+        "zero1-dp4": {"dp": 4, "zero_stage": 1},
+        "zero2-dp4": {"dp": 4, "zero_stage": 2, "grad_accumulation": 2},
+        "zero3-dp4": {"dp": 4, "zero_stage": 3, "grad_accumulation": 2},
         **{f"pp2-{s}-dp2-acc2": _accumulating(s, pp=2, dp=2) for s in SCHEDULES},
         "pp2-1f1b-zero3-dp2-acc2": _accumulating("1f1b", pp=2, dp=2, zero_stage=3),
         "pp4-1f1b": _pipeline("1f1b", pp=4),
-        "tp4": _layout(tp=4),
-        "dp2-tp2": _layout(dp=2, tp=2),  # ZeRO-0 in a hybrid: HSDP, shard size 1
-        "dp2-tp2-zero2": _layout(dp=2, tp=2, zero_stage=2),
+        "tp4": {"tp": 4},
+        "dp2-tp2": {"dp": 2, "tp": 2},  # ZeRO-0 in a hybrid: HSDP, shard size 1
+        "dp2-tp2-zero2": {"dp": 2, "tp": 2, "zero_stage": 2},
         "pp2-tp2-acc2": _accumulating("1f1b", pp=2, tp=2),
     },
     8: {
@@ -78,11 +76,23 @@ LAYOUTS: dict[int, dict[str, dict[str, str]]] = {
         "3d-pp2-zero2-tp2-gpipe-acc2": _accumulating("gpipe", pp=2, dp=2, tp=2, zero_stage=2),
     },
 }
+"""Layout keyword arguments of ``layout_env`` per world size."""
+
+
+def runs(world: int) -> dict[str, tuple[dict[str, Any], str, str]]:
+    """{run name: (layout, precision, activation checkpointing)}: each layout in fp32 without
+    checkpointing, and in bf16 with selective or full checkpointing (alternating)."""
+    found: dict[str, tuple[dict[str, Any], str, str]] = {}
+    for index, (name, layout) in enumerate(LAYOUTS[world].items()):
+        mode = ("selective", "full")[index % 2]
+        found[name] = (layout, "fp32", "none")
+        found[f"{name}+bf16-{mode}"] = (layout, "bf16", mode)
+    return found
 
 
 def reference_run(cfg: TrainConfig) -> dict[str, list[float]]:
     """The plain single-process run: whole global batch, no parallelism."""
-    model = build_model(cfg.model, cfg.training.seed)
+    model = build_model(cfg.model, cfg.training.seed, bf16=cfg.training.precision == "bf16")
     optimizer = make_optimizer(model.parameters(), cfg.training.learning_rate)
     t = cfg.training
     stream = make_stream(t.dataset, cfg.model.vocab, cfg.model.seq_len, t.global_batch_size, t.seed)
@@ -104,16 +114,19 @@ def main(out: str) -> None:
     init_distributed(device)
     world = dist.get_world_size()
     results: dict[str, Any] = {}
-    reference: dict[str, list[float]] | None = None
-    for name, env in LAYOUTS[world].items():
+    references: dict[str, dict[str, list[float]]] = {}
+    for name, (layout, precision, checkpointing) in runs(world).items():
+        env = layout_env(MODEL, {**TRAINING, "precision": precision}, **layout)
         cfg = from_env({**env, "WORLD_SIZE": str(world)})
-        if reference is None and dist.get_rank() == 0:
-            reference = reference_run(cfg)
-        result = train(cfg, build_mesh(cfg.layout, device))
+        if precision not in references and dist.get_rank() == 0:
+            references[precision] = reference_run(cfg)
+        options = PartOptions(activation_checkpointing=checkpointing)
+        result = train(cfg, build_mesh(cfg.layout, device), options=options)
         results[name] = {
             "losses": [r.loss for r in result.records],
             "gradNorms": [r.grad_norm for r in result.records],
-            "reference": reference,
+            "precision": precision,
+            "reference": references.get(precision),
         }
         dist.barrier()
     if dist.get_rank() == 0:

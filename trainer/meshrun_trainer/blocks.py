@@ -12,8 +12,8 @@ Modes (``spec.training.activationCheckpointing``):
 - ``none``: autograd keeps every tensor backward needs.
 - ``selective``: per-op selective recomputation (torchtitan's op-level policy): the outputs of
   the matrix multiplications and of attention are kept, everything else in the block (norms,
-  rotary embedding, SiLU, products, repeats) is recomputed in backward. Costs a few cheap
-  element-wise kernels; keeps the inputs of the expensive ops.
+  rotary embedding, SiLU, products, repeats, tensor parallelism's all-gathers) is recomputed in
+  backward. Costs a few cheap element-wise kernels; keeps the results of the expensive ops.
 - ``full``: only the block's input is kept; the whole block runs again in backward (about one
   extra forward, a third more compute).
 """
@@ -45,13 +45,14 @@ SAVED_OPS = frozenset(
         _ops._scaled_dot_product_flash_attention_for_cpu.default,
         _ops._scaled_dot_product_efficient_attention.default,
         _ops._scaled_dot_product_cudnn_attention.default,
-        # Collectives of tensor parallelism: recomputing them would repeat the communication.
+        # Tensor parallelism's reduce-scatter after wo and w2 (its result is 1/t of their
+        # output); the all-gathers before wq/wk/wv and w1/w3 are redone in backward, as
+        # Megatron-LM's sequence parallelism does, since keeping them costs a whole h per token.
         torch.ops._c10d_functional.reduce_scatter_tensor.default,
-        torch.ops._c10d_functional.all_gather_into_tensor.default,
-        torch.ops._c10d_functional.all_reduce.default,
     }
 )
-"""Ops whose outputs selective checkpointing keeps (matrix multiplies, attention, collectives)."""
+"""Ops whose outputs selective checkpointing keeps (matrix multiplies, attention, and the
+reduce-scatter of tensor parallelism); meshrun.planner.memory counts exactly these."""
 
 
 def _selective_policy(ctx: Any, op: Any, *args: Any, **kwargs: Any) -> CheckpointPolicy:

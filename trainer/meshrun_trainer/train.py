@@ -185,15 +185,17 @@ def train(
     on_step: Callable[[StepRecord], None] | None = None,
     run: UserRun | None = None,
     on_eval: Callable[[int, float], None] | None = None,
+    options: PartOptions | None = None,
 ) -> TrainResult:
     """Run (or resume) training to ``cfg.training.steps``; every rank calls this.
 
     ``run``: the job's own model folder, data, optimizer, schedule and export (UserHooks).
     ``on_eval(step, loss)``: called after each validation.
+    ``options``: activation checkpointing, compile and loss parallel (default: none, off, on).
     """
     training = cfg.training
     run = run or UserRun()
-    runner = build_runner(cfg, mesh, run.optimizer)
+    runner = build_runner(cfg, mesh, run.optimizer, options)
     hooks = UserHooks(cfg, run, mesh, runner)
     result = TrainResult()
     if training.checkpoint_dir:
