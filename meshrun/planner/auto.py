@@ -12,7 +12,10 @@ The table (from the Transformers guide "Parallelism methods"):
   ZeRO-1, as the guide advises when memory is short.
 
 Within a row the first candidate that fits wins; candidates go from least to most model
-parallelism, so data parallelism stays as wide as memory allows.
+parallelism, so data parallelism stays as wide as memory allows. When no candidate of the row
+fits, the row is tried again with selective, then full activation checkpointing (recomputation
+costs compute, more model parallelism costs communication and bubbles; checkpointing is the
+cheaper way out once the row's layouts are exhausted).
 """
 
 from __future__ import annotations
@@ -23,8 +26,9 @@ from dataclasses import dataclass, field
 from meshrun.errors import SpecError
 from meshrun.layout import Layout, Stage, divisors, split_layers
 from meshrun.planner.explain import parameter_text
-from meshrun.planner.layout import complete_layout
+from meshrun.planner.layout import complete_layout, stage_split
 from meshrun.planner.memory import (
+    CHECKPOINTING,
     MemoryEstimate,
     bytes_per_parameter,
     estimate_memory,
@@ -48,6 +52,8 @@ class Choice:
     """Layer ranges per pipeline chunk."""
     memory: MemoryEstimate
     """Estimated bytes per accelerator."""
+    checkpointing: str = "none"
+    """Activation checkpointing the estimate assumes (none, selective or full)."""
     reasons: list[str] = field(default_factory=list)
     """Sentences explaining the choice."""
 
@@ -63,28 +69,49 @@ def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
     return "zero" if zero_stage and dp > 1 else "ddp"
 
 
-def evaluate(job: JobSpec, degrees: Degrees, strategy: str | None = None) -> Choice:
+def evaluate(
+    job: JobSpec, degrees: Degrees, strategy: str | None = None, checkpointing: str = "none"
+) -> Choice:
     """Plan these degrees (SpecError when they break a rule)."""
     dp, pp, tp, zero = degrees
     layout = complete_layout(job, dp, pp, tp, zero)
-    stages = split_layers(job.shape.layers, pp, layout.virtual_stages)
-    memory = estimate_memory(job, layout, stages)
-    return Choice(strategy or strategy_name(dp, pp, tp, zero), layout, stages, memory)
+    stages = stage_split(job.shape, pp, layout.virtual_stages)
+    memory = estimate_memory(job, layout, stages, checkpointing)
+    name = strategy or strategy_name(dp, pp, tp, zero)
+    return Choice(name, layout, stages, memory, checkpointing)
 
 
-def first_fit(job: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
-    """The first valid candidate that fits, else the valid one with the smallest estimate."""
+def first_fit(
+    job: JobSpec, candidates: Iterable[Degrees], modes: tuple[str, ...] = CHECKPOINTING
+) -> Choice | None:
+    """The first valid candidate that fits without activation checkpointing, else with the
+    next mode of ``modes``; failing all, the valid one with the smallest estimate."""
+    candidates = list(candidates)
     smallest: Choice | None = None
-    for degrees in candidates:
-        try:
-            choice = evaluate(job, degrees)
-        except SpecError:
-            continue
-        if choice.memory.fits:
-            return choice
-        if smallest is None or choice.memory.total < smallest.memory.total:
-            smallest = choice
+    for mode in modes:
+        for degrees in candidates:
+            try:
+                choice = evaluate(job, degrees, checkpointing=mode)
+            except SpecError:
+                continue
+            if choice.memory.fits:
+                if mode != "none":
+                    choice.reasons.append(checkpointing_reason(job, degrees, choice))
+                return choice
+            if smallest is None or choice.memory.total < smallest.memory.total:
+                smallest = choice
     return smallest
+
+
+def checkpointing_reason(job: JobSpec, degrees: Degrees, choice: Choice) -> str:
+    """Why activation checkpointing is on: the layout's activations with and without it."""
+    plain = evaluate(job, degrees).memory
+    return (
+        f"Activation checkpointing ({choice.checkpointing}) is on: without it no layout of the "
+        f"row fits (this one would hold {plain.activations / GIB:.1f} GiB of activations, "
+        f"{plain.total / GIB:.1f} GiB in all); recomputing in backward brings the activations "
+        f"to {choice.memory.activations / GIB:.1f} GiB."
+    )
 
 
 def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> list[Degrees]:
@@ -172,8 +199,8 @@ def choose_auto(job: JobSpec) -> Choice:
         row += "(PP across nodes, TP inside, DP) with ZeRO-1"
         candidates = [*zero[:2], *model_parallel(job, 1)]
     choice = first_fit(job, candidates) or evaluate(job, ddp, "ddp")
-    choice.reasons.append(sentence)
-    choice.reasons.append(f"Strategy table row (docs/planner.md): {row}.")
+    choice.reasons.insert(0, f"Strategy table row (docs/planner.md): {row}.")
+    choice.reasons.insert(0, sentence)
     if not choice.memory.fits:
         choice.reasons.append(
             "No candidate of that row fits; this is the one with the smallest estimate."
@@ -200,7 +227,9 @@ def search_hybrid(job: JobSpec) -> Choice:
             "degrees, spec.resources and spec.model (tensorParallel must divide "
             "numProcPerNode and the head counts; pipelineParallel at most spec.model.layers)",
         )
-    choice = Choice("hybrid", choice.layout, choice.stages, choice.memory)
+    choice = Choice(
+        "hybrid", choice.layout, choice.stages, choice.memory, choice.checkpointing, choice.reasons
+    )
     choice.reasons.append(
         "Hybrid with degrees left unset: the planner took the least model parallelism that "
         "fits, keeping TP inside a node."

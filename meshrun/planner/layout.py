@@ -8,7 +8,8 @@ check_layout`, the rules the trainer checks too.
 from __future__ import annotations
 
 from meshrun.errors import SpecError
-from meshrun.layout import Layout, divisors
+from meshrun.layout import Layout, Stage, divisors
+from meshrun.presets import ModelShape
 from meshrun.rules import check_layout
 from meshrun.spec import JobSpec
 
@@ -117,3 +118,45 @@ def complete_layout(job: JobSpec, dp: int, pp: int, tp: int, zero_stage: int) ->
         num_proc_per_node=job.resources.num_proc_per_node,
     )
     return layout
+
+
+def chunk_weights(shape: ModelShape) -> tuple[int, int, int]:
+    """(block, input embedding, output head) weights for balancing pipeline chunks.
+
+    A block weighs its parameters plus 2*s*h, its attention matmuls per token in the same units
+    (training FLOPs per token are about 6*psi + 12*L*h*s, Narayanan et al. 2021): its compute.
+    The head weighs its vocab*h parameters (6*V*h FLOPs per token and the loss), the embedding
+    its vocab*h parameters (little compute, but gradients and optimizer state like a layer's).
+    """
+    block = shape.layer_parameters() + 2 * shape.seq_len * shape.hidden
+    return block, shape.vocab * shape.hidden, shape.vocab * shape.hidden + shape.hidden
+
+
+def stage_split(shape: ModelShape, pp: int, virtual: int) -> list[Stage]:
+    """Layers over pp x virtual chunks in model order, balanced by :func:`chunk_weights`.
+
+    The chunk holding the embedding (the first) and the one holding the head (the last) get
+    fewer blocks when those weigh enough, as Megatron-LM's option to count the embedding and
+    the loss as layers in the split does. Chunk c sits on pipeline rank c % pp.
+    """
+    chunks, layers = pp * virtual, shape.layers
+    block, embedding, head = chunk_weights(shape)
+    extra = [0] * chunks
+    extra[0] += embedding
+    extra[-1] += head
+
+    def capacities(limit: int) -> list[int]:
+        return [max(0, (limit - e) // block) for e in extra]
+
+    limits = sorted({e + k * block for e in extra for k in range(1, layers + 1)})
+    limit = next(t for t in limits if min(capacities(t)) >= 1 and sum(capacities(t)) >= layers)
+    counts = capacities(limit)
+    while sum(counts) > layers:  # trim the heaviest chunk, the later one on ties
+        cost = [e + n * block if n > 1 else -1 for e, n in zip(extra, counts, strict=True)]
+        heaviest = max(range(chunks), key=lambda c: (cost[c], c))
+        counts[heaviest] -= 1
+    stages, first = [], 0
+    for chunk, count in enumerate(counts):
+        stages.append(Stage(chunk % pp, chunk // pp, first, first + count - 1))
+        first += count
+    return stages

@@ -7,13 +7,22 @@ optimizer part by the data-parallel degree N, stage 2 also the gradients, stage 
 weights. Tensor parallelism divides a stage's weights by t; pipeline parallelism gives each rank
 its own layers (plus the embedding on the first stage and the output head on the last).
 
-Activations per transformer layer follow Korthikanti et al. 2022 (arXiv 2205.05198, section 4),
-in bytes for 16-bit activations: s*b*h*(10 + 24/t + 5*a*s/(h*t)); FlashAttention (used by torch's
-scaled_dot_product_attention on GPUs in bf16) removes the 5*a*s/h score term. fp32 doubles it.
+Activations per transformer layer: Korthikanti et al. 2022's accounting (arXiv 2205.05198,
+section 4: every tensor autograd keeps for backward, per token) applied to the trainer's Llama
+block (RMSNorm, rotary attention, SwiGLU of width f, no dropout) instead of GPT's; see
+:func:`layer_activation_elements`. torch's scaled_dot_product_attention keeps no a*s*s score
+matrix on any backend it picks for causal attention (flash, memory-efficient or cuDNN on GPUs,
+flash on CPUs), so Korthikanti's 5*a*s/h term never appears. Activation checkpointing (see
+meshrun_trainer.blocks) keeps less: ``selective`` keeps the outputs of the matrix multiplies
+and of attention, ``full`` only each layer's input (2*s*b*h bytes in bf16, Korthikanti's full
+recomputation) plus, while one layer is recomputed, that layer's full set.
 The pipeline schedule sets how many micro-batches are in flight on a rank: GPipe keeps all m,
 1F1B at most p - i on stage i, interleaving multiplies 1F1B's by 1 + (p-1)/(p*v) (Narayanan et
-al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the fp32 logits s*b*V/t.
-The estimate ignores the CUDA context, allocator fragmentation and ZeRO-3's gathered layer.
+al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the fp32 log-probabilities
+s*b*V/t and the final norm's tensors. Under pipelining ZeRO-3 keeps a stage's parameters
+gathered for the whole step (no all-gather per micro-batch), so its weights count whole, as
+under ZeRO-2. The estimate ignores the CUDA context, allocator fragmentation and ZeRO-3's
+gathered layer.
 """
 
 from __future__ import annotations
@@ -21,7 +30,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshrun.layout import Layout, Stage
-from meshrun.spec import CPU, JobSpec
+from meshrun.presets import ModelShape
+from meshrun.spec import JobSpec
+
+CHECKPOINTING = ("none", "selective", "full")
+"""Activation checkpointing modes, least recomputation first."""
 
 
 @dataclass(frozen=True)
@@ -53,20 +66,41 @@ def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
     return (2, 2, 12) if precision == "bf16" else (4, 4, 8)
 
 
-def flash_attention(job: JobSpec) -> bool:
-    """Whether torch's SDPA uses a fused kernel that keeps no a*s*s score matrix."""
-    return job.resources.accelerator != CPU and job.training.precision == "bf16"
+def layer_activation_elements(shape: ModelShape, tp: int, checkpointing: str = "none") -> float:
+    """Elements one transformer layer keeps for backward per token, with sequence-parallel TP.
+
+    With q = heads*head_dim, kv = kv_heads*head_dim, a = heads; under TP the tensors along the
+    sequence (norm inputs and outputs, the residual) are split t ways, the column-parallel
+    outputs hold a/t heads or f/t columns, and each norm's output is gathered whole for the
+    column-parallel matrices:
+
+    - none: block input, normalized input, residual, normalized residual (4h/t), both gathered
+      norm outputs (2h), q, k and v as attention reads them and attention's output (4q/t),
+      w1 and w3 outputs, SiLU's output and the product (4f/t), attention's log-sum-exp (a/t)
+      and the norms' reciprocal RMS (2/t);
+    - selective: the block input (h/t), the outputs of wq, wk, wv and attention (2q/t + 2kv/t
+      + a/t), of w1 and w3 (2f/t), and of wo and w2 (2h; under TP their partial sums, h each,
+      and their reduce-scattered results, h/t each);
+    - full: the block input (h/t).
+    """
+    h, f, t, a = shape.hidden, shape.ffn_hidden, tp, shape.heads
+    q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    if checkpointing == "full":
+        return h / t
+    if checkpointing == "selective":
+        outputs = 2 * h if t == 1 else 2 * h + 2 * h / t
+        return h / t + (2 * q + 2 * kv + a + 2 * f) / t + outputs
+    return 2 * h + (4 * h + 4 * q + 4 * f + a + 2) / t
 
 
-def layer_activation_bytes(job: JobSpec, tp: int, micro_batch: int) -> int:
-    """Activations one transformer layer keeps for backward (Korthikanti et al. 2022, eq. 2)."""
-    m = job.shape
-    s, b, h, a = m.seq_len, micro_batch, m.hidden, m.heads
-    per_token = (10 + 24 / tp) * h
-    if not flash_attention(job):
-        per_token += 5 * a * s / tp
-    scale = 1 if job.training.precision == "bf16" else 2
-    return int(s * b * per_token * scale)
+def layer_activation_bytes(
+    job: JobSpec, tp: int, micro_batch: int, checkpointing: str = "none"
+) -> int:
+    """Bytes one transformer layer keeps for backward for one micro-batch (16-bit activations
+    in bf16, 32-bit in fp32)."""
+    per_element = 2 if job.training.precision == "bf16" else 4
+    elements = layer_activation_elements(job.shape, tp, checkpointing)
+    return int(job.shape.seq_len * micro_batch * elements * per_element)
 
 
 def in_flight(layout: Layout, pp_rank: int) -> float:
@@ -82,15 +116,27 @@ def in_flight(layout: Layout, pp_rank: int) -> float:
     return one_f_one_b
 
 
-def estimate_memory(job: JobSpec, layout: Layout, stages: list[Stage]) -> MemoryEstimate:
+def estimate_memory(
+    job: JobSpec, layout: Layout, stages: list[Stage], checkpointing: str = "none"
+) -> MemoryEstimate:
     """The estimate for the pipeline rank with the largest total."""
     model, t, n = job.shape, layout.tp, layout.dp
     weight_b, grad_b, optim_b = bytes_per_parameter(job.training.precision)
     layers_on = [0] * layout.pp
     for stage in stages:
         layers_on[stage.pp] += stage.last - stage.first + 1
-    per_layer_act = layer_activation_bytes(job, t, job.training.micro_batch_size)
-    logits_scale = 4 * model.seq_len * job.training.micro_batch_size
+    micro_batch = job.training.micro_batch_size
+    per_layer_act = layer_activation_bytes(job, t, micro_batch, checkpointing)
+    # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
+    recompute = layer_activation_bytes(job, t, micro_batch) if checkpointing == "full" else 0
+    tokens = model.seq_len * micro_batch
+    per_element = 2 if job.training.precision == "bf16" else 4
+    # fp32 log-probabilities over the (vocabulary-sharded) logits; the final norm's input and
+    # normalized input (sequence-sharded) and its gathered output.
+    head_act = tokens * (
+        4 * model.vocab // t + per_element * (2 * model.hidden // t + model.hidden)
+    )
+    gathered_stage = layout.pp > 1  # ZeRO-3 does not reshard between micro-batches
     best: MemoryEstimate | None = None
     for rank in range(layout.pp):
         count = layers_on[rank] * model.layer_parameters()
@@ -104,11 +150,11 @@ def estimate_memory(job: JobSpec, layout: Layout, stages: list[Stage]) -> Memory
             optim = -(-optim // n)
         if layout.zero_stage >= 2:
             grads = -(-grads // n)
-        if layout.zero_stage >= 3:
+        if layout.zero_stage >= 3 and not gathered_stage:
             params = -(-params // n)
-        activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank))
+        activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute
         if rank == layout.pp - 1:
-            activations += logits_scale * model.vocab // t
+            activations += head_act
         estimate = MemoryEstimate(
             params, grads, optim, activations, job.resources.accelerator_bytes
         )

@@ -38,6 +38,8 @@ class Plan:
     """Layer ranges per pipeline chunk, in model order."""
     memory: MemoryEstimate
     """Estimated bytes per accelerator."""
+    activation_checkpointing: str
+    """none, selective or full: what the memory estimate assumes and the trainer runs."""
     model: ModelShape
     """The model shape."""
     preset: str | None
@@ -85,6 +87,7 @@ class Plan:
             "virtualStages": lay.virtual_stages,
             "gradAccumulation": lay.grad_accumulation,
             "bubbleFraction": round(lay.bubble_fraction(), 4),
+            "activationCheckpointing": self.activation_checkpointing,
         }
 
     def to_dict(self) -> dict[str, Any]:
@@ -159,6 +162,7 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
         layout=choice.layout,
         stages=choice.stages,
         memory=choice.memory,
+        activation_checkpointing=choice.checkpointing,
         model=job.shape,
         preset=job.model.preset,
         explanation=" ".join(reasons),

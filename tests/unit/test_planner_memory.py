@@ -7,8 +7,9 @@ from typing import Any
 import pytest
 
 from meshrun.planner import plan_job
-from meshrun.planner.memory import in_flight
+from meshrun.planner.memory import estimate_memory, in_flight, layer_activation_bytes
 from meshrun.spec import GIB
+from meshrun.specread import read_spec
 
 pytestmark = pytest.mark.unit
 
@@ -85,29 +86,51 @@ def test_pipeline_stage_holds_its_layers_and_the_embedding() -> None:
 
 
 def activation_spec(accelerator: str, precision: str, tp: int = 1) -> dict[str, Any]:
-    model = {"layers": 1, "hidden": 1024, "heads": 16, "vocab": 1024, "seqLen": 2048}
+    model = {
+        "layers": 1,
+        "hidden": 1024,
+        "heads": 16,
+        "kvHeads": 4,
+        "ffnHidden": 4096,
+        "vocab": 1024,
+        "seqLen": 2048,
+    }
     strategy = {"type": "tensor", "tensorParallel": tp} if tp > 1 else {"type": "ddp"}
     return make_spec(strategy, 1, 8, accelerator, precision, model, batch=8)
 
 
 @pytest.mark.parametrize(
-    ("accelerator", "precision", "tp", "per_token_per_h"),
+    ("precision", "tp", "checkpointing", "per_token"),
     [
-        # Korthikanti et al. 2022, eq. 1 and 2: 34 + 5as/h, or 10 + 24/t + 5as/(ht).
-        ("cpu", "bf16", 1, 34 + 5 * 16 * 2048 / 1024),
-        ("cpu", "bf16", 4, 10 + 24 / 4 + 5 * 16 * 2048 / (1024 * 4)),
-        ("cpu", "fp32", 1, 2 * (34 + 5 * 16 * 2048 / 1024)),
-        # FlashAttention (bf16 on a GPU) keeps no score matrix.
-        ("nvidia.com/gpu", "bf16", 1, 34),
+        # Korthikanti et al.'s per-tensor accounting of the Llama block (h = q = 1024, f = 4096,
+        # 16 heads of 64, 4 key/value heads: kv = 256): see layer_activation_elements.
+        ("bf16", 1, "none", 2 * (6 * 1024 + 4 * 1024 + 4 * 4096 + 16 + 2)),
+        ("fp32", 1, "none", 4 * (6 * 1024 + 4 * 1024 + 4 * 4096 + 16 + 2)),
+        ("bf16", 4, "none", 2 * (2 * 1024 + (8 * 1024 + 4 * 4096 + 16 + 2) / 4)),
+        ("bf16", 1, "selective", 2 * (3 * 1024 + 2 * 1024 + 2 * 256 + 2 * 4096 + 16)),
+        ("bf16", 4, "selective", 2 * (2 * 1024 + (5 * 1024 + 2 * 256 + 2 * 4096 + 16) / 4)),
+        # Full recomputation keeps each layer's input: 2*s*b*h bytes in bf16.
+        ("bf16", 1, "full", 2 * 1024),
+        ("bf16", 4, "full", 2 * 1024 / 4),
     ],
 )
-def test_layer_activations_follow_korthikanti(
-    accelerator: str, precision: str, tp: int, per_token_per_h: float
+def test_layer_activations_per_token(
+    precision: str, tp: int, checkpointing: str, per_token: float
 ) -> None:
-    plan = plan_job(activation_spec(accelerator, precision, tp))
-    s, h, vocab = 2048, 1024, 1024
-    logits = 4 * s * vocab // tp
-    assert plan.memory.activations == int(s * h * per_token_per_h) + logits
+    job = read_spec(activation_spec("nvidia.com/gpu", precision, tp))
+    assert layer_activation_bytes(job, tp, 1, checkpointing) == int(2048 * per_token)
+
+
+def test_checkpointing_shrinks_the_estimate_and_full_adds_one_recomputed_layer() -> None:
+    job = read_spec(activation_spec("nvidia.com/gpu", "bf16"))
+    plan = plan_job(activation_spec("nvidia.com/gpu", "bf16"))
+    none, full = (
+        estimate_memory(job, plan.layout, plan.stages, mode).activations
+        for mode in ("none", "full")
+    )
+    one_layer = layer_activation_bytes(job, 1, 1)
+    assert none == plan.memory.activations  # the default plans without checkpointing
+    assert full == none - one_layer + layer_activation_bytes(job, 1, 1, "full") + one_layer
 
 
 def test_schedules_hold_different_micro_batches_in_flight() -> None:

@@ -1,0 +1,86 @@
+"""The planner's pipeline split by weight, and auto turning activation checkpointing on."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from meshrun.layout import split_layers
+from meshrun.planner import plan_job
+from meshrun.planner.layout import chunk_weights, stage_split
+from meshrun.presets import PRESETS
+
+pytestmark = pytest.mark.unit
+
+
+def _costs(name: str, counts: list[int]) -> list[int]:
+    block, embedding, head = chunk_weights(PRESETS[name])
+    costs = [n * block for n in counts]
+    costs[0] += embedding
+    costs[-1] += head
+    return costs
+
+
+@pytest.mark.parametrize(
+    ("preset", "pp", "virtual", "counts"),
+    [
+        ("tiny", 2, 1, [2, 2]),  # tiny's vocabulary weighs a quarter block: no change
+        ("tiny", 2, 2, [1, 1, 1, 1]),
+        ("1b", 4, 1, [3, 5, 5, 3]),  # embedding and head weigh ~1.1 blocks each
+        ("small", 4, 1, [2, 4, 4, 2]),
+        ("7b", 4, 1, [8, 8, 8, 8]),  # half a block each: moving a layer would not help
+    ],
+)
+def test_split_weighs_embedding_and_head(
+    preset: str, pp: int, virtual: int, counts: list[int]
+) -> None:
+    stages = stage_split(PRESETS[preset], pp, virtual)
+    assert [s.last - s.first + 1 for s in stages] == counts
+    assert [(s.pp, s.virtual) for s in stages] == [(c % pp, c // pp) for c in range(pp * virtual)]
+    even = [s.last - s.first + 1 for s in split_layers(PRESETS[preset].layers, pp, virtual)]
+    assert max(_costs(preset, counts)) <= max(_costs(preset, even))
+
+
+def test_the_plan_hands_the_weighted_split_to_the_pods() -> None:
+    spec = {
+        "image": "trainer:1",
+        "resources": {"numNodes": 4, "numProcPerNode": 1, "acceleratorMemoryGiB": 80},
+        "strategy": {"type": "pipeline", "pipelineParallel": 4},
+        "model": {"preset": "1b"},
+        "training": {"globalBatchSize": 8, "microBatchSize": 1},
+    }
+    plan = plan_job(spec)
+    assert [(s.first, s.last) for s in plan.stages] == [(0, 2), (3, 7), (8, 12), (13, 15)]
+
+
+def _single_gpu(memory_gib: int, strategy: str = "auto") -> dict[str, Any]:
+    return {
+        "image": "trainer:1",
+        "resources": {"numNodes": 1, "numProcPerNode": 1, "acceleratorMemoryGiB": memory_gib},
+        "strategy": {"type": strategy},
+        "model": {"preset": "1b"},
+        "training": {"globalBatchSize": 16, "microBatchSize": 16, "precision": "bf16"},
+    }
+
+
+@pytest.mark.parametrize(
+    ("memory_gib", "mode"),
+    [(80, "none"), (48, "selective"), (32, "full")],
+)
+def test_auto_turns_checkpointing_on_only_to_fit(memory_gib: int, mode: str) -> None:
+    plan = plan_job(_single_gpu(memory_gib))
+    assert plan.memory.fits
+    assert plan.activation_checkpointing == mode
+    assert plan.to_dict()["layout"]["activationCheckpointing"] == mode
+    if mode == "none":
+        assert "checkpointing" not in plan.explanation
+    else:
+        assert f"Activation checkpointing ({mode}) is on: without it no layout" in (
+            plan.explanation
+        )
+
+
+def test_an_explicit_strategy_plans_without_checkpointing() -> None:
+    plan = plan_job(_single_gpu(40, "ddp"))
+    assert plan.activation_checkpointing == "none" and not plan.memory.fits
