@@ -2,8 +2,9 @@
 
 ``kueue`` runs hack/kueue/up.sh, the same path as ``KUEUE=1 make cluster-up`` (it builds the
 Kueue manager when the cache lacks it, then starts or reuses it). ``kueue_env`` adds the
-private node pool and the objects of kueue_objects.py, plus one namespace with a LocalQueue
-per team; the namespaces go at the end of the session, the rest stays for the next one.
+objects of kueue_objects.py and one namespace with a LocalQueue per team (the namespaces go at
+the end of the session, the rest stays for the next one); ``kueue_pool`` adds the flavor's
+private node pool for one test module.
 """
 
 from __future__ import annotations
@@ -77,20 +78,7 @@ def _remove_stale_namespaces(kubectl: Kubectl) -> None:
 
 @pytest.fixture(scope="session")
 def kueue_env(kueue: float, kubectl: Kubectl) -> Iterator[KueueEnv]:
-    """The node pool, the shared Kueue objects and one LocalQueue namespace per team."""
-    nodes = subprocess.run(
-        [
-            sys.executable,
-            str(ROOT / "hack" / "kwok" / "nodes.py"),
-            str(ko.POOL_NODES),
-            "--pool",
-            ko.POOL,
-        ],
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=nodes)
+    """The shared Kueue objects and one LocalQueue namespace per team."""
     _remove_stale_namespaces(kubectl)
     _apply(kubectl, *ko.cluster_objects())
     session = uuid.uuid4().hex[:6]
@@ -99,7 +87,6 @@ def kueue_env(kueue: float, kubectl: Kubectl) -> Iterator[KueueEnv]:
         kubectl("create", "namespace", namespace)
         kubectl("label", "namespace", namespace, f"{TEST_LABEL}=true")
         _apply(kubectl, ko.local_queue(team, namespace))
-    wait_for(lambda: _pool_ready(kubectl), 120, f"{ko.POOL_NODES} Ready nodes in pool {ko.POOL}")
 
     def active(kind: str, name: str, namespace: str | None = None) -> bool:
         where = ["-n", namespace] if namespace else []
@@ -115,3 +102,21 @@ def kueue_env(kueue: float, kubectl: Kubectl) -> Iterator[KueueEnv]:
     yield KueueEnv(namespaces=namespaces, setup_seconds=kueue)
     for namespace in namespaces.values():
         kubectl("delete", "namespace", namespace, "--wait=false", check=False)
+
+
+@pytest.fixture(scope="module")
+def kueue_pool(kueue_env: KueueEnv, kubectl: Kubectl) -> Iterator[str]:
+    """The flavor's private node pool, there only while a module of Kueue tests runs: its
+    tainted nodes would otherwise show up in other tests' scheduling messages."""
+    script = ROOT / "hack" / "kwok" / "nodes.py"
+    nodes = subprocess.run(
+        [sys.executable, str(script), str(ko.POOL_NODES), "--pool", ko.POOL],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    kubectl("apply", "--server-side", "--force-conflicts", "-f", "-", input=nodes)
+    wait_for(lambda: _pool_ready(kubectl), 120, f"{ko.POOL_NODES} Ready nodes in pool {ko.POOL}")
+    yield ko.POOL
+    selector = f"{ko.POOL_LABEL}={ko.POOL}"
+    kubectl("delete", "nodes", "-l", selector, "--wait=false", check=False)

@@ -60,7 +60,9 @@ Submit = Callable[..., QueuedJob]
 
 
 @pytest.fixture
-def submit(kueue_env: KueueEnv, kubectl: Kubectl, crds_installed: list[str]) -> Iterator[Submit]:
+def submit(
+    kueue_env: KueueEnv, kueue_pool: str, kubectl: Kubectl, crds_installed: list[str]
+) -> Iterator[Submit]:
     """``submit(team, num_nodes, pp, priority_class=None, queue=None)``: a job of
     ``num_nodes`` pods x 8 GPUs in ``pp`` pipeline stages, queued through its Workload."""
     created: list[tuple[str, str]] = []
