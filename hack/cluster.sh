@@ -23,6 +23,9 @@ NODES=${NODES:-8}
 REAL_NODE=${REAL_NODE:-1}
 # KUEUE=1 adds Kueue (hack/kueue/up.sh): its manager next to the control plane, webhooks included.
 KUEUE=${KUEUE:-0}
+# AUDIT_POLICY=FILE turns on the API server's audit log with that policy (written to
+# $KWOK_WORKDIR/clusters/$NAME/logs/audit.log); the operator scale bench counts requests with it.
+AUDIT_POLICY=${AUDIT_POLICY:-}
 export KWOK_WORKDIR=$STATE/kwok
 KWOKCTL=$BIN/kwokctl
 KUBECTL=$BIN/kubectl
@@ -68,7 +71,8 @@ up() {
     # A cluster whose processes died (machine restart, killed session) is removed first.
     [[ -d $STATE/kueue ]] && { MESHRUN_CLUSTER_DIR=$STATE "$ROOT/hack/kueue/down.sh" || true; }
     "$KWOKCTL" delete cluster --name "$NAME" >/dev/null 2>&1 || true
-    local t0=$SECONDS
+    local t0=$SECONDS audit=()
+    [[ -n $AUDIT_POLICY ]] && audit=(--kube-audit-policy "$AUDIT_POLICY")
     log "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok-controller"
     KWOK_KUBE_VERSION=$KUBE_VERSION KWOK_ETCD_VERSION=${ETCD_VERSION#v} KWOK_KUBECTL_BINARY=$BIN/kubectl "$KWOKCTL" create cluster \
       --name "$NAME" --runtime binary \
@@ -81,6 +85,7 @@ up() {
       --etcd-binary "$BIN/etcd" \
       --kwok-controller-binary "$BIN/kwok" \
       --disable-qps-limits \
+      "${audit[@]}" \
       --kubeconfig "$KUBECONFIG_OUT" \
       --wait 120s --quiet-pull
     kc config use-context "kwok-$NAME" >/dev/null
