@@ -124,8 +124,17 @@ def _check_bounds(value: Any, schema: Schema, path: str) -> None:
                 raise SpecError(path, f"must be greater than {low}, got {value}")
             if value < low:
                 raise SpecError(path, f"must be at least {low}, got {value}")
-        if "maximum" in schema and value > schema["maximum"]:
-            raise SpecError(path, f"must be at most {schema['maximum']}, got {value}")
+        if "maximum" in schema:
+            high = schema["maximum"]
+            if schema.get("exclusiveMaximum") and value >= high:
+                raise SpecError(path, f"must be less than {high}, got {value}")
+            if value > high:
+                raise SpecError(path, f"must be at most {high}, got {value}")
+    if isinstance(value, list):
+        if len(value) < schema.get("minItems", 0):
+            raise SpecError(path, f"must have at least {schema['minItems']} items, got {value}")
+        if "maxItems" in schema and len(value) > schema["maxItems"]:
+            raise SpecError(path, f"must have at most {schema['maxItems']} items, got {value}")
     if isinstance(value, str):
         if len(value) < schema.get("minLength", 0):
             raise SpecError(path, f"must have at least {schema['minLength']} characters")

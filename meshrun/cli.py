@@ -11,6 +11,7 @@ import importlib
 import json
 import os
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -44,10 +45,22 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="also draw nodes x processes to PATH (.svg, or .png with matplotlib)",
     )
+    plan.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="CONTAINER=LOCAL",
+        help="read the job's container path CONTAINER (model folder, data, export) at LOCAL on "
+        "this machine, so its files are checked; repeatable",
+    )
     for name, text in (
         ("run", "run a job locally with torchrun-style processes (needs meshrun[trainer])"),
         ("operator", "run the Kubernetes operator (needs meshrun[operator])"),
         ("prepare-data", "tokenize a dataset once for training (needs meshrun[trainer])"),
+        (
+            "example-files",
+            "write a tiny Hugging Face model and data for examples/hf-finetune.yaml",
+        ),
     ):
         sub = commands.add_parser(name, help=text, add_help=False)
         sub.add_argument("rest", nargs=argparse.REMAINDER)
@@ -62,7 +75,7 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return plan_command(args.file, args.output, args.picture)
+        return plan_command(args.file, args.output, args.picture, args.mount)
     except BrokenPipeError:
         # `meshrun plan ... | head`: the reader left. Point stdout at /dev/null so the
         # interpreter's final flush does not fail again (Python docs, "Note on SIGPIPE").
@@ -74,6 +87,7 @@ DELEGATES = {
     "run": ("meshrun_trainer.local", "trainer"),
     "operator": ("meshrun_operator.main", "operator"),
     "prepare-data": ("meshrun_trainer.prepare", "trainer"),
+    "example-files": ("meshrun_trainer.examplefiles", "trainer"),
 }
 """Subcommand -> (module with ``main(argv) -> int``, the pip extra that installs it)."""
 
@@ -91,18 +105,22 @@ def _delegate(command: str, argv: list[str]) -> int:
     return int(module.main(argv))
 
 
-def plan_command(file: str, output: str, picture: str | None) -> int:
-    """Plan every job in ``file``; print them; return the exit code."""
+def plan_command(file: str, output: str, picture: str | None, mounts: Sequence[str] = ()) -> int:
+    """Plan every job in ``file`` and check the files it names that are visible here (through
+    ``mounts``); print the plans; return the exit code."""
     from meshrun.api import load_jobs, parse_jobs
     from meshrun.errors import SpecError
-    from meshrun.planner import Plan, plan_job
+    from meshrun.inputs import mount, plan_checked
+    from meshrun.planner import Plan
 
     if picture is not None and Path(picture).suffix.lower() not in (".svg", ".png"):
         print(f"meshrun plan: --picture: {picture} must end in .svg or .png", file=sys.stderr)
         return EXIT_INVALID
     try:
         jobs = parse_jobs(sys.stdin.read()) if file == "-" else load_jobs(file)
-        plans: list[Plan] = [plan_job(job["spec"], name=job["metadata"]["name"]) for job in jobs]
+        plans: list[Plan] = [
+            plan_checked(mount(job["spec"], mounts), job["metadata"]["name"]) for job in jobs
+        ]
     except SpecError as error:
         print(f"meshrun plan: invalid job in {file}: {error}", file=sys.stderr)
         return EXIT_INVALID

@@ -56,6 +56,24 @@ ENV_OF_FIELD = {
 }
 """The variable that carries each spec field (the trainer names both in its errors)."""
 
+INPUT_VARIABLES = {
+    "MESHRUN_MODEL_HF_PATH": "spec.model.hf.path",
+    "MESHRUN_DATA_FORMAT": "spec.training.data.format",
+    "MESHRUN_DATA_PATH": "spec.training.data.path",
+    "MESHRUN_DATA_TEXT_FIELD": "spec.training.data.textField",
+    "MESHRUN_DATA_VALIDATION_PATH": "spec.training.data.validation.path",
+    "MESHRUN_DATA_EVAL_EVERY_STEPS": "spec.training.data.evalEverySteps",
+    "MESHRUN_OPTIMIZER_BETAS": "spec.training.optimizer.betas",
+    "MESHRUN_OPTIMIZER_WEIGHT_DECAY": "spec.training.optimizer.weightDecay",
+    "MESHRUN_LR_WARMUP_STEPS": "spec.training.lrSchedule.warmupSteps",
+    "MESHRUN_LR_DECAY": "spec.training.lrSchedule.decay",
+    "MESHRUN_LR_MIN_RATIO": "spec.training.lrSchedule.minRatio",
+    "MESHRUN_EXPORT_PATH": "spec.training.export.path",
+}
+"""The variables of the job's own parts (model folder, data, optimizer, schedule, export) and
+the field each carries; an optional section's variables are empty when it is unset."""
+ENV_OF_FIELD |= {field: variable for variable, field in INPUT_VARIABLES.items()}
+
 
 def stage_layers(plan: Plan) -> str:
     """``"0-1,2-3"``: the plan's layer ranges in global stage order (virtual * pp + pp rank)."""
@@ -131,4 +149,26 @@ def pod_env(
         # progress
         "MESHRUN_METRICS_PORT": str(METRICS_PORT),
         "MESHRUN_TERMINATION_LOG": TERMINATION_LOG,
+        **inputs_env(job),
+    }
+
+
+def inputs_env(job: JobSpec) -> dict[str, str]:
+    """The variables of :data:`INPUT_VARIABLES` for ``job``."""
+    hf, training = job.model.hf, job.training
+    data, schedule, export = training.data, training.lr_schedule, training.export
+    validation = data.validation if data is not None else None
+    return {
+        "MESHRUN_MODEL_HF_PATH": hf.path if hf is not None else "",
+        "MESHRUN_DATA_FORMAT": data.format if data is not None else "",
+        "MESHRUN_DATA_PATH": data.path if data is not None else "",
+        "MESHRUN_DATA_TEXT_FIELD": data.text_field if data is not None else "",
+        "MESHRUN_DATA_VALIDATION_PATH": validation.path if validation is not None else "",
+        "MESHRUN_DATA_EVAL_EVERY_STEPS": str(data.eval_every_steps if data is not None else 0),
+        "MESHRUN_OPTIMIZER_BETAS": ",".join(repr(beta) for beta in training.optimizer.betas),
+        "MESHRUN_OPTIMIZER_WEIGHT_DECAY": repr(training.optimizer.weight_decay),
+        "MESHRUN_LR_WARMUP_STEPS": str(schedule.warmup_steps),
+        "MESHRUN_LR_DECAY": schedule.decay,
+        "MESHRUN_LR_MIN_RATIO": repr(schedule.min_ratio),
+        "MESHRUN_EXPORT_PATH": export.path if export is not None else "",
     }

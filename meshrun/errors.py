@@ -1,6 +1,9 @@
-"""The one error type for bad user input, so every caller can name the field at fault."""
+"""The one error type for bad user input, so every caller can name the field at fault, and the
+CEL rules of the CRD restated as values (meshrun.rules holds them)."""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 
 class SpecError(ValueError):
@@ -15,3 +18,21 @@ class SpecError(ValueError):
         super().__init__(f"{field}: {rule}")
         self.field = field
         self.rule = rule
+
+
+@dataclass(frozen=True)
+class Rule:
+    """A rule of the CRD's CEL, restated: the field it blames and the CRD's message."""
+
+    field: str
+    """The dotted spec field the error names."""
+    message: str
+    """The CRD's message, word for word."""
+
+    def error(self, detail: str = "") -> SpecError:
+        """The SpecError for this rule, with the numbers at hand in ``detail``.
+
+        A message that starts with its own field is not repeated after the ``field:`` prefix.
+        """
+        rule = self.message.removeprefix(f"{self.field} ")
+        return SpecError(self.field, f"{rule}{f' ({detail})' if detail else ''}")

@@ -14,10 +14,14 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshrun.errors import SpecError
+from meshrun.inputrules import HF_PRESET, HF_SEQ_LEN
 from meshrun.presets import ModelShape, RopeScaling
+
+if TYPE_CHECKING:
+    from meshrun.spec import Model
 
 FIELD = "spec.model.hf.path"
 SUPPORTED = {
@@ -225,3 +229,65 @@ def load_hf_model(folder: str | Path, seq_len: int, field: str = FIELD) -> HFMod
     if model.weights:
         check_weights(model, field)
     return model
+
+
+SIZES = {
+    "layers": "layers",
+    "hidden": "hidden",
+    "heads": "heads",
+    "kv_heads": "kvHeads",
+    "vocab": "vocab",
+    "ffn_hidden": "ffnHidden",
+}
+"""ModelShape field -> spec.model key of the sizes that may be given beside hf."""
+
+
+def check_sizes(shape: ModelShape, given: dict[str, int | None]) -> None:
+    """Sizes given beside ``spec.model.hf`` (or planned from them) agree with config.json."""
+    for name, value in given.items():
+        if value is not None and getattr(shape, name) != value:
+            raise SpecError(
+                f"spec.model.{SIZES[name]}",
+                f"{value}, but config.json in {FIELD} gives {getattr(shape, name)}",
+            )
+
+
+def planned_shape(model: Model) -> ModelShape:
+    """The shape a job with ``spec.model.hf`` is planned with.
+
+    Where the folder is visible (``meshrun plan`` and ``meshrun run --local`` on local paths)
+    config.json gives it, and sizes given beside hf must agree. Where it is not (the operator,
+    for a folder on a volume it does not mount), the sizes given beside hf are the plan's, and
+    the trainer checks them against config.json before it starts.
+    """
+    assert model.hf is not None
+    if model.preset is not None:
+        raise HF_PRESET.error(f"preset {model.preset}")
+    if model.seq_len is None:
+        raise HF_SEQ_LEN.error()
+    given = {name: getattr(model, name) for name in SIZES}
+    folder = Path(model.hf.path)
+    if folder.is_dir():
+        shape = shape_from_config(read_config(folder), model.seq_len)
+        check_sizes(shape, given)
+        return shape
+    missing = [key for name, key in SIZES.items() if given[name] is None]
+    if missing:
+        raise SpecError(
+            FIELD,
+            f"{folder} is not a folder on this machine. A job whose folder is on a volume is "
+            "planned from the sizes given beside hf (the trainer checks them against "
+            f"config.json): spec.model needs {', '.join(missing)} too. For a local run, fix "
+            "the path",
+        )
+    assert model.layers and model.hidden and model.heads and model.vocab
+    assert model.kv_heads and model.ffn_hidden
+    return ModelShape(
+        layers=model.layers,
+        hidden=model.hidden,
+        heads=model.heads,
+        vocab=model.vocab,
+        seq_len=model.seq_len,
+        ffn_hidden=model.ffn_hidden,
+        kv_heads=model.kv_heads,
+    )

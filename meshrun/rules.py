@@ -13,33 +13,14 @@ those are the ``Rule`` constants below, whose messages appear word for word in t
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-from meshrun.errors import SpecError
+from meshrun.errors import Rule, SpecError
+from meshrun.inputrules import INPUT_RULES, check_inputs_spec
 from meshrun.layout import Layout
 from meshrun.presets import ModelShape
 from meshrun.spec import BYTE_VOCAB, JobSpec
 
 CORPUS_BYTES = 10984
 """Bytes (tokens) of the corpus the trainer ships; a sequence needs seqLen + 1 of them."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """A rule of the CRD's CEL, restated: the field it blames and the CRD's message."""
-
-    field: str
-    """The dotted spec field the error names."""
-    message: str
-    """The CRD's message, word for word."""
-
-    def error(self, detail: str = "") -> SpecError:
-        """The SpecError for this rule, with the numbers at hand in ``detail``.
-
-        A message that starts with its own field is not repeated after the ``field:`` prefix.
-        """
-        rule = self.message.removeprefix(f"{self.field} ")
-        return SpecError(self.field, f"{rule}{f' ({detail})' if detail else ''}")
 
 
 S, M, T, R = "spec.strategy", "spec.model", "spec.training", "spec.resources"
@@ -140,12 +121,14 @@ ALL_RULES = (
     KV_HEADS,
     ROTARY,
     CORPUS_VOCAB,
+    *INPUT_RULES,
 )
 """The rules the CRD also states as CEL."""
 
 
 def check_spec(job: JobSpec) -> None:
-    """The rules that need no layout: the CRD's CEL rules, the model's and the data's."""
+    """The rules that need no layout: the CRD's CEL rules, the model's, the job's own parts'
+    (meshrun.inputrules) and the built-in data's."""
     s, t, res = job.strategy, job.training, job.resources
     dp, pp, tp = s.data_parallel, s.pipeline_parallel, s.tensor_parallel
     unset_or_one = (None, 1)
@@ -175,7 +158,9 @@ def check_spec(job: JobSpec) -> None:
     if t.global_batch_size % t.micro_batch_size:
         raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
     check_model(job.shape)
-    check_data(job.dataset, job.shape)
+    check_inputs_spec(job)
+    if t.data is None:
+        check_data(job.dataset, job.shape)
 
 
 def check_model(shape: ModelShape) -> None:

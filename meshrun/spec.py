@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from meshrun.presets import ModelShape
+from meshrun.userspec import Data, Export, HuggingFace, LRSchedule, Optimizer
 
 GIB = 1024**3
 CPU = "cpu"
@@ -122,10 +123,13 @@ class Strategy:
 
 @dataclass(frozen=True, kw_only=True)
 class Model:
-    """``spec.model``: a preset, or explicit sizes (which also override a preset's)."""
+    """``spec.model``: a preset, explicit sizes (which also override a preset's), or a Hugging
+    Face folder whose config.json gives the shape."""
 
     preset: Preset | None
     """A named Llama-like size."""
+    hf: HuggingFace | None
+    """A Hugging Face model folder (config.json, optional weights, tokenizer)."""
     layers: int | None
     """Transformer blocks."""
     hidden: int | None
@@ -174,6 +178,14 @@ class Training:
     """The training data; None: corpus when the vocabulary allows (see JobSpec.dataset)."""
     checkpoint: Checkpoint
     """Distributed checkpoints."""
+    data: Data | None
+    """The job's own data (instead of ``dataset``), or None."""
+    optimizer: Optimizer
+    """AdamW's betas and weight decay."""
+    lr_schedule: LRSchedule
+    """Warmup and decay of the learning rate."""
+    export: Export | None
+    """Where to write the trained model as a Hugging Face folder, or None."""
 
 
 @dataclass(frozen=True, kw_only=True)

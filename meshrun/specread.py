@@ -4,7 +4,8 @@ The reader is generic: each dataclass field is looked up under its CRD key (the 
 name, or its ``key`` metadata), nested dataclasses are read recursively, and nothing is
 defaulted here (the CRD's defaults were applied before). The schema check already refused wrong
 types, enums, bounds and unknown keys with the field's name, so reading cannot fail except for
-the model, whose sizes need a preset or every explicit size.
+the model, whose sizes need a preset, every explicit size, or a Hugging Face folder's
+config.json (read here when the folder is visible on this machine).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from meshrun.api import validate_spec, with_defaults
-from meshrun.errors import SpecError
+from meshrun.hf import planned_shape
+from meshrun.inputrules import MODEL_SOURCE
 from meshrun.presets import PRESETS, ModelShape
 from meshrun.spec import JobSpec, Model
 
@@ -60,13 +62,29 @@ def read_section(cls: type[T], data: Mapping[str, Any], **derived: Any) -> T:
 def _value(hint: Any, raw: Any) -> Any:
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
         return read_section(hint, raw or {})
+    section = optional_section(hint)
+    if section is not None:
+        return None if raw is None else read_section(section, raw)
     if hint is float and isinstance(raw, int):
         return float(raw)  # the schema's "number" also admits 1
+    if typing.get_origin(hint) is list and typing.get_args(hint) == (float,) and raw is not None:
+        return [float(item) for item in raw]
     return copy.deepcopy(raw)
 
 
+def optional_section(hint: Any) -> type | None:
+    """The dataclass of an optional section (``Data | None``), else None."""
+    members = [m for m in typing.get_args(hint) if m is not type(None)]
+    if len(members) == 1 and isinstance(members[0], type) and dataclasses.is_dataclass(members[0]):
+        return members[0]
+    return None
+
+
 def resolve_model(model: Model) -> ModelShape:
-    """The model shape: a preset with any explicit size overriding it, or explicit sizes."""
+    """The model shape: a Hugging Face folder's (meshrun.hf.planned_shape), a preset with any
+    explicit size overriding it, or explicit sizes."""
+    if model.hf is not None:
+        return planned_shape(model)
     if model.preset is not None:
         base = PRESETS[model.preset]
     else:
@@ -79,11 +97,7 @@ def resolve_model(model: Model) -> ModelShape:
         }
         missing = [name for name, value in given.items() if value is None]
         if missing:
-            raise SpecError(
-                "spec.model",
-                f"needs a preset or all of layers, hidden, heads, vocab and seqLen "
-                f"(missing {', '.join(missing)})",
-            )
+            raise MODEL_SOURCE.error(f"missing {', '.join(missing)}")
         assert model.layers and model.hidden and model.heads and model.vocab and model.seq_len
         base = ModelShape(
             layers=model.layers,

@@ -3,60 +3,32 @@
 Formats: ``jsonl`` (one JSON object per line), ``parquet``, ``arrow`` (a folder written by
 ``datasets``' ``save_to_disk``) and ``tokens`` (token ids already packed: ``.npy``, or raw
 ``uint16``/``uint32`` named ``*.u16``/``*.u32``/``*.bin``). Text is tokenized with the model's
-``tokenizer.json``; the trainer does that (meshrun_trainer.tokens). What can be checked from the
-files alone, before any process starts, is here: paths, the text field, the tokenizer's
-vocabulary against the model's.
+``tokenizer.json`` once per dataset into a cache beside it (meshrun_trainer.tokens). What can be
+checked from the files alone, before any process starts, is here: paths, the text field, the
+tokenizer's vocabulary against the model's, and the dataset's size when it is known without
+tokenizing (token files, or a text dataset's cache).
 """
 
 from __future__ import annotations
 
+import ast
+import hashlib
 import json
-from dataclasses import dataclass
+import os
+import tempfile
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, get_args
 
 from meshrun.errors import SpecError
+from meshrun.userspec import Data, DataFormat
 
-Format = Literal["jsonl", "parquet", "arrow", "tokens"]
-FORMATS: tuple[Format, ...] = ("jsonl", "parquet", "arrow", "tokens")
+Format = DataFormat
+FORMATS: tuple[Format, ...] = get_args(DataFormat)
 FIELD = "spec.training.data"
-
-
-@dataclass(frozen=True, kw_only=True)
-class DataSpec:
-    """spec.training.data: where the text is and how to read it."""
-
-    format: Format
-    """jsonl, parquet, arrow (save_to_disk folder) or tokens (pre-tokenized ids)."""
-    path: str
-    """The training file or folder (a container path in pods, a local path for local runs)."""
-    text_field: str = "text"
-    """The field holding each document's text (not used by ``tokens``)."""
-    validation: str | None = None
-    """A held-out file or folder in the same format, or None."""
-    eval_every: int = 0
-    """Evaluate on ``validation`` every this many steps (0: only before and after training)."""
-
-
-def data_spec(data: dict[str, Any]) -> DataSpec:
-    """Read the spec's ``training.data`` mapping (defaults already applied or not)."""
-    kind = data.get("format", "jsonl")
-    if kind not in FORMATS:
-        raise SpecError(f"{FIELD}.format", f"must be one of {', '.join(FORMATS)}, got {kind!r}")
-    path = data.get("path")
-    if not path:
-        raise SpecError(f"{FIELD}.path", "is required")
-    validation = (data.get("validation") or {}).get("path")
-    every = int(data.get("evalEverySteps", 0))
-    if every < 0:
-        raise SpecError(f"{FIELD}.evalEverySteps", f"must be >= 0, got {every}")
-    return DataSpec(
-        format=kind,
-        path=str(path),
-        text_field=str(data.get("textField", "text")),
-        validation=str(validation) if validation else None,
-        eval_every=every,
-    )
+CACHE_DIR = ".meshrun-cache"
+"""The folder beside a text dataset where its tokens are cached."""
+WIDE_VOCAB = 2**16
+"""Vocabularies above this need uint32 token ids."""
 
 
 def data_files(format: Format, path: str | Path) -> list[Path]:
@@ -92,9 +64,10 @@ def _first_record(format: Format, file: Path) -> dict[str, Any] | None:
     return dict.fromkeys(names)
 
 
-def check_data_files(spec: DataSpec, field: str = FIELD) -> None:
+def check_data_files(spec: Data, field: str = FIELD) -> None:
     """Every file exists, and text formats have the text field; SpecError names the field."""
-    for key, path in (("path", spec.path), ("validation.path", spec.validation)):
+    validation = spec.validation.path if spec.validation is not None else None
+    for key, path in (("path", spec.path), ("validation.path", validation)):
         if path is None:
             continue
         files = data_files(spec.format, path)
@@ -134,4 +107,73 @@ def check_tokenizer(tokenizer_json: Path | None, model_vocab: int, field: str) -
             field,
             f"the tokenizer has {vocab} tokens but the model's vocabulary is {model_vocab} "
             "(config.json vocab_size)",
+        )
+
+
+def cache_key(format: Format, path: str | Path, field: str, tokenizer_json: Path) -> str:
+    """A key over the tokenizer, the text field and the files' names, sizes and times."""
+    digest = hashlib.sha256(tokenizer_json.read_bytes())
+    digest.update(f"{format}\0{field}".encode())
+    for file in data_files(format, path):
+        stat = file.stat()
+        digest.update(f"\0{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
+    return digest.hexdigest()[:16]
+
+
+def cache_path(
+    format: Format, path: str | Path, field: str, tokenizer_json: Path, vocab: int
+) -> Path:
+    """Where the tokens of this dataset are cached: beside it, or in the temp dir if read-only."""
+    data = Path(path)
+    suffix = "u16" if vocab <= WIDE_VOCAB else "u32"
+    name = f"{data.name}.{cache_key(format, path, field, tokenizer_json)}.{suffix}"
+    beside = data.parent / CACHE_DIR
+    if os.access(data.parent, os.W_OK) or os.access(beside, os.W_OK):
+        return beside / name
+    return Path(tempfile.gettempdir()) / "meshrun-tokens" / name
+
+
+def token_width(path: Path, vocab: int) -> int:
+    """Bytes per id of a raw token file: ``.u32`` 4, ``.u16`` 2, ``.bin`` by the vocabulary."""
+    wide = path.suffix in (".u32", ".uint32") or (path.suffix == ".bin" and vocab > WIDE_VOCAB)
+    return 4 if wide else 2
+
+
+def _npy_length(path: Path) -> int | None:
+    """The length of a 1-D ``.npy`` array, read from its header (NEP 1 format), else None."""
+    with open(path, "rb") as handle:
+        magic = handle.read(8)
+        if magic[:6] != b"\x93NUMPY":
+            return None
+        size = 2 if magic[6] == 1 else 4
+        header = handle.read(int.from_bytes(handle.read(size), "little")).decode("latin1")
+    shape = ast.literal_eval(header).get("shape")
+    return int(shape[0]) if isinstance(shape, tuple) and len(shape) == 1 else None
+
+
+def known_tokens(spec: Data, path: str, tokenizer_json: Path | None, vocab: int) -> int | None:
+    """Tokens in a dataset when known without tokenizing: a token file's length, or a text
+    dataset's cache (written by meshrun prepare-data or an earlier run); else None."""
+    file = Path(path)
+    if spec.format == "tokens":
+        return (
+            _npy_length(file)
+            if file.suffix == ".npy"
+            else file.stat().st_size // token_width(file, vocab)
+        )
+    if tokenizer_json is None or not tokenizer_json.is_file():
+        return None
+    cache = cache_path(spec.format, path, spec.text_field, tokenizer_json, vocab)
+    return cache.stat().st_size // token_width(cache, vocab) if cache.is_file() else None
+
+
+def check_dataset_size(tokens: int, seq_len: int, global_batch: int, field: str) -> None:
+    """At least one global batch of training windows (validation: one window)."""
+    windows = tokens // (seq_len + 1)
+    if windows < global_batch:
+        need = "one window" if global_batch == 1 else f"one global batch of {global_batch}"
+        raise SpecError(
+            field,
+            f"the dataset holds {tokens} tokens, {windows} windows of seqLen + 1 = "
+            f"{seq_len + 1}: fewer than {need}",
         )

@@ -7,7 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.errors import SpecError
-from meshrun.planner import Plan, plan_job
+from meshrun.inputs import plan_checked
+from meshrun.planner import Plan
 from meshrun.spec import JobSpec
 from meshrun.specread import read_spec
 from meshrun_operator import names
@@ -33,7 +34,7 @@ def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
     try:
         settings = read_spec(spec)
         names.check_job_name(name, settings.resources.num_nodes)
-        plan = plan_job(settings, name=name)
+        plan = plan_checked(settings, name)  # the job's files too, where visible here
     except SpecError as error:
         return Evaluation(spec=spec, error=error)
     except (ValueError, TypeError, KeyError) as error:

@@ -96,7 +96,8 @@ def _progress_schema() -> Mapping[str, Any]:
 
 
 def final_progress(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
-    """status.progress from the trainer's final summary: the last step and the final loss.
+    """status.progress from the trainer's final summary: the last step, the final loss and the
+    last validation (evalLoss, evalStep).
 
     A short job can end between two resyncs, before any progress was read; the summary in the
     termination message still reaches status.
@@ -104,11 +105,15 @@ def final_progress(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if not summary or summary.get("status") != "Succeeded":
         return None
     steps = summary.get("steps")
+    evals = summary.get("eval")
+    last = evals[-1] if isinstance(evals, list) and evals and isinstance(evals[-1], dict) else {}
     progress = {
         "step": steps,
         "totalSteps": steps,
         "loss": summary.get("finalLoss"),
         "tokensPerSecond": summary.get("tokensPerSecond"),
         "etaSeconds": 0.0,
+        "evalLoss": last.get("loss"),
+        "evalStep": last.get("step"),
     }
     return conform({k: v for k, v in progress.items() if v is not None}, _progress_schema())

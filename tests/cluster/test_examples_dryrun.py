@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from meshrun import rules
+from meshrun import inputrules, rules
 from meshrun.api import with_defaults
 from meshrun.errors import SpecError
 from meshrun.planner import plan_job
@@ -158,6 +158,23 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
     (rules.KV_HEADS, {"model": {"heads": 4, "kvHeads": 3}}),
     (rules.ROTARY, {"model": {"hidden": 12, "heads": 4}}),
     (rules.CORPUS_VOCAB, {"model": {"vocab": 128}, "training": {"dataset": "corpus"}}),
+    (inputrules.MODEL_SOURCE, {"model": {"preset": None, "layers": 2}}),
+    (inputrules.HF_PRESET, {"model": {"hf": {"path": "/models/m"}, "seqLen": 64}}),
+    (inputrules.HF_SEQ_LEN, {"model": {"preset": None, "hf": {"path": "/models/m"}}}),
+    (inputrules.TEXT_DATA_HF, {"training": {"data": {"path": "/data/train.jsonl"}}}),
+    (
+        inputrules.TOKENS_TEXT_FIELD,
+        {"training": {"data": {"format": "tokens", "path": "/t.bin", "textField": "body"}}},
+    ),
+    (
+        inputrules.EVAL_VALIDATION,
+        {"training": {"data": {"format": "tokens", "path": "/t.bin", "evalEverySteps": 5}}},
+    ),
+    (
+        inputrules.DATA_DATASET,
+        {"training": {"dataset": "corpus", "data": {"format": "tokens", "path": "/t.bin"}}},
+    ),
+    (inputrules.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
 ]
 
 

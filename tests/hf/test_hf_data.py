@@ -15,12 +15,22 @@ import pytest
 import torch
 from hf_factories import EOS, corpus_documents, make_tokenizer, write_jsonl
 from meshrun_trainer.data import replica_rows
-from meshrun_trainer.optim import LRSchedule, lr_factor
-from meshrun_trainer.tokens import cache_path, load_tokens, tokenize
+from meshrun_trainer.optim import lr_factor
+from meshrun_trainer.tokens import load_tokens, tokenize
 from meshrun_trainer.windows import WindowStream, cut_windows
 
 from meshrun.errors import SpecError
-from meshrun.userdata import DataSpec, check_data_files, check_tokenizer
+from meshrun.userdata import cache_path, check_data_files, check_tokenizer, known_tokens
+from meshrun.userspec import Data, DataFormat, LRSchedule, Validation
+
+
+def data(format: DataFormat, path: Path, validation: str | None = None) -> Data:
+    """spec.training.data as the CRD defaults it."""
+    held_out = Validation(path=validation) if validation else None
+    return Data(
+        format=format, path=str(path), text_field="text", validation=held_out, eval_every_steps=0
+    )
+
 
 pytestmark = pytest.mark.unit
 
@@ -46,14 +56,21 @@ def test_every_format_gives_the_same_stream_once(folder: Path, tmp_path: Path) -
     datasets.Dataset.from_dict({"text": docs}).save_to_disk(tmp_path / "d-arrow", num_shards=3)
     expected = _expected(folder, docs)
     for format, name in (("jsonl", "d.jsonl"), ("parquet", "d.parquet"), ("arrow", "d-arrow")):
-        spec = DataSpec(format=format, path=str(tmp_path / name))  # type: ignore[arg-type]
+        spec = data(format, tmp_path / name)  # type: ignore[arg-type]
         check_data_files(spec)
-        out = cache_path(spec.format, spec.path, "text", folder / "tokenizer.json", 384)
+        tokenizer = folder / "tokenizer.json"
+        assert known_tokens(spec, spec.path, tokenizer, 384) is None, "not tokenized yet"
+        out = cache_path(spec.format, spec.path, "text", tokenizer, 384)
         assert out.parent == tmp_path / ".meshrun-cache" and out.suffix == ".u16"
         tokenize(spec.format, spec.path, "text", folder, out, vocab=384, quiet=True)
         assert load_tokens(out, 384).tolist() == expected, format
+        assert known_tokens(spec, spec.path, tokenizer, 384) == len(expected), "from the cache"
     np.save(tmp_path / "t.npy", np.asarray(expected, dtype=np.uint32))
     assert load_tokens(tmp_path / "t.npy", 384).tolist() == expected
+    np.asarray(expected, dtype=np.uint16).tofile(tmp_path / "t.bin")
+    for name in ("t.npy", "t.bin"):
+        tokens = data("tokens", tmp_path / name)
+        assert known_tokens(tokens, tokens.path, None, 384) == len(expected), name
 
 
 def test_windows_once_per_epoch_and_disjoint_replicas() -> None:
@@ -84,24 +101,25 @@ def test_learning_rate_schedule() -> None:
     assert [lr_factor(s, 14, cosine) for s in (1, 2, 4)] == [0.25, 0.5, 1.0]
     assert lr_factor(9, 14, cosine) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi / 2)))
     assert lr_factor(14, 14, cosine) == pytest.approx(0.1)
-    linear = LRSchedule(decay="linear", warmup_steps=0)
+    linear = LRSchedule(decay="linear", warmup_steps=0, min_ratio=0.0)
     assert [lr_factor(s, 4, linear) for s in (1, 2, 4)] == [0.75, 0.5, 0.0]
-    assert lr_factor(7, 10, LRSchedule()) == 1.0
+    constant = LRSchedule(decay="constant", warmup_steps=0, min_ratio=0.0)
+    assert lr_factor(7, 10, constant) == 1.0
 
 
 def test_bad_data_is_refused_naming_the_field(folder: Path, tmp_path: Path) -> None:
     with pytest.raises(SpecError, match="does not exist") as caught:
-        check_data_files(DataSpec(format="jsonl", path=str(tmp_path / "absent.jsonl")))
+        check_data_files(data("jsonl", tmp_path / "absent.jsonl"))
     assert caught.value.field == "spec.training.data.path"
     write_jsonl(tmp_path / "d.jsonl", ["a", "b"], field="body")
     with pytest.raises(SpecError, match="no field 'text'") as caught:
-        check_data_files(DataSpec(format="jsonl", path=str(tmp_path / "d.jsonl")))
+        check_data_files(data("jsonl", tmp_path / "d.jsonl"))
     assert caught.value.field == "spec.training.data.textField"
     pq.write_table(pa.table({"body": ["x"]}), tmp_path / "d.parquet")
     with pytest.raises(SpecError, match="no field 'text'"):
-        check_data_files(DataSpec(format="parquet", path=str(tmp_path / "d.parquet")))
+        check_data_files(data("parquet", tmp_path / "d.parquet"))
     write_jsonl(tmp_path / "ok.jsonl", ["a", "b"])
-    spec = DataSpec(format="jsonl", path=str(tmp_path / "ok.jsonl"), validation="/nope.jsonl")
+    spec = data("jsonl", tmp_path / "ok.jsonl", validation="/nope.jsonl")
     with pytest.raises(SpecError, match=r"nope\.jsonl does not exist") as caught:
         check_data_files(spec)
     assert caught.value.field == "spec.training.data.validation.path"

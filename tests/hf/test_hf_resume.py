@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hf_check import BASE, layout_env, model_env
+from hf_check import spec_parts
 from hf_factories import corpus_documents, make_hf_folder, write_jsonl
+from meshrun_trainer.localenv import layout_env
 from trainer_launch import REPO, cpu_env, run, torchrun
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
@@ -25,20 +26,12 @@ STEPS = 10
 
 
 def _env(model: Path, data: Path, checkpoints: Path) -> dict[str, str]:
-    layout = layout_env(pp=2, micro_batches="2", grad_accumulation="2")
-    own = {
-        "WORLD_SIZE": "2",
-        "MESHRUN_HF_PATH": str(model),
-        "MESHRUN_DATA_FORMAT": "jsonl",
-        "MESHRUN_DATA_PATH": str(data / "train.jsonl"),
-        "MESHRUN_DATA_VALIDATION_PATH": str(data / "val.jsonl"),
-        "MESHRUN_EVAL_EVERY_STEPS": "2",
-        "MESHRUN_CHECKPOINT_DIR": str(checkpoints),
-        "MESHRUN_CHECKPOINT_EVERY": "2",
-        "MESHRUN_LR_DECAY": "cosine",
-        "MESHRUN_WARMUP_STEPS": "2",
-    }
-    return cpu_env(**{**BASE, **model_env(str(model), STEPS), **layout, **own})
+    job = {"train": str(data / "train.jsonl"), "validation": str(data / "val.jsonl")}
+    spec_model, training = spec_parts(str(model), {**job, "steps": STEPS, "evalEvery": 2}, None)
+    training["checkpoint"] = {"everySteps": 2}
+    env = layout_env(spec_model, training, pp=2, micro_batches=2, grad_accumulation=2)
+    # The operator's checkpoint mount (not a spec field): here a folder per run.
+    return cpu_env(**{**env, "WORLD_SIZE": "2", "MESHRUN_CHECKPOINT_DIR": str(checkpoints)})
 
 
 def _events(stdout: str) -> dict[str, Any]:

@@ -1,5 +1,6 @@
-"""Weights in and out in one process: transformers' tiny Llama, Qwen2 and Mistral give the same
-logits in meshrun's model, and an exported folder loads back in transformers unchanged."""
+"""Weights in and out in one process: transformers' tiny Llama, Qwen2 and Mistral, read straight
+into meshrun's freshly allocated model (no random initialisation), give the same logits, and an
+exported folder loads back in transformers unchanged."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import pytest
 import torch
 import transformers
 from hf_factories import KINDS, VOCAB, make_hf_folder
-from meshrun_trainer.hfweights import export, load_weights
-from meshrun_trainer.model import build_model
+from meshrun_trainer.hfweights import SafetensorsSource, export
+from meshrun_trainer.materialize import materialize
+from meshrun_trainer.model import Transformer, build_model
 
 from meshrun.errors import SpecError
 from meshrun.hf import load_hf_model
@@ -24,8 +26,9 @@ def test_same_logits_and_export_round_trip(kind: str, tmp_path: Path) -> None:
     source = make_hf_folder(tmp_path / kind, kind, seed=3)
     reference = transformers.AutoModelForCausalLM.from_pretrained(source).eval()
     folder = load_hf_model(source, seq_len=48)
-    model = build_model(folder.shape, seed=0)
-    load_weights([model], source, folder.shape)
+    with torch.device("meta"):
+        model = Transformer(folder.shape)
+    materialize([model], torch.device("cpu"), SafetensorsSource(source, folder.shape))
     tokens = torch.randint(0, VOCAB, (2, 48), generator=torch.Generator().manual_seed(0))
     with torch.no_grad():
         expected = reference(tokens).logits

@@ -156,7 +156,6 @@ def test_every_cel_rule_is_restated_in_python() -> None:
             f"spec.{section} is immutable; delete and recreate the job"
             for section in ("resources", "strategy", "model")
         ]
-        + ["spec.model needs a preset or all of layers, hidden, heads, vocab and seqLen"]
     )
 
 

@@ -11,7 +11,7 @@ import pytest
 from meshrun import api
 from meshrun.errors import SpecError
 from meshrun.spec import JobSpec
-from meshrun.specread import crd_key_of, read_spec
+from meshrun.specread import crd_key_of, optional_section, read_spec
 
 pytestmark = pytest.mark.unit
 
@@ -32,9 +32,10 @@ def sections(
         hint = hints[field.name]
         if field.metadata.get("derived"):
             continue
-        if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        section = hint if dataclasses.is_dataclass(hint) else optional_section(hint)
+        if isinstance(section, type):
             sub = schema["properties"][crd_key_of(field)]
-            found += sections(hint, sub, f"{path}.{crd_key_of(field)}")
+            found += sections(section, sub, f"{path}.{crd_key_of(field)}")
     return found
 
 

@@ -17,9 +17,11 @@ from typing import get_args
 
 from meshrun.envcontract import ENV_OF_FIELD
 from meshrun.errors import SpecError
+from meshrun.inputrules import check_data_source, check_warmup
 from meshrun.presets import ModelShape
 from meshrun.rules import check_data, check_layout, check_model
 from meshrun.spec import Dataset, Precision, Schedule
+from meshrun.userspec import Data, DataFormat, LRDecay, LRSchedule, Optimizer, Validation
 from meshrun_trainer.layout import ConfigError, Layout, check_stage_layers, parse_stage_layers
 
 __all__ = ["ConfigError", "Layout", "TrainConfig", "Training", "from_env", "parse_stage_layers"]
@@ -51,6 +53,14 @@ class Training:
     """Save every this many steps (0: only the final step)."""
     checkpoint_keep: int
     """Complete checkpoints to keep, newest first (0 keeps all)."""
+    optimizer: Optimizer
+    """AdamW's betas and weight decay (the peak learning rate is ``learning_rate``)."""
+    lr_schedule: LRSchedule
+    """Warmup and decay of the learning rate."""
+    data: Data | None
+    """The job's own data (then ``dataset`` is not read), or None."""
+    export_path: str | None
+    """Write the trained model here as a Hugging Face folder at the end, or None."""
 
 
 @dataclass(frozen=True)
@@ -61,6 +71,8 @@ class TrainConfig:
     """Transformer shape."""
     preset: str
     """Preset name the shape came from ("custom" when given explicitly)."""
+    hf_path: str | None
+    """The Hugging Face folder the model comes from (meshrun_trainer.userrun), or None."""
     layout: Layout
     """Parallel layout."""
     training: Training
@@ -102,6 +114,29 @@ class _Env:
         if value < minimum:
             raise ConfigError(name, f"must be >= {minimum}, got {value}")
         return value
+
+    def number(self, name: str, high: float | None = None) -> float:
+        """A number in [0, high] (``high`` None: no upper bound)."""
+        raw = self.text(name)
+        try:
+            value = float(raw)
+        except ValueError:
+            raise ConfigError(name, f"must be a number, got {raw!r}") from None
+        if not value >= 0 or (high is not None and value > high):
+            most = f" and <= {high}" if high is not None else ""
+            raise ConfigError(name, f"must be >= 0{most}, got {raw}")
+        return value
+
+    def betas(self, name: str) -> list[float]:
+        """Two comma-separated numbers in [0, 1)."""
+        raw = self.text(name)
+        try:
+            values = [float(part) for part in raw.split(",")]
+        except ValueError:
+            values = []
+        if len(values) != 2 or not all(0 <= value < 1 for value in values):
+            raise ConfigError(name, f"must be two numbers in [0, 1) like 0.9,0.95, got {raw!r}")
+        return values
 
     def float(self, name: str) -> float:
         raw = self.text(name)
@@ -174,6 +209,34 @@ def _training(env: _Env) -> Training:
         checkpoint_dir=env.text("MESHRUN_CHECKPOINT_DIR", empty=True) or None,
         checkpoint_every=env.int("MESHRUN_CHECKPOINT_EVERY", minimum=0),
         checkpoint_keep=env.int("MESHRUN_CHECKPOINT_KEEP", minimum=0),
+        optimizer=Optimizer(
+            betas=env.betas("MESHRUN_OPTIMIZER_BETAS"),
+            weight_decay=env.number("MESHRUN_OPTIMIZER_WEIGHT_DECAY"),
+        ),
+        lr_schedule=LRSchedule(
+            warmup_steps=env.int("MESHRUN_LR_WARMUP_STEPS", minimum=0),
+            decay=env.choice("MESHRUN_LR_DECAY", get_args(LRDecay)),  # type: ignore[arg-type]
+            min_ratio=env.number("MESHRUN_LR_MIN_RATIO", high=1.0),
+        ),
+        data=_data(env),
+        export_path=env.text("MESHRUN_EXPORT_PATH", empty=True) or None,
+    )
+
+
+def _data(env: _Env) -> Data | None:
+    """The job's own data; MESHRUN_DATA_FORMAT empty means none (every DATA variable empty)."""
+    names = ("FORMAT", "PATH", "TEXT_FIELD", "VALIDATION_PATH")
+    values = {name: env.text(f"MESHRUN_DATA_{name}", empty=True) for name in names}
+    every = env.int("MESHRUN_DATA_EVAL_EVERY_STEPS", minimum=0)
+    if not values["FORMAT"]:
+        return None
+    validation = values["VALIDATION_PATH"]
+    return Data(
+        format=env.choice("MESHRUN_DATA_FORMAT", get_args(DataFormat)),  # type: ignore[arg-type]
+        path=env.text("MESHRUN_DATA_PATH"),
+        text_field=env.text("MESHRUN_DATA_TEXT_FIELD"),
+        validation=Validation(path=validation) if validation else None,
+        eval_every_steps=every,
     )
 
 
@@ -191,11 +254,17 @@ def from_env(env: Mapping[str, str] | None = None) -> TrainConfig:
             micro_batch_size=training.micro_batch_size,
             world_size=int(world) if world and world.isdigit() else None,
         )
-        check_data(training.dataset, model)
+        if training.data is None:
+            check_data(training.dataset, model)
+        else:
+            hf = read.text("MESHRUN_MODEL_HF_PATH", empty=True)
+            check_data_source(training.data.format, training.data.text_field, bool(hf))
+        check_warmup(training.lr_schedule.warmup_steps, training.steps)
     check_stage_layers(layout, model.layers)
     return TrainConfig(
         model=model,
         preset=read.text("MESHRUN_MODEL_PRESET"),
+        hf_path=read.text("MESHRUN_MODEL_HF_PATH", empty=True) or None,
         layout=layout,
         training=training,
         job_name=read.text("MESHRUN_JOB_NAME"),

@@ -1,7 +1,8 @@
 """Hugging Face weights in and out, through torch DCP's safetensors reader and writer.
 
-In: every rank asks DCP for the tensors of the parameters it holds, named as transformers names
-them; ``HuggingFaceStorageReader`` reads only the slices each rank's shards cover (safetensors
+In: :class:`SafetensorsSource` fills the parameters each rank holds, right after they are
+allocated: every rank asks DCP for them, named as transformers names them, and
+``HuggingFaceStorageReader`` reads only the slices each rank's shards cover (safetensors
 slicing), so no rank ever reads the whole model. Out: every rank hands DCP its shards,
 ``HuggingFaceStorageWriter`` writes them and consolidates them into full safetensors files, and
 the folder appears under its final name only once complete (config.json and tokenizer files
@@ -81,10 +82,21 @@ def hf_state(
     return state
 
 
-def load_weights(parts: Iterable[nn.Module], folder: str | Path, shape: ModelShape) -> None:
-    """Overwrite this rank's parameters with the folder's safetensors; collective."""
-    state = hf_state(parts, shape)
-    dcp_load(state, storage_reader=HuggingFaceStorageReader(str(folder)))
+class SafetensorsSource:
+    """A :class:`meshrun_trainer.materialize.WeightSource`: the folder's safetensors straight
+    into each rank's freshly allocated shards (no random initialisation first).
+
+    DCP plans the read from the targets: a DTensor target asks only for the slice its shard
+    covers, which ``HuggingFaceStorageReader`` reads from the file (safetensors slicing), so no
+    rank reads the whole model. A tied head reads the embedding's tensor.
+    """
+
+    def __init__(self, folder: str | Path, shape: ModelShape) -> None:
+        self.folder, self.shape = Path(folder), shape
+
+    def fill(self, targets: dict[str, torch.Tensor]) -> None:
+        state = {hf_key(name, self.shape): target.detach() for name, target in targets.items()}
+        dcp_load(state, storage_reader=HuggingFaceStorageReader(str(self.folder)))
 
 
 def hf_config(shape: ModelShape, source: dict[str, Any] | None, dtype: str) -> dict[str, Any]:

@@ -24,10 +24,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from meshrun.api import load_jobs
 from meshrun.envcontract import TRAINER_COMMAND
 from meshrun.errors import SpecError
-from meshrun.planner import plan_job
+from meshrun.hf import HFModel
+from meshrun.inputs import mount, plan_checked
 from meshrun.specread import read_spec
+from meshrun.userspec import Data
 from meshrun_trainer.config import ConfigError, from_env
 from meshrun_trainer.localenv import local_envs
+from meshrun_trainer.userrun import from_env as read_user_run
+from meshrun_trainer.userrun import with_model
+from meshrun_trainer.windows import dataset_tokens
 
 MAX_LOCAL_PROCESSES = 64
 """More processes than this on one machine is almost surely a mistake (a GPU-sized job)."""
@@ -52,6 +57,14 @@ def _parser() -> argparse.ArgumentParser:
         help="checkpoint here and resume from the newest complete checkpoint in it",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
+    parser.add_argument(
+        "--mount",
+        action="append",
+        default=[],
+        metavar="CONTAINER=LOCAL",
+        help="run with the job's container path CONTAINER (model folder, data, export) at LOCAL "
+        "on this machine; repeatable",
+    )
     return parser
 
 
@@ -74,8 +87,13 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
         raise UsageError(f"--plot: {args.plot} must end in .png, .svg or .pdf")
     job = _pick_job(args.file, args.job)
     name = str(job.get("metadata", {}).get("name", "job"))
-    spec = read_spec(job.get("spec", {}))
-    planned = plan_job(spec, name)
+    spec = read_spec(mount(job.get("spec", {}), args.mount))
+    # Every file checked before any process starts; a text dataset is tokenized here, once.
+    def count_tokens(data: Data, path: str, model: HFModel | None, vocab: int) -> int:
+        folder = model.path if model is not None else None
+        return len(dataset_tokens(data, path, folder, vocab, quiet=args.quiet))
+
+    planned = plan_checked(spec, name, local=True, count_tokens=count_tokens)
     if planned.world_size > MAX_LOCAL_PROCESSES:
         raise UsageError(
             f"spec.resources: {planned.world_size} processes exceed the local limit of "
@@ -85,7 +103,8 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
     if why_cpu:
         print(f"meshrun run: {why_cpu}", file=sys.stderr)
     try:  # the trainer's own checks (the planner's rules), before any process starts
-        from_env(envs[0])
+        cfg = from_env(envs[0])
+        with_model(cfg, read_user_run(cfg))
     except ConfigError as error:
         raise UsageError(f"the planned job cannot train: {error}") from None
     plan = planned.to_dict()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -14,38 +14,35 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-ADAMW_BETAS = (0.9, 0.95)
-"""Llama 2 paper's AdamW betas (Touvron et al. 2023, section 2.2)."""
-WEIGHT_DECAY = 0.1
-"""Llama 2 paper's weight decay."""
+from meshrun.userspec import LRSchedule, Optimizer
 
-Decay = Literal["constant", "cosine", "linear"]
+ADAMW_BETAS = (0.9, 0.95)
+"""The CRD's default betas (spec.training.optimizer.betas; Llama 2's, Touvron et al. 2023,
+section 2.2), for callers that give only a learning rate (tests, benches)."""
+WEIGHT_DECAY = 0.1
+"""The CRD's default weight decay (spec.training.optimizer.weightDecay; Llama 2's)."""
+ADAMW_EPS = 1e-8
+"""AdamW's epsilon (torch's default; not a spec field)."""
 
 
 @dataclass(frozen=True, kw_only=True)
 class OptimizerSettings:
-    """spec.training.optimizer: AdamW's hyper-parameters (the learning rate is the peak)."""
+    """AdamW's hyper-parameters: spec.training.optimizer with learningRate as the peak."""
 
     learning_rate: float
     """Peak learning rate, reached at the end of the warmup."""
-    betas: tuple[float, float] = ADAMW_BETAS
+    betas: tuple[float, float]
     """AdamW's beta1 and beta2."""
-    weight_decay: float = WEIGHT_DECAY
+    weight_decay: float
     """Decoupled weight decay (Loshchilov and Hutter 2019)."""
-    eps: float = 1e-8
-    """AdamW's epsilon."""
 
-
-@dataclass(frozen=True, kw_only=True)
-class LRSchedule:
-    """spec.training.lrSchedule: linear warmup from 0, then a decay to ``min_ratio`` x peak."""
-
-    decay: Decay = "constant"
-    """constant, cosine (Loshchilov and Hutter 2017) or linear, over the steps after warmup."""
-    warmup_steps: int = 0
-    """Steps of linear warmup (step k of them runs at k / warmup_steps of the peak)."""
-    min_ratio: float = 0.0
-    """Floor of the decay as a fraction of the peak learning rate."""
+    @classmethod
+    def of(cls, learning_rate: float, optimizer: Optimizer) -> OptimizerSettings:
+        """The settings of a job: its learning rate and spec.training.optimizer."""
+        beta1, beta2 = optimizer.betas
+        return cls(
+            learning_rate=learning_rate, betas=(beta1, beta2), weight_decay=optimizer.weight_decay
+        )
 
 
 def lr_factor(step: int, total_steps: int, schedule: LRSchedule) -> float:
@@ -67,13 +64,15 @@ def make_optimizer(
 ) -> torch.optim.Optimizer:
     """AdamW (fused on CUDA); sharded across ``zero1_group`` (ZeRO-1) when given."""
     if not isinstance(settings, OptimizerSettings):
-        settings = OptimizerSettings(learning_rate=settings)
+        settings = OptimizerSettings(
+            learning_rate=settings, betas=ADAMW_BETAS, weight_decay=WEIGHT_DECAY
+        )
     params = list(params)
     options: dict[str, Any] = {
         "lr": settings.learning_rate,
         "betas": settings.betas,
         "weight_decay": settings.weight_decay,
-        "eps": settings.eps,
+        "eps": ADAMW_EPS,
         # One kernel for all parameters instead of a loop of small ones (torch docs: AdamW).
         "fused": bool(params) and all(p.device.type == "cuda" for p in params),
     }

@@ -13,8 +13,9 @@ from pathlib import Path
 
 from meshrun.errors import SpecError
 from meshrun.hf import read_config
-from meshrun.userdata import FORMATS, DataSpec, check_data_files, check_tokenizer
-from meshrun_trainer.tokens import cache_path, tokenize
+from meshrun.userdata import FORMATS, cache_path, check_data_files, check_tokenizer
+from meshrun.userspec import Data
+from meshrun_trainer.tokens import tokenize
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,7 +37,8 @@ def prepare(paths: list[str], model: Path, format: str, field: str, quiet: bool)
     check_tokenizer(model / "tokenizer.json", vocab, "--model")
     done = []
     for path in paths:
-        check_data_files(DataSpec(format=format, path=path, text_field=field))  # type: ignore[arg-type]
+        data = Data(format=format, path=path, text_field=field, validation=None, eval_every_steps=0)  # type: ignore[arg-type]
+        check_data_files(data)
         out = cache_path(format, path, field, model / "tokenizer.json", vocab)  # type: ignore[arg-type]
         if not out.is_file():
             tokenize(format, path, field, model, out, vocab, quiet=quiet)  # type: ignore[arg-type]

@@ -11,11 +11,9 @@ memory-maps it instead of tokenizing again. ``tokens`` datasets are memory-mappe
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -26,11 +24,10 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from tokenizers import Tokenizer
 
 from meshrun.errors import SpecError
-from meshrun.userdata import Format, data_files
+from meshrun.userdata import Format, data_files, token_width
 
 BATCH = 1024
 """Documents handed to the tokenizer at once (it encodes a batch on all cores)."""
-CACHE_DIR = ".meshrun-cache"
 
 
 def eos_id(model_folder: Path, tokenizer: Tokenizer) -> int:
@@ -101,28 +98,6 @@ def _jsonl(file: Path, field: str) -> Iterator[list[str]]:
         yield batch
 
 
-def cache_key(format: Format, path: str | Path, field: str, tokenizer_json: Path) -> str:
-    digest = hashlib.sha256(tokenizer_json.read_bytes())
-    digest.update(f"{format}\0{field}".encode())
-    for file in data_files(format, path):
-        stat = file.stat()
-        digest.update(f"\0{file.name}\0{stat.st_size}\0{stat.st_mtime_ns}".encode())
-    return digest.hexdigest()[:16]
-
-
-def cache_path(
-    format: Format, path: str | Path, field: str, tokenizer_json: Path, vocab: int
-) -> Path:
-    """Where the tokens of this dataset are cached: beside it, or in the temp dir if read-only."""
-    data = Path(path)
-    suffix = "u16" if vocab <= 2**16 else "u32"
-    name = f"{data.name}.{cache_key(format, path, field, tokenizer_json)}.{suffix}"
-    beside = data.parent / CACHE_DIR
-    if os.access(data.parent, os.W_OK) or os.access(beside, os.W_OK):
-        return beside / name
-    return Path(tempfile.gettempdir()) / "meshrun-tokens" / name
-
-
 def tokenize(
     format: Format,
     path: str | Path,
@@ -176,7 +151,7 @@ def load_tokens(path: Path, vocab: int) -> np.ndarray:
     if path.suffix == ".npy":
         array: np.ndarray = np.load(path, mmap_mode="r")
     else:
-        wide = path.suffix in (".u32", ".uint32") or (path.suffix == ".bin" and vocab > 2**16)
+        wide = token_width(path, vocab) == 4
         array = np.memmap(path, dtype=np.uint32 if wide else np.uint16, mode="r")
     if array.ndim != 1 or array.dtype.kind != "u":
         raise SpecError("spec.training.data.path", f"{path}: needs a 1-D array of unsigned ids")

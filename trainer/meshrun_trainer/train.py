@@ -35,8 +35,9 @@ from meshrun_trainer.pipeline import (
     schedule_stages,
     stages_of_rank,
 )
-from meshrun_trainer.userhooks import UserHooks
+from meshrun_trainer.userhooks import UserHooks, weight_source
 from meshrun_trainer.userrun import UserRun
+from meshrun_trainer.userrun import from_env as read_user_run
 
 
 @dataclass(frozen=True)
@@ -116,10 +117,8 @@ def build_runner(
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(cfg, mesh, stage_ids, options, source)
     zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
-    optimizers = [
-        make_optimizer(part.parameters(), optimizer or cfg.training.learning_rate, zero1)
-        for part in parts
-    ]
+    settings = optimizer or OptimizerSettings.of(cfg.training.learning_rate, cfg.training.optimizer)
+    optimizers = [make_optimizer(part.parameters(), settings, zero1) for part in parts]
     schedule = None
     if layout.pp > 1:
         scale = loss_scale(layout)
@@ -194,8 +193,8 @@ def train(
     ``options``: activation checkpointing, compile and loss parallel (default: none, off, on).
     """
     training = cfg.training
-    run = run or UserRun()
-    runner = build_runner(cfg, mesh, run.optimizer, options)
+    run = run or read_user_run(cfg)
+    runner = build_runner(cfg, mesh, run.optimizer, options, weight_source(run, cfg.model))
     hooks = UserHooks(cfg, run, mesh, runner)
     result = TrainResult()
     if training.checkpoint_dir:

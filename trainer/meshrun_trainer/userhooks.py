@@ -1,6 +1,6 @@
-"""The training loop's hooks for a job's own parts (meshrun_trainer.userrun): Hugging Face
-weights in, the data stream and its position, tied-embedding gradients across pipeline stages,
-the learning-rate schedule, validation, and the export at the end."""
+"""The training loop's hooks for a job's own parts (meshrun_trainer.userrun): where the initial
+weights come from (:func:`weight_source`), the data stream and its position, tied-embedding
+gradients across pipeline stages, the learning-rate schedule, validation, and the export."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 from meshrun_trainer.data import TokenStream, make_stream
 from meshrun_trainer.evaluate import validation_loss
-from meshrun_trainer.hfweights import export, load_weights
+from meshrun_trainer.hfweights import SafetensorsSource, export
 from meshrun_trainer.optim import make_scheduler
 from meshrun_trainer.tying import embedding_group, sync_tied_gradients, tied_parameters
 from meshrun_trainer.userrun import UserRun
@@ -22,7 +22,9 @@ from meshrun_trainer.windows import WindowStream, open_training, open_validation
 if TYPE_CHECKING:
     from torch import nn
 
+    from meshrun.presets import ModelShape
     from meshrun_trainer.config import TrainConfig
+    from meshrun_trainer.materialize import WeightSource
     from meshrun_trainer.mesh import Mesh
     from meshrun_trainer.train import Runner
 
@@ -40,8 +42,6 @@ class UserHooks:
         self.evals: list[dict[str, Any]] = []
         """{"step", "loss"} of each validation so far (restored ones included)."""
         hf, training = run.hf, cfg.training
-        if hf is not None and hf.weights:
-            load_weights(_modules(runner), hf.path, cfg.model)
         self.tied: list[Any] = []
         self.duplicates: list[Any] = []
         self.group = None
@@ -66,9 +66,9 @@ class UserHooks:
             return
         folder = hf.path if hf is not None else None
         args = (folder, cfg.model.vocab, cfg.model.seq_len)
-        self.stream = open_training(data, *args, training.global_batch_size, training.seed)  # type: ignore[arg-type]
+        self.stream = open_training(data, *args, training.global_batch_size, training.seed)
         if data.validation is not None:
-            self.validation = open_validation(data, *args)  # type: ignore[arg-type]
+            self.validation = open_validation(data, *args)
 
     def after_backward(self) -> None:
         sync_tied_gradients(self.tied, self.group)
@@ -77,7 +77,7 @@ class UserHooks:
         """Advance the schedule; validate when due (not after the last step: see finish)."""
         for scheduler in self.schedulers:
             scheduler.step()
-        every = self.run.data.eval_every if self.run.data else 0
+        every = self.run.data.eval_every_steps if self.run.data else 0
         if every and step % every == 0 and step < self.cfg.training.steps:
             return self.validate(step)
         return None
@@ -120,3 +120,10 @@ class UserHooks:
 def _storable(dtype: str) -> str:
     """The export dtype: config.json's, float32 when it names something torch lacks."""
     return dtype if isinstance(getattr(torch, dtype, None), torch.dtype) else "float32"
+
+
+def weight_source(run: UserRun, shape: ModelShape) -> WeightSource | None:
+    """The folder's safetensors when it has weights; None: the seeded random initialisation."""
+    if run.hf is None or not run.hf.weights:
+        return None
+    return SafetensorsSource(run.hf.path, shape)

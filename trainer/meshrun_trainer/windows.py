@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 
 from meshrun.errors import SpecError
-from meshrun.userdata import DataSpec
-from meshrun_trainer.tokens import cache_path, load_tokens, tokenize
+from meshrun.userdata import cache_path, check_dataset_size
+from meshrun.userspec import Data
+from meshrun_trainer.tokens import load_tokens, tokenize
 
 
 def cut_windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:
@@ -36,13 +37,8 @@ class WindowStream:
     def __init__(self, tokens: np.ndarray, seq_len: int, batch: int, seed: int) -> None:
         self.windows = cut_windows(tokens, seq_len)
         self.batch, self.seed = batch, seed
+        check_dataset_size(len(tokens), seq_len, batch, "spec.training.data.path")
         self.batches_per_epoch = len(self.windows) // batch
-        if self.batches_per_epoch == 0:
-            raise SpecError(
-                "spec.training.data.path",
-                f"the dataset holds {len(tokens)} tokens, {len(self.windows)} windows of "
-                f"seqLen + 1 = {seq_len + 1}: fewer than one global batch of {batch}",
-            )
         self._order: tuple[int, np.ndarray] | None = None
 
     def epoch_of(self, step: int) -> int:
@@ -85,37 +81,36 @@ class WindowStream:
         return int(state["step"])
 
 
-def _dataset_tokens(spec: DataSpec, path: str, model_folder: Path, vocab: int) -> np.ndarray:
+def dataset_tokens(
+    spec: Data, path: str, model_folder: Path | None, vocab: int, quiet: bool = False
+) -> np.ndarray:
     """The dataset's token stream, tokenized once per dataset (rank 0 first, then one process
     per pod if its file system cannot see rank 0's cache) and memory-mapped by every rank."""
     if spec.format == "tokens":
         return load_tokens(Path(path), vocab)
+    assert model_folder is not None, "text data needs the model folder (meshrun.inputrules)"
     out = cache_path(spec.format, path, spec.text_field, model_folder / "tokenizer.json", vocab)
     distributed = dist.is_initialized()
     rank = dist.get_rank() if distributed else 0
     for turn in ("first", "per-pod"):
         writer = rank == 0 if turn == "first" else os.environ.get("LOCAL_RANK", "0") == "0"
         if writer and not out.is_file():
-            tokenize(spec.format, path, spec.text_field, model_folder, out, vocab)
+            tokenize(spec.format, path, spec.text_field, model_folder, out, vocab, quiet)
         if distributed:
             dist.barrier()
     return load_tokens(out, vocab)
 
 
 def open_training(
-    spec: DataSpec, model_folder: Path, vocab: int, seq_len: int, batch: int, seed: int
+    spec: Data, model_folder: Path | None, vocab: int, seq_len: int, batch: int, seed: int
 ) -> WindowStream:
-    tokens = _dataset_tokens(spec, spec.path, model_folder, vocab)
+    tokens = dataset_tokens(spec, spec.path, model_folder, vocab)
     return WindowStream(tokens, seq_len, batch, seed)
 
 
-def open_validation(spec: DataSpec, model_folder: Path, vocab: int, seq_len: int) -> np.ndarray:
+def open_validation(spec: Data, model_folder: Path | None, vocab: int, seq_len: int) -> np.ndarray:
     """Every validation window in file order, (windows, seq_len + 1)."""
     assert spec.validation is not None
-    windows = cut_windows(_dataset_tokens(spec, spec.validation, model_folder, vocab), seq_len)
-    if len(windows) == 0:
-        raise SpecError(
-            "spec.training.data.validation.path",
-            f"holds fewer than seqLen + 1 = {seq_len + 1} tokens: no validation window",
-        )
-    return windows
+    tokens = dataset_tokens(spec, spec.validation.path, model_folder, vocab)
+    check_dataset_size(len(tokens), seq_len, 1, "spec.training.data.validation.path")
+    return cut_windows(tokens, seq_len)

@@ -1,0 +1,83 @@
+"""The rules of a job's own parts: where the model comes from (a preset, sizes or a Hugging Face
+folder), its data, and its learning-rate schedule.
+
+Each is also a CEL rule of the CRD (the message word for word), and part of
+:data:`meshrun.rules.ALL_RULES`; :func:`meshrun.rules.check_spec` runs :func:`check_inputs_spec`.
+What needs the files themselves (config.json, the weights, the tokenizer, the data) is checked
+where they can be read: :mod:`meshrun.inputs`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from meshrun.errors import Rule
+
+if TYPE_CHECKING:
+    from meshrun.spec import JobSpec
+
+M, T = "spec.model", "spec.training"
+MODEL_SOURCE = Rule(M, f"{M} needs a preset, hf, or all of layers, hidden, heads, vocab and seqLen")
+HF_PRESET = Rule(
+    f"{M}.hf", f"{M}.hf and {M}.preset exclude each other (config.json gives the shape)"
+)
+HF_SEQ_LEN = Rule(f"{M}.seqLen", f"{M}.hf needs {M}.seqLen (the training window)")
+TEXT_DATA_HF = Rule(
+    f"{T}.data",
+    f"{T}.data in format jsonl, parquet or arrow needs {M}.hf (its tokenizer.json tokenizes the "
+    "text)",
+)
+TOKENS_TEXT_FIELD = Rule(
+    f"{T}.data.textField",
+    f"{T}.data.textField does not apply to format tokens (token files hold ids, not documents)",
+)
+EVAL_VALIDATION = Rule(
+    f"{T}.data.evalEverySteps",
+    f"{T}.data.evalEverySteps needs {T}.data.validation (the held-out data to evaluate on)",
+)
+DATA_DATASET = Rule(
+    f"{T}.data",
+    f"{T}.data and {T}.dataset exclude each other (dataset names the built-in demo data)",
+)
+WARMUP_STEPS = Rule(
+    f"{T}.lrSchedule.warmupSteps", f"{T}.lrSchedule.warmupSteps must not exceed {T}.steps"
+)
+DEFAULT_TEXT_FIELD = "text"
+"""The CRD's default textField: the only value a tokens dataset may carry."""
+
+INPUT_RULES = (
+    MODEL_SOURCE,
+    HF_PRESET,
+    HF_SEQ_LEN,
+    TEXT_DATA_HF,
+    TOKENS_TEXT_FIELD,
+    EVAL_VALIDATION,
+    DATA_DATASET,
+    WARMUP_STEPS,
+)
+"""The rules of this module, all CEL rules of the CRD too."""
+
+
+def check_inputs_spec(job: JobSpec) -> None:
+    """The data's and the schedule's rules (the model's are checked as it is read)."""
+    training, data = job.training, job.training.data
+    if data is not None:
+        if training.dataset is not None:
+            raise DATA_DATASET.error(f"dataset {training.dataset}")
+        check_data_source(data.format, data.text_field, job.model.hf is not None)
+        if data.eval_every_steps and data.validation is None:
+            raise EVAL_VALIDATION.error(f"evalEverySteps {data.eval_every_steps}")
+    check_warmup(training.lr_schedule.warmup_steps, training.steps)
+
+
+def check_data_source(format: str, text_field: str, has_hf: bool) -> None:
+    """Text needs the model folder's tokenizer; token files have no text field."""
+    if format != "tokens" and not has_hf:
+        raise TEXT_DATA_HF.error(f"format {format}")
+    if format == "tokens" and text_field != DEFAULT_TEXT_FIELD:
+        raise TOKENS_TEXT_FIELD.error(f"got {text_field!r}")
+
+
+def check_warmup(warmup_steps: int, steps: int) -> None:
+    if warmup_steps > steps:
+        raise WARMUP_STEPS.error(f"{warmup_steps} > {steps}")

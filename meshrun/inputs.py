@@ -1,0 +1,155 @@
+"""The files a job reads, checked before any process starts, and the plan that names them.
+
+A job's Hugging Face folder, data and export folder are container paths in pods (volumes through
+``podTemplate``) and local paths for ``meshrun run --local``. Whatever is visible on this
+machine is checked here, with errors naming the field: config.json and the weights' shapes, the
+data files and their text field, the tokenizer's vocabulary against the model's, and a dataset
+too small for one global batch. Where they are not visible (the operator, which does not mount
+the job's volumes, or ``meshrun plan`` on a laptop), the plan says so in its warnings and the
+trainer makes the same checks first thing in its pod (a permanent error, exit code 2).
+
+``--mount CONTAINER=LOCAL`` (``meshrun plan`` and ``meshrun run --local``) maps container paths
+to local ones, so a job written for a cluster runs unchanged on this machine.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from meshrun.errors import SpecError
+from meshrun.hf import FIELD, SUPPORTED, HFModel, load_hf_model
+from meshrun.planner import Plan, plan_job
+from meshrun.planner.explain import parameter_text
+from meshrun.spec import JobSpec
+from meshrun.specread import read_spec
+from meshrun.userdata import check_data_files, check_dataset_size, check_tokenizer, known_tokens
+from meshrun.userspec import Data
+
+TokenCounter = Callable[[Data, str, HFModel | None, int], int]
+"""(data, path, model folder, vocab) -> tokens in the dataset, tokenizing it if need be."""
+
+PATH_FIELDS = (
+    ("model", "hf", "path"),
+    ("training", "data", "path"),
+    ("training", "data", "validation", "path"),
+    ("training", "export", "path"),
+)
+"""The spec's container paths, as key paths into the spec."""
+
+
+def mount(spec: Mapping[str, Any], mounts: Sequence[str]) -> dict[str, Any]:
+    """A copy of ``spec`` with each path under a ``CONTAINER=LOCAL`` mount moved to LOCAL
+    (the longest matching container path wins)."""
+    pairs: list[tuple[str, str]] = []
+    for item in mounts:
+        container, sep, local = item.partition("=")
+        if not sep or not container.startswith("/") or not local:
+            raise SpecError("--mount", f"{item!r} must look like /container/path=local/path")
+        pairs.append((container.rstrip("/") or "/", str(Path(local).resolve())))
+    pairs.sort(key=lambda pair: len(pair[0]), reverse=True)
+    result = copy.deepcopy(dict(spec))
+    for keys in PATH_FIELDS:
+        parent = result
+        for key in keys[:-1]:
+            parent = parent.get(key) if isinstance(parent, dict) else None  # type: ignore[assignment]
+        if not isinstance(parent, dict) or not isinstance(parent.get(keys[-1]), str):
+            continue
+        path = parent[keys[-1]]
+        for container, local in pairs:
+            if path == container or path.startswith(container.rstrip("/") + "/"):
+                parent[keys[-1]] = local + path[len(container.rstrip("/")) :]
+                break
+    return result
+
+
+def check_inputs(
+    job: JobSpec, *, local: bool = False, count_tokens: TokenCounter | None = None
+) -> tuple[HFModel | None, list[str]]:
+    """Check the files of ``job`` visible here; return the model folder read (or None) and
+    notes on what could not be checked.
+
+    ``local``: the paths are this machine's (``meshrun run --local``), so a missing one is an
+    error. Otherwise the job's paths count as this machine's when its model folder (or its data)
+    is here. ``count_tokens`` tokenizes a text dataset whose size is not known yet.
+    """
+    hf, notes = job.model.hf, []
+    model = None
+    if hf is not None:
+        if Path(hf.path).is_dir():
+            model = load_hf_model(hf.path, job.shape.seq_len)
+        elif local:
+            raise SpecError(FIELD, f"{hf.path} does not exist")
+        else:
+            notes.append(
+                f"{FIELD} {hf.path} is not visible here: planned from the sizes given beside "
+                "it; the trainer checks config.json, the weights and the tokenizer first thing."
+            )
+    data = job.training.data
+    if data is None:
+        return model, notes
+    if not (local or model is not None or Path(data.path).exists()):
+        notes.append(
+            f"spec.training.data.path {data.path} is not visible here: the trainer checks the "
+            "data first thing."
+        )
+        return model, notes
+    check_data_files(data)
+    tokenizer = model.tokenizer if model is not None else None
+    if data.format != "tokens":
+        if model is None:
+            notes.append("The tokenizer is checked by the trainer (the model folder is not here).")
+            return model, notes
+        check_tokenizer(tokenizer, model.shape.vocab, FIELD)
+    sets = [("spec.training.data.path", data.path, job.training.global_batch_size)]
+    if data.validation is not None:
+        sets.append(("spec.training.data.validation.path", data.validation.path, 1))
+    for field, path, batch in sets:
+        tokens = known_tokens(data, path, tokenizer, job.shape.vocab)
+        if tokens is None and count_tokens is not None:
+            tokens = count_tokens(data, path, model, job.shape.vocab)
+        if tokens is None:
+            notes.append(
+                f"{field}: its size is checked once it is tokenized (meshrun prepare-data, or "
+                "the first start)."
+            )
+            continue
+        check_dataset_size(tokens, job.shape.seq_len, batch, field)
+    return model, notes
+
+
+def model_sentence(job: JobSpec, model: HFModel | None) -> str | None:
+    """What the plan's model is, for a job with ``spec.model.hf``."""
+    if job.model.hf is None:
+        return None
+    if model is None:
+        return (
+            "The model's sizes are those given beside spec.model.hf (its config.json is not "
+            "visible here): the parameter count assumes an untied output head and no biases."
+        )
+    count = model.shape.parameters()
+    tied = ", the tied embedding counted once" if model.shape.tie_embeddings else ""
+    return (
+        f"The model is {SUPPORTED[model.shape.architecture]} from {model.path / 'config.json'}: "
+        f"{parameter_text(count)} parameters ({count:,} exactly{tied})."
+    )
+
+
+def plan_checked(
+    spec: Mapping[str, Any] | JobSpec,
+    name: str = "job",
+    *,
+    local: bool = False,
+    count_tokens: TokenCounter | None = None,
+) -> Plan:
+    """:func:`meshrun.planner.plan_job`, then :func:`check_inputs`: its notes join the plan's
+    warnings and the model's origin its explanation. SpecError names the field at fault."""
+    job = read_spec(spec)
+    plan = plan_job(job, name)
+    model, notes = check_inputs(job, local=local, count_tokens=count_tokens)
+    sentence = model_sentence(job, model)
+    explanation = f"{sentence} {plan.explanation}" if sentence else plan.explanation
+    return dataclasses.replace(plan, explanation=explanation, warnings=[*plan.warnings, *notes])
