@@ -7,6 +7,10 @@ pod's environment by the env contract and read back by the trainer's own configu
 
 from __future__ import annotations
 
+import functools
+import json
+import tempfile
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +20,7 @@ from meshrun_trainer.config import from_env
 
 from meshrun.envcontract import pod_env
 from meshrun.errors import SpecError
+from meshrun.hf import load_hf_model
 from meshrun.planner import plan_job
 from meshrun.specread import read_spec
 
@@ -43,6 +48,61 @@ def models(draw: st.DrawFn) -> dict[str, Any]:
     if draw(st.booleans()):
         return {"preset": "tiny", **sizes}
     return {"layers": 2, "hidden": 32, "heads": 4, "vocab": 256, "seqLen": 32, **sizes}
+
+
+HF_CONFIGS: dict[str, dict[str, Any]] = {
+    "llama": {"hidden_size": 64, "num_attention_heads": 4, "num_key_value_heads": 2},
+    "qwen2": {"hidden_size": 48, "num_attention_heads": 4, "tie_word_embeddings": True},
+    "mistral": {"hidden_size": 64, "num_attention_heads": 8, "sliding_window": 4096},
+}
+"""Small config.json files of each architecture (no weights: the plan needs only the config)."""
+
+
+@functools.cache
+def hf_folder(kind: str) -> str:
+    folder = Path(tempfile.mkdtemp(prefix=f"meshrun-prop-{kind}-"))
+    config = {
+        "model_type": kind,
+        "num_hidden_layers": 3,
+        "intermediate_size": 96,
+        "vocab_size": 256,
+        "rms_norm_eps": 1e-6,
+        **HF_CONFIGS[kind],
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    return str(folder)
+
+
+@st.composite
+def own_parts(draw: st.DrawFn, model: dict[str, Any], training: dict[str, Any]) -> dict[str, Any]:
+    """A Hugging Face folder (sizes beside it sometimes, not always right) with text data, or
+    token data, or neither; an optimizer, a schedule and an export sometimes. Returns the model
+    and adds to ``training``."""
+    kind = draw(st.sampled_from(["none", "hf", "hf", "tokens"]))
+    if kind == "hf":
+        arch = draw(st.sampled_from(sorted(HF_CONFIGS)))
+        model = {"hf": {"path": hf_folder(arch)}, "seqLen": draw(st.sampled_from([8, 16, 32]))}
+        if draw(st.integers(0, 3)) == 0:
+            model["layers"] = draw(st.sampled_from([3, 4]))
+        data: dict[str, Any] = {"path": "/data/train.jsonl"}
+        if draw(st.booleans()):
+            data["validation"] = {"path": "/data/val.jsonl"}
+            data["evalEverySteps"] = draw(st.integers(0, 5))
+        training["data"] = data
+    elif kind == "tokens":
+        training["data"] = {"format": "tokens", "path": "/data/train.u16"}
+    if draw(st.booleans()):
+        betas = draw(st.lists(st.floats(0, 0.999), min_size=2, max_size=2))
+        training["optimizer"] = {"betas": betas, "weightDecay": draw(st.floats(0, 1))}
+    if draw(st.booleans()):
+        training["lrSchedule"] = {
+            "warmupSteps": draw(st.integers(0, 150)),
+            "decay": draw(st.sampled_from(["constant", "cosine", "linear"])),
+            "minRatio": draw(st.floats(0, 1)),
+        }
+    if draw(st.booleans()):
+        training["export"] = {"path": "/out/model"}
+    return model
 
 
 @st.composite
@@ -79,6 +139,8 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
     dataset = draw(st.sampled_from([None, "synthetic", "corpus"]))
     if dataset:
         training["dataset"] = dataset
+    model = draw(models())
+    model = draw(own_parts(model, training))
     return {
         "image": "trainer:1",
         "resources": {
@@ -87,7 +149,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
             "accelerator": draw(st.sampled_from(["cpu", "nvidia.com/gpu"])),
         },
         "strategy": draw(strategies(nodes * procs, procs)),
-        "model": draw(models()),
+        "model": model,
         "training": training,
     }
 
@@ -101,7 +163,7 @@ def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
     except SpecError as error:
         event(f"refused: {error.field}")
         return
-    event("accepted")
+    event("accepted" + (" (hf)" if job.model.hf else " (data)" if job.training.data else ""))
     for index in {0, job.resources.num_nodes - 1}:
         env = pod_env(plan, job, job_name="prop", namespace="ns", pod_index=index, master_addr="m")
         cfg = from_env(env)  # raises ConfigError if the trainer would refuse it
@@ -111,7 +173,16 @@ def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
             plan.layout.pp,
             plan.layout.tp,
         )
-        assert cfg.model == plan.model
+        if job.model.hf is None:
+            assert cfg.model == plan.model
+        else:  # the trainer takes the architecture from config.json, the sizes from the plan
+            assert cfg.hf_path == job.model.hf.path
+            assert load_hf_model(cfg.hf_path, cfg.model.seq_len).shape == plan.model
+        assert cfg.training.data == job.training.data
+        assert cfg.training.optimizer == job.training.optimizer
+        assert cfg.training.lr_schedule == job.training.lr_schedule
+        export = job.training.export
+        assert cfg.training.export_path == (export.path if export is not None else None)
         assert cfg.training.dataset == job.dataset
         assert cfg.training.global_batch_size == job.training.global_batch_size
         stages = sorted(plan.stages, key=lambda s: s.virtual * plan.layout.pp + s.pp)
