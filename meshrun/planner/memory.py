@@ -143,7 +143,10 @@ def estimate_memory(
         if rank == 0:
             count += model.vocab * model.hidden
         if rank == layout.pp - 1:
-            count += model.vocab * model.hidden + model.hidden
+            # A tied head shares the embedding's weight on one stage; a last stage of its own
+            # keeps a copy (synchronised with the first stage's).
+            shared = model.tie_embeddings and rank == 0
+            count += (0 if shared else model.vocab * model.hidden) + model.hidden
         local = -(-count // t)
         params, grads, optim = local * weight_b, local * grad_b, local * optim_b
         if layout.zero_stage >= 1:

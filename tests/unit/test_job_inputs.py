@@ -88,6 +88,7 @@ def test_a_tied_embedding_is_counted_once(files: Path, tmp_path: Path) -> None:
     spec["model"]["hf"]["path"] = str(folder)
     plan = plan_checked(spec, "tied")
     assert plan.model.parameters() == 246_336 - 384 * 64
+    assert plan.memory.params == plan.model.parameters() * bytes_per_parameter("bf16")[0]
     assert "the tied embedding counted once" in plan.explanation
 
 
