@@ -14,7 +14,16 @@ from typing import Any
 from meshrun_operator import names
 from meshrun_operator.vocabulary import PodPhase
 
-PROGRESS_KEYS = ("step", "totalSteps", "loss", "tokensPerSecond", "stepTimeSeconds", "updatedAt")
+PROGRESS_KEYS = (
+    "step",
+    "totalSteps",
+    "loss",
+    "tokensPerSecond",
+    "stepTimeSeconds",
+    "updatedAt",
+    "evalLoss",
+    "evalStep",
+)
 
 
 @dataclass(frozen=True)

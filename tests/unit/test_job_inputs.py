@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import yaml
 from meshrun_operator.evaluation import evaluate
+from meshrun_operator.observe import parse_progress
 from meshrun_operator.summary import final_progress, progress_status
 from meshrun_trainer.config import ConfigError, from_env
 from meshrun_trainer.examplefiles import write_example
@@ -291,7 +292,10 @@ def test_the_operator_checks_what_it_can_see(files: Path, tmp_path: Path) -> Non
 
 
 def test_the_validation_loss_reaches_status_progress() -> None:
-    running = progress_status({"step": 10, "totalSteps": 20, "evalLoss": 4.25, "evalStep": 10})
+    served = json.dumps({"step": 10, "totalSteps": 20, "evalLoss": 4.25, "evalStep": 10})
+    reported = parse_progress(served)  # rank 0's /progress, or the pod annotation
+    assert reported is not None
+    running = progress_status(reported)
     assert running["evalLoss"] == 4.25 and running["evalStep"] == 10
     summary = {
         "status": "Succeeded",

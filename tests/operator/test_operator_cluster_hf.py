@@ -1,0 +1,123 @@
+"""On the real control plane: a job fine-tuning a Hugging Face folder on its own data.
+
+The operator runs on this machine, so it sees the example's files when the spec names local
+paths: it plans from config.json, writes the model-folder and data variables into every pod
+with the podTemplate's volumes, refuses a folder whose tokenizer is larger than the model
+(Invalid, naming the field) and one it cannot read without the sizes beside it; the validation
+loss reaches status.progress while running and from the final summary.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from meshrun_operator import names
+from meshrun_trainer.examplefiles import write_example
+from operator_harness import Cluster, OperatorProcess
+from waiting import wait_for
+
+from meshrun.inputs import mount
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf-finetune.yaml"
+
+
+def hf_job(name: str, root: Path | None, **model: Any) -> dict[str, Any]:
+    """The example job on 2 pods x 4 GPUs; its paths under ``root`` (None: container paths)."""
+    job: dict[str, Any] = yaml.safe_load(EXAMPLE.read_text())
+    job["metadata"] = {"name": name}
+    spec = job["spec"]
+    spec["resources"] = {"numNodes": 2, "numProcPerNode": 4}
+    spec["training"].pop("checkpoint")
+    if root is not None:
+        spec = mount(spec, [f"/{part}={root / part}" for part in ("models", "data", "out")])
+    spec["model"] = {k: v for k, v in spec["model"].items() if k in ("hf", "seqLen")} | model
+    for volume in spec["podTemplate"]["spec"]["volumes"]:  # KWOK pods: no claims needed
+        del volume["persistentVolumeClaim"]
+        volume["emptyDir"] = {}
+    job["spec"] = spec
+    return job
+
+
+def env_of(pod: dict[str, Any]) -> dict[str, str]:
+    return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
+
+
+def invalid_message(cluster: Cluster, name: str) -> str:
+    cluster.wait_phase(name, "Failed")
+    invalid = cluster.condition(name, "Invalid")
+    assert invalid["status"] == "True"
+    assert cluster.pods(name) == []
+    return str(invalid["message"])
+
+
+def test_an_hf_job_is_planned_from_config_json_and_its_pods_get_the_files(
+    cluster: Cluster, operator_process: OperatorProcess, tmp_path: Path
+) -> None:
+    write_example(tmp_path)
+    cluster.apply(hf_job("hf", tmp_path))
+    pods = cluster.wait_running_pods("hf", 2)
+    env = env_of(pods[1])
+    assert env["MESHRUN_MODEL_HF_PATH"] == str(tmp_path / "models" / "tiny-llama")
+    assert env["MESHRUN_DATA_PATH"] == str(tmp_path / "data" / "train.jsonl")
+    assert env["MESHRUN_DATA_VALIDATION_PATH"] == str(tmp_path / "data" / "val.jsonl")
+    assert (env["MESHRUN_DATA_FORMAT"], env["MESHRUN_DATA_EVAL_EVERY_STEPS"]) == ("jsonl", "5")
+    assert env["MESHRUN_MODEL_KV_HEADS"] == "2" and env["MESHRUN_MODEL_FFN_HIDDEN"] == "192"
+    assert env["MESHRUN_LR_DECAY"] == "cosine" and env["MESHRUN_OPTIMIZER_BETAS"] == "0.9,0.95"
+    assert env["MESHRUN_EXPORT_PATH"] == str(tmp_path / "out" / "tiny-llama-finetuned")
+    volumes = {v["name"] for v in pods[0]["spec"]["volumes"]}
+    assert {"models", "data", "out"} <= volumes
+    mounts = {m["mountPath"] for m in pods[0]["spec"]["containers"][0]["volumeMounts"]}
+    assert {"/models", "/data", "/out"} <= mounts
+    status = cluster.wait_phase("hf", "Running")
+    assert "LlamaForCausalLM from" in status["plan"]["explanation"]
+    assert "246,336 exactly" in status["plan"]["explanation"]
+
+    report = {"step": 5, "totalSteps": 20, "loss": 5.1, "evalLoss": 5.25, "evalStep": 5}
+    cluster.annotate("pod", "hf-0", f"{names.ANNOTATION_PROGRESS}={json.dumps(report)}")
+    progress = wait_for(
+        lambda: (p := cluster.status("hf").get("progress") or {}).get("evalStep") == 5 and p,
+        30,
+        "evalLoss and evalStep in status.progress",
+    )
+    assert progress["evalLoss"] == 5.25
+
+    evals = [{"step": 0, "loss": 5.96}, {"step": 20, "loss": 4.58}]
+    summary = {"status": "Succeeded", "steps": 20, "finalLoss": 4.6, "eval": evals}
+    cluster.finish("hf-0", "Succeeded", message=json.dumps(summary))
+    cluster.finish("hf-1", "Succeeded")
+    final = cluster.wait_phase("hf", "Succeeded")["progress"]
+    assert (final["evalLoss"], final["evalStep"]) == (4.58, 20)
+
+
+def test_a_folder_the_operator_can_read_is_checked(
+    cluster: Cluster, operator_process: OperatorProcess, tmp_path: Path
+) -> None:
+    write_example(tmp_path)
+    folder = tmp_path / "models" / "tiny-llama"
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "model.safetensors").unlink()  # weights are optional; vocab_size no longer fits
+    (folder / "config.json").write_text(json.dumps(config | {"vocab_size": 300}))
+    cluster.apply(hf_job("badtok", tmp_path))
+    message = invalid_message(cluster, "badtok")
+    assert message.startswith("spec.model.hf.path: the tokenizer has 320 tokens"), message
+
+
+def test_a_folder_on_a_volume_needs_the_sizes_beside_it(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    cluster.apply(hf_job("nosizes", None))
+    message = invalid_message(cluster, "nosizes")
+    assert message.startswith("spec.model.hf.path: /models/tiny-llama is not a folder"), message
+    assert "spec.model needs layers, hidden, heads, kvHeads, vocab, ffnHidden" in message
+    sizes = {"layers": 4, "hidden": 64, "heads": 4, "kvHeads": 2, "vocab": 384, "ffnHidden": 192}
+    cluster.apply(hf_job("sizes", None, **sizes))
+    pods = cluster.wait_running_pods("sizes", 2)
+    assert env_of(pods[0])["MESHRUN_MODEL_HF_PATH"] == "/models/tiny-llama"
+    warnings = cluster.status("sizes")["plan"]["warnings"]
+    assert any("/models/tiny-llama is not visible here" in w for w in warnings), warnings
