@@ -121,3 +121,18 @@ def test_a_folder_on_a_volume_needs_the_sizes_beside_it(
     assert env_of(pods[0])["MESHRUN_MODEL_HF_PATH"] == "/models/tiny-llama"
     warnings = cluster.status("sizes")["plan"]["warnings"]
     assert any("/models/tiny-llama is not visible here" in w for w in warnings), warnings
+
+
+def test_kubectl_explain_documents_the_fields(cluster: Cluster) -> None:
+    def explain(path: str) -> str:
+        return " ".join(cluster.kubectl("explain", f"ptj.{path}").stdout.split())
+
+    assert "config.json (model_type llama, mistral or qwen2)" in explain("spec.model.hf")
+    data = explain("spec.training.data")
+    assert "jsonl" in data and "textField" in data and "evalEverySteps" in data
+    assert "seqLen + 1 tokens" in data
+    assert "evaluated before the first step (step 0)" in explain("spec.training.data.validation")
+    assert "cosine or linear decay" in explain("spec.training.lrSchedule")
+    assert "betas" in explain("spec.training.optimizer")
+    assert "from_pretrained" in explain("spec.training.export")
+    assert "Validation loss" in explain("status.progress.evalLoss")
