@@ -4,18 +4,26 @@ weights, a byte-level BPE tokenizer trained on the shipped corpus, and JSON Line
 from __future__ import annotations
 
 import json
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 import torch
 import transformers
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from meshrun_trainer.examplefiles import EOS, corpus_documents, write_tokenizer
+from tokenizers import Tokenizer
+
+__all__ = [
+    "EOS",
+    "KINDS",
+    "VOCAB",
+    "corpus_documents",
+    "make_hf_folder",
+    "make_tokenizer",
+    "write_jsonl",
+]
 
 VOCAB = 384
 """Model vocabulary: above the tokenizer's, divisible by every tensor-parallel degree used."""
-TOKENIZER_VOCAB = 320
-EOS = "</s>"
 
 KINDS: dict[str, dict[str, Any]] = {
     "llama": {
@@ -36,30 +44,10 @@ KINDS: dict[str, dict[str, Any]] = {
 embeddings and q/k/v bias, Mistral's grouped-query attention with its sliding-window field."""
 
 
-def corpus_documents() -> list[str]:
-    """The shipped corpus's paragraphs (its comment header dropped)."""
-    text = resources.files("meshrun_trainer").joinpath("data", "corpus.txt").read_text("utf-8")
-    body = "\n".join(line for line in text.splitlines() if not line.startswith("#"))
-    return [p.strip() for p in body.split("\n\n") if p.strip()]
-
-
 def make_tokenizer(folder: Path) -> Tokenizer:
-    """A byte-level BPE tokenizer with an EOS token, saved as transformers expects."""
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=TOKENIZER_VOCAB,
-        special_tokens=[EOS],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(corpus_documents(), trainer)
-    folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": EOS}
-    (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    return tokenizer
+    """A byte-level BPE tokenizer with an EOS token, trained on the shipped corpus (the one
+    ``meshrun example-files`` writes), saved as transformers expects."""
+    return write_tokenizer(folder, corpus_documents())
 
 
 def make_hf_folder(folder: Path, kind: str = "llama", seed: int = 0, **config: Any) -> Path:
