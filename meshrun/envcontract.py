@@ -26,6 +26,17 @@ TRAINER_COMMAND = ("python", "-m", "torch.distributed.run", "-m", "meshrun_train
 """The pod's default command: torchrun (configured by PET_*) running the trainer module."""
 CHECKPOINT_KEEP = 2
 """Complete checkpoints kept, newest first (older ones are deleted after each save)."""
+EXIT_CONFIG_ERROR = 2
+"""The trainer's exit code for a configuration a restart cannot fix (reason ConfigError)."""
+EXIT_NO_ACCELERATOR = 3
+"""The trainer's exit code when a GPU job finds no usable CUDA device (reason NoAccelerator)."""
+PERMANENT_REASONS = {
+    EXIT_CONFIG_ERROR: "ConfigError",
+    EXIT_NO_ACCELERATOR: "NoAccelerator",
+}
+"""Permanent trainer failures by exit code. torchrun exits 1 whatever its worker's code, so the
+trainer also writes ``{"status": "Failed", "reason": ..., "permanent": true, "error": ...}`` to
+the termination log, which the operator reads."""
 
 ENV_OF_FIELD = {
     "spec.strategy": "WORLD_SIZE",
@@ -48,6 +59,9 @@ ENV_OF_FIELD = {
     "spec.training.globalBatchSize": "MESHRUN_GLOBAL_BATCH_SIZE",
     "spec.training.microBatchSize": "MESHRUN_MICRO_BATCH_SIZE",
     "spec.training.precision": "MESHRUN_PRECISION",
+    "spec.training.activationCheckpointing": "MESHRUN_ACTIVATION_CHECKPOINTING",
+    "spec.training.compile": "MESHRUN_COMPILE",
+    "spec.resources.accelerator": "MESHRUN_ACCELERATOR",
     "spec.training.learningRate": "MESHRUN_LEARNING_RATE",
     "spec.training.seed": "MESHRUN_SEED",
     "spec.training.maxGradNorm": "MESHRUN_MAX_GRAD_NORM",
@@ -115,6 +129,7 @@ def pod_env(
         "MESHRUN_ATTEMPT": str(attempt),
         "MESHRUN_POD_INDEX": str(pod_index),
         "MESHRUN_STRATEGY": plan.strategy,
+        "MESHRUN_ACCELERATOR": job.resources.accelerator,
         # layout
         "MESHRUN_DP": str(layout.dp),
         "MESHRUN_PP": str(layout.pp),
@@ -139,6 +154,8 @@ def pod_env(
         "MESHRUN_GLOBAL_BATCH_SIZE": str(training.global_batch_size),
         "MESHRUN_MICRO_BATCH_SIZE": str(training.micro_batch_size),
         "MESHRUN_PRECISION": training.precision,
+        "MESHRUN_ACTIVATION_CHECKPOINTING": plan.activation_checkpointing,
+        "MESHRUN_COMPILE": "true" if training.compile else "false",
         "MESHRUN_LEARNING_RATE": repr(training.learning_rate),
         "MESHRUN_SEED": str(training.seed),
         "MESHRUN_MAX_GRAD_NORM": repr(training.max_grad_norm),

@@ -29,6 +29,7 @@ Accelerator = Literal["nvidia.com/gpu", "cpu"]
 StrategyType = Literal["auto", "ddp", "zero", "pipeline", "tensor", "hybrid"]
 Schedule = Literal["gpipe", "1f1b", "interleaved-1f1b"]
 Precision = Literal["bf16", "fp32"]
+Checkpointing = Literal["none", "selective", "full"]
 Dataset = Literal["synthetic", "corpus"]
 Preset = Literal["tiny", "small", "1b", "7b", "13b", "70b"]
 CleanPodPolicy = Literal["All", "Running", "None"]
@@ -168,6 +169,10 @@ class Training:
     """Sequences per forward pass on one rank."""
     precision: Precision
     """bf16 mixed precision (fp32 master weights) or plain fp32."""
+    activation_checkpointing: Checkpointing | None
+    """Recompute activations in backward; None: the planner picks what makes the plan fit."""
+    compile: bool
+    """torch.compile each transformer block."""
     learning_rate: float
     """Peak AdamW learning rate."""
     seed: int

@@ -81,13 +81,20 @@ def evaluate(
     return Choice(name, layout, stages, memory, checkpointing)
 
 
-def first_fit(
-    job: JobSpec, candidates: Iterable[Degrees], modes: tuple[str, ...] = CHECKPOINTING
-) -> Choice | None:
+def checkpointing_modes(job: JobSpec) -> tuple[str, ...]:
+    """The activation-checkpointing modes to try in turn: the one the spec sets, or (unset)
+    none first and then more recomputation."""
+    chosen = job.training.activation_checkpointing
+    return CHECKPOINTING if chosen is None else (chosen,)
+
+
+def first_fit(job: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
     """The first valid candidate that fits without activation checkpointing, else with the
-    next mode of ``modes``; failing all, the valid one with the smallest estimate."""
+    next mode (unless the spec sets one); failing all, the valid one with the smallest
+    estimate."""
     candidates = list(candidates)
     smallest: Choice | None = None
+    modes = checkpointing_modes(job)
     for mode in modes:
         for degrees in candidates:
             try:
@@ -95,7 +102,7 @@ def first_fit(
             except SpecError:
                 continue
             if choice.memory.fits:
-                if mode != "none":
+                if mode != modes[0]:
                     choice.reasons.append(checkpointing_reason(job, degrees, choice))
                 return choice
             if smallest is None or choice.memory.total < smallest.memory.total:
@@ -103,15 +110,41 @@ def first_fit(
     return smallest
 
 
-def checkpointing_reason(job: JobSpec, degrees: Degrees, choice: Choice) -> str:
+def checkpointing_reason(
+    job: JobSpec, degrees: Degrees, choice: Choice, what: str = "no layout of the row fits"
+) -> str:
     """Why activation checkpointing is on: the layout's activations with and without it."""
     plain = evaluate(job, degrees).memory
     return (
-        f"Activation checkpointing ({choice.checkpointing}) is on: without it no layout of the "
-        f"row fits (this one would hold {plain.activations / GIB:.1f} GiB of activations, "
+        f"Activation checkpointing ({choice.checkpointing}) is on: without it {what} "
+        f"(this one would hold {plain.activations / GIB:.1f} GiB of activations, "
         f"{plain.total / GIB:.1f} GiB in all); recomputing in backward brings the activations "
         f"to {choice.memory.activations / GIB:.1f} GiB."
     )
+
+
+def fit_degrees(job: JobSpec, degrees: Degrees, strategy: str) -> Choice:
+    """Given degrees (SpecError when they break a rule), with the spec's activation
+    checkpointing, or unset the least that fits; a sentence when more would fit."""
+    modes = checkpointing_modes(job)
+    choice = evaluate(job, degrees, strategy, modes[0])
+    for mode in modes[1:]:
+        if choice.memory.fits:
+            break
+        choice = evaluate(job, degrees, strategy, mode)
+        if choice.memory.fits:
+            choice.reasons.append(
+                checkpointing_reason(job, degrees, choice, "the layout does not fit")
+            )
+    stronger = CHECKPOINTING[CHECKPOINTING.index(choice.checkpointing) + 1 :]
+    if not choice.memory.fits and len(modes) == 1:
+        for mode in stronger:
+            if evaluate(job, degrees, strategy, mode).memory.fits:
+                choice.reasons.append(
+                    f"It would fit with spec.training.activationCheckpointing: {mode}."
+                )
+                break
+    return choice
 
 
 def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> list[Degrees]:

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.layout import Layout, Stage
-from meshrun.planner.auto import Choice, choose_auto, evaluate, search_hybrid
+from meshrun.planner.auto import Choice, choose_auto, fit_degrees, search_hybrid
 from meshrun.planner.explain import describe, warn
 from meshrun.planner.layout import explicit_degrees
 from meshrun.planner.memory import MemoryEstimate
@@ -178,6 +178,6 @@ def _choose(job: JobSpec) -> Choice:
     if s.type == "hybrid" and unset >= 2:
         return search_hybrid(job)
     dp, pp, tp = explicit_degrees(job)
-    choice = evaluate(job, (dp, pp, tp, s.zero_stage or 0), s.type)
+    choice = fit_degrees(job, (dp, pp, tp, s.zero_stage or 0), s.type)
     choice.reasons.append(f"Strategy {s.type} as requested: {choice.layout.text()}.")
     return choice

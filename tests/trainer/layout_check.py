@@ -22,7 +22,6 @@ from meshrun_trainer.localenv import layout_env
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.model import build_model, cross_entropy
 from meshrun_trainer.optim import clip_grad_norm, make_optimizer
-from meshrun_trainer.parallel import PartOptions
 from meshrun_trainer.train import train
 
 STEPS = 3
@@ -116,12 +115,12 @@ def main(out: str) -> None:
     results: dict[str, Any] = {}
     references: dict[str, dict[str, list[float]]] = {}
     for name, (layout, precision, checkpointing) in runs(world).items():
-        env = layout_env(MODEL, {**TRAINING, "precision": precision}, **layout)
+        training = {**TRAINING, "precision": precision, "activationCheckpointing": checkpointing}
+        env = layout_env(MODEL, training, **layout)
         cfg = from_env({**env, "WORLD_SIZE": str(world)})
         if precision not in references and dist.get_rank() == 0:
             references[precision] = reference_run(cfg)
-        options = PartOptions(activation_checkpointing=checkpointing)
-        result = train(cfg, build_mesh(cfg.layout, device), options=options)
+        result = train(cfg, build_mesh(cfg.layout, device))
         results[name] = {
             "losses": [r.loss for r in result.records],
             "gradNorms": [r.grad_norm for r in result.records],

@@ -47,8 +47,15 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
 
 
 def test_bad_configuration_exits_2_naming_the_variable(tmp_path: Path) -> None:
-    proc, _ = trainer(tmp_path, MESHRUN_TP="3", WORLD_SIZE="3")
+    proc, log = trainer(tmp_path, MESHRUN_TP="3", WORLD_SIZE="3")
     assert proc.returncode == 2
+    # torchrun exits 1 whatever its worker's code: the termination message says "permanent".
+    message = json.loads(log.read_text())
+    assert (message["status"], message["reason"], message["permanent"]) == (
+        "Failed",
+        "ConfigError",
+        True,
+    )
     assert (
         "invalid configuration: MESHRUN_TP: spec.strategy.tensorParallel: must divide "
         "spec.model.heads"
@@ -69,3 +76,15 @@ def test_failure_reaches_the_termination_message(tmp_path: Path) -> None:
     message = json.loads(log.read_text())
     assert message["status"] == "Failed" and message["rank"] == 0
     assert "not-a-directory" in message["error"]
+
+
+def test_a_gpu_job_without_cuda_fails_permanently_instead_of_using_the_cpu(
+    tmp_path: Path,
+) -> None:
+    proc, log = trainer(tmp_path, MESHRUN_ACCELERATOR="nvidia.com/gpu", CUDA_VISIBLE_DEVICES="")
+    assert proc.returncode == 3, proc.stderr[-2000:]
+    assert "no usable accelerator" in proc.stderr and "not falling back to the CPU" in proc.stderr
+    assert "Traceback" not in proc.stderr and '"event": "step"' not in proc.stdout
+    message = json.loads(log.read_text())
+    assert (message["reason"], message["permanent"]) == ("NoAccelerator", True)
+    assert "0 CUDA device(s)" in message["error"]

@@ -54,33 +54,42 @@ def test_the_plan_hands_the_weighted_split_to_the_pods() -> None:
     assert [(s.first, s.last) for s in plan.stages] == [(0, 2), (3, 7), (8, 12), (13, 15)]
 
 
-def _single_gpu(memory_gib: int, strategy: str = "auto") -> dict[str, Any]:
+def _single_gpu(memory_gib: int, strategy: str = "auto", **training: Any) -> dict[str, Any]:
     return {
         "image": "trainer:1",
         "resources": {"numNodes": 1, "numProcPerNode": 1, "acceleratorMemoryGiB": memory_gib},
         "strategy": {"type": strategy},
         "model": {"preset": "1b"},
-        "training": {"globalBatchSize": 16, "microBatchSize": 16, "precision": "bf16"},
+        "training": {
+            "globalBatchSize": 16,
+            "microBatchSize": 16,
+            "precision": "bf16",
+            **training,
+        },
     }
 
 
+@pytest.mark.parametrize("strategy", ["auto", "ddp"])
 @pytest.mark.parametrize(
     ("memory_gib", "mode"),
     [(80, "none"), (48, "selective"), (32, "full")],
 )
-def test_auto_turns_checkpointing_on_only_to_fit(memory_gib: int, mode: str) -> None:
-    plan = plan_job(_single_gpu(memory_gib))
+def test_unset_checkpointing_is_the_least_that_fits(
+    memory_gib: int, mode: str, strategy: str
+) -> None:
+    plan = plan_job(_single_gpu(memory_gib, strategy))
     assert plan.memory.fits
     assert plan.activation_checkpointing == mode
     assert plan.to_dict()["layout"]["activationCheckpointing"] == mode
     if mode == "none":
         assert "checkpointing" not in plan.explanation
     else:
-        assert f"Activation checkpointing ({mode}) is on: without it no layout" in (
-            plan.explanation
-        )
+        assert f"Activation checkpointing ({mode}) is on: without it" in plan.explanation
 
 
-def test_an_explicit_strategy_plans_without_checkpointing() -> None:
-    plan = plan_job(_single_gpu(40, "ddp"))
-    assert plan.activation_checkpointing == "none" and not plan.memory.fits
+def test_a_set_mode_is_kept_and_a_stronger_one_suggested() -> None:
+    plan = plan_job(_single_gpu(32, "ddp", activationCheckpointing="selective"))
+    assert plan.activation_checkpointing == "selective" and not plan.memory.fits
+    assert "It would fit with spec.training.activationCheckpointing: full." in plan.explanation
+    kept = plan_job(_single_gpu(80, "auto", activationCheckpointing="full"))
+    assert kept.activation_checkpointing == "full" and "is on: without it" not in kept.explanation

@@ -139,6 +139,10 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
     dataset = draw(st.sampled_from([None, "synthetic", "corpus"]))
     if dataset:
         training["dataset"] = dataset
+    checkpointing = draw(st.sampled_from([None, "none", "selective", "full"]))
+    if checkpointing:
+        training["activationCheckpointing"] = checkpointing
+    training["compile"] = draw(st.booleans())
     model = draw(models())
     model = draw(own_parts(model, training))
     return {

@@ -20,7 +20,7 @@ from meshrun.errors import SpecError
 from meshrun.inputrules import check_data_source, check_warmup
 from meshrun.presets import ModelShape
 from meshrun.rules import check_data, check_layout, check_model
-from meshrun.spec import Dataset, Precision, Schedule
+from meshrun.spec import Accelerator, Checkpointing, Dataset, Precision, Schedule
 from meshrun.userspec import Data, DataFormat, LRDecay, LRSchedule, Optimizer, Validation
 from meshrun_trainer.layout import ConfigError, Layout, check_stage_layers, parse_stage_layers
 
@@ -38,7 +38,11 @@ class Training:
     micro_batch_size: int
     """Sequences per forward pass on one rank."""
     precision: str
-    """fp32, or bf16 autocast over fp32 master weights."""
+    """fp32, or bf16 compute over fp32 master weights (docs/trainer.md)."""
+    activation_checkpointing: str
+    """none, selective or full (meshrun_trainer.blocks); the planner's choice."""
+    compile: bool
+    """torch.compile each transformer block."""
     learning_rate: float
     """AdamW learning rate."""
     seed: int
@@ -87,6 +91,8 @@ class TrainConfig:
     """Port of rank 0's /metrics and /progress server (0 disables it)."""
     termination_log: str
     """File that receives the final JSON summary (the pod's termination message)."""
+    accelerator: str
+    """What the pod asked for: nvidia.com/gpu (CUDA is then required) or cpu."""
 
     @property
     def tokens_per_step(self) -> int:
@@ -202,6 +208,10 @@ def _training(env: _Env) -> Training:
         global_batch_size=env.int("MESHRUN_GLOBAL_BATCH_SIZE"),
         micro_batch_size=env.int("MESHRUN_MICRO_BATCH_SIZE"),
         precision=env.choice("MESHRUN_PRECISION", get_args(Precision)),
+        activation_checkpointing=env.choice(
+            "MESHRUN_ACTIVATION_CHECKPOINTING", get_args(Checkpointing)
+        ),
+        compile=env.choice("MESHRUN_COMPILE", ("true", "false")) == "true",
         learning_rate=env.float("MESHRUN_LEARNING_RATE"),
         seed=env.int("MESHRUN_SEED", minimum=0),
         dataset=env.choice("MESHRUN_DATASET", get_args(Dataset)),
@@ -272,4 +282,5 @@ def from_env(env: Mapping[str, str] | None = None) -> TrainConfig:
         attempt=read.int("MESHRUN_ATTEMPT", minimum=0),
         metrics_port=read.int("MESHRUN_METRICS_PORT", minimum=0),
         termination_log=read.text("MESHRUN_TERMINATION_LOG"),
+        accelerator=read.choice("MESHRUN_ACCELERATOR", get_args(Accelerator)),
     )

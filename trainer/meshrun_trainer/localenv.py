@@ -75,6 +75,8 @@ def local_envs(
         )
         why_cpu = why_cpu or reason
         env.update(devices)
+        if reason:  # a GPU job run on this machine's CPUs: the trainer must not ask for CUDA
+            env["MESHRUN_ACCELERATOR"] = CPU
         env["MESHRUN_TERMINATION_LOG"] = str(workdir / f"pod-{index}-termination.json")
         env["MESHRUN_METRICS_PORT"] = str(free_port()) if index == 0 else "0"
         envs.append(env)

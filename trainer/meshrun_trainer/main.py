@@ -4,14 +4,16 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import sys
 from typing import Any
 
 import torch.distributed as dist
 
+from meshrun.envcontract import EXIT_CONFIG_ERROR, EXIT_NO_ACCELERATOR, PERMANENT_REASONS
 from meshrun.errors import SpecError
 from meshrun_trainer.config import TrainConfig, from_env
-from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
+from meshrun_trainer.mesh import NoAcceleratorError, build_mesh, init_distributed, pick_device
 from meshrun_trainer.parallel import data_parallel_kind
 from meshrun_trainer.progress import TERMINATION_MESSAGE_LIMIT, Reporter
 from meshrun_trainer.train import TrainResult, peak_memory, train
@@ -41,18 +43,30 @@ def summarize(cfg: TrainConfig, result: TrainResult, peaks: list[int]) -> dict[s
     }
 
 
-def write_failure(cfg: TrainConfig, error: BaseException) -> None:
-    """Put the error in the pod's termination message, so the operator can show why it failed."""
-    message = {
+def write_failure(path: str | None, error: BaseException, exit_code: int | None = None) -> None:
+    """Put the error in the pod's termination message, so the operator can show why it failed;
+    ``exit_code`` one of meshrun.envcontract.PERMANENT_REASONS marks it permanent (torchrun
+    exits 1 whatever its worker's code, so the message carries the classification)."""
+    if not path:
+        return
+    message: dict[str, Any] = {
         "status": "Failed",
-        "rank": dist.get_rank(),
-        "error": f"{type(error).__name__}: {error}"[: TERMINATION_MESSAGE_LIMIT - 100],
+        "rank": dist.get_rank() if dist.is_initialized() else int(os.environ.get("RANK", "0")),
+        "error": f"{type(error).__name__}: {error}"[: TERMINATION_MESSAGE_LIMIT - 200],
     }
+    if exit_code in PERMANENT_REASONS:
+        message |= {"reason": PERMANENT_REASONS[exit_code], "permanent": True}
     try:
-        with open(cfg.termination_log, "w", encoding="utf-8") as handle:
+        with open(path, "w", encoding="utf-8") as handle:
             handle.write(json.dumps(message))
     except OSError:
         pass  # the original error matters more; torchrun reports it with the traceback
+
+
+def _refuse(path: str | None, error: BaseException, exit_code: int, what: str) -> int:
+    write_failure(path, error, exit_code)
+    print(f"meshrun-trainer: {what}: {error}", file=sys.stderr)
+    return exit_code
 
 
 def main() -> int:
@@ -61,15 +75,18 @@ def main() -> int:
         run = user_run_from_env(cfg)
         cfg = with_model(cfg, run)
     except SpecError as error:
-        print(f"meshrun-trainer: invalid configuration: {error}", file=sys.stderr)
-        return 2
+        log = os.environ.get("MESHRUN_TERMINATION_LOG")
+        return _refuse(log, error, EXIT_CONFIG_ERROR, "invalid configuration")
     if cfg.training.checkpoint_every and not cfg.training.checkpoint_dir:
         print(
             "meshrun-trainer: MESHRUN_CHECKPOINT_EVERY is set but MESHRUN_CHECKPOINT_DIR is not;"
             " not checkpointing",
             file=sys.stderr,
         )
-    device = pick_device()
+    try:
+        device = pick_device(cfg.accelerator)
+    except NoAcceleratorError as error:
+        return _refuse(cfg.termination_log, error, EXIT_NO_ACCELERATOR, "no usable accelerator")
     init_distributed(device)
     mesh = build_mesh(cfg.layout, device)
     reporter = Reporter(cfg) if dist.get_rank() == 0 else None
@@ -82,11 +99,9 @@ def main() -> int:
             on_eval=reporter.on_eval if reporter else None,
         )
     except SpecError as error:  # found once the data is read: a restart cannot fix it
-        write_failure(cfg, error)
-        print(f"meshrun-trainer: invalid configuration: {error}", file=sys.stderr)
-        return 2
+        return _refuse(cfg.termination_log, error, EXIT_CONFIG_ERROR, "invalid configuration")
     except Exception as error:
-        write_failure(cfg, error)
+        write_failure(cfg.termination_log, error)
         raise
     peaks: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(peaks, peak_memory()[0])

@@ -18,16 +18,37 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshrun.localnet import free_port
+from meshrun.spec import CPU
 from meshrun_trainer.config import Layout
 
 
-def pick_device() -> torch.device:
-    """The process's accelerator (cuda:LOCAL_RANK) when CUDA is present, else the CPU."""
-    if torch.cuda.is_available():
-        index = int(os.environ.get("LOCAL_RANK", "0"))
+class NoAcceleratorError(RuntimeError):
+    """The pod asked for GPUs (nvidia.com/gpu) but this process finds no usable CUDA device.
+
+    Permanent: a restart on the same nodes would find the same; training on the CPU instead
+    would be silently slower by orders of magnitude."""
+
+
+def pick_device(accelerator: str | None = None) -> torch.device:
+    """The process's device: cuda:LOCAL_RANK for ``nvidia.com/gpu`` (NoAcceleratorError when
+    it is missing or broken), the CPU for ``cpu``; None (tests, benches): CUDA when present."""
+    if accelerator == CPU or (accelerator is None and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    index = int(os.environ.get("LOCAL_RANK", "0"))
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES", "(unset)")
+    if not torch.cuda.is_available() or torch.cuda.device_count() <= index:
+        raise NoAcceleratorError(
+            f"spec.resources.accelerator is {accelerator or 'nvidia.com/gpu'} but local rank "
+            f"{index} sees {torch.cuda.device_count()} CUDA device(s) (torch "
+            f"{torch.__version__}, CUDA build {torch.version.cuda}, CUDA_VISIBLE_DEVICES="
+            f"{visible}); not falling back to the CPU"
+        )
+    try:
         torch.cuda.set_device(index)
-        return torch.device("cuda", index)
-    return torch.device("cpu")
+        torch.zeros(1, device=f"cuda:{index}")  # a broken driver or device fails here
+    except RuntimeError as error:
+        raise NoAcceleratorError(f"CUDA device {index} is not usable: {error}") from error
+    return torch.device("cuda", index)
 
 
 def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:

@@ -111,9 +111,12 @@ def build_runner(
     source: WeightSource | None = None,
 ) -> Runner:
     """This rank's model parts (initial values from ``source``, default the seeded random
-    initialisation), optimizers and pipeline schedule."""
+    initialisation), optimizers and pipeline schedule; ``options`` default to the config's."""
     layout = cfg.layout
-    options = options or PartOptions()
+    options = options or PartOptions(
+        activation_checkpointing=cfg.training.activation_checkpointing,
+        compile=cfg.training.compile,
+    )
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(cfg, mesh, stage_ids, options, source)
     zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
@@ -184,17 +187,15 @@ def train(
     on_step: Callable[[StepRecord], None] | None = None,
     run: UserRun | None = None,
     on_eval: Callable[[int, float], None] | None = None,
-    options: PartOptions | None = None,
 ) -> TrainResult:
     """Run (or resume) training to ``cfg.training.steps``; every rank calls this.
 
     ``run``: the job's own model folder, data, optimizer, schedule and export (UserHooks).
     ``on_eval(step, loss)``: called after each validation.
-    ``options``: activation checkpointing, compile and loss parallel (default: none, off, on).
     """
     training = cfg.training
     run = run or read_user_run(cfg)
-    runner = build_runner(cfg, mesh, run.optimizer, options, weight_source(run, cfg.model))
+    runner = build_runner(cfg, mesh, run.optimizer, source=weight_source(run, cfg.model))
     hooks = UserHooks(cfg, run, mesh, runner)
     result = TrainResult()
     if training.checkpoint_dir:
