@@ -7,9 +7,11 @@ Layout of a checkpoint root::
 
 Every rank writes into ``step-N.tmp``; after a barrier (all writes done) rank 0 renames it to
 ``step-N``. A rename within one directory is atomic on POSIX file systems, so a reader sees a
-whole checkpoint or none. Model and optimizer go through DCP (sharded, layout-aware state dicts
-for DDP, FSDP2, DTensor TP and pipeline stages); the per-rank file holds what DCP cannot
-de-duplicate: the step, the RNG states and, under ZeRO-1, this rank's optimizer shard.
+whole checkpoint or none. Model and optimizer state go through DCP for every layout and ZeRO
+stage (meshrun_trainer.statedicts), so a checkpoint resumes under any other layout or world
+size; loading is strict (a missing key is an error, never a silent fresh start). The per-rank
+file holds the step, the world size, the RNG states and the training loop's other state; a
+run with more ranks than the checkpoint reads rank 0's file for the ranks it lacks.
 """
 
 from __future__ import annotations
@@ -22,22 +24,14 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
-from torch.distributed.optim import ZeroRedundancyOptimizer
+
+from meshrun_trainer import statedicts
 
 if TYPE_CHECKING:
     from meshrun_trainer.train import Runner
 
 COMPLETE = re.compile(r"^step-(\d{8})$")
-FLAT = StateDictOptions(flatten_optimizer_state_dict=True)
 
 
 def step_dir(root: str | Path, step: int) -> Path:
@@ -50,34 +44,29 @@ def latest_complete(root: str | Path) -> tuple[int, Path] | None:
     return (steps[-1], step_dir(root, steps[-1])) if steps else None
 
 
-def _sharded_zero1(runner: Runner) -> bool:
-    return any(isinstance(opt, ZeroRedundancyOptimizer) for opt in runner.optimizers)
-
-
-def _app_state(runner: Runner) -> dict[str, Any]:
-    model: dict[str, Any] = {}
-    for part in runner.parts:
-        model.update(get_model_state_dict(part))
-    state: dict[str, Any] = {"model": model}
-    if not _sharded_zero1(runner):
-        optim: dict[str, Any] = {}
-        for part, opt in zip(runner.parts, runner.optimizers, strict=True):
-            optim.update(get_optimizer_state_dict(part, opt, options=FLAT))
-        state["optim"] = optim
-    return state
-
-
-def _rank_state(runner: Runner, step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
-    state: dict[str, Any] = {"step": step, "rng": torch.get_rng_state(), "extra": extra or {}}
+def _rank_state(step: int, extra: dict[str, Any] | None) -> dict[str, Any]:
+    state: dict[str, Any] = {
+        "step": step,
+        "world": dist.get_world_size(),
+        "rng": torch.get_rng_state(),
+        "extra": extra or {},
+    }
     if torch.cuda.is_available():
         state["cuda_rng"] = torch.cuda.get_rng_state()
-    if _sharded_zero1(runner):
-        state["zero1"] = [opt.optim.state_dict() for opt in runner.optimizers]  # type: ignore[attr-defined]
     return state
 
 
-def _rank_file(directory: Path) -> Path:
-    return directory / f"rank-{dist.get_rank():05d}.pt"
+def _rank_file(directory: Path, rank: int | None = None) -> Path:
+    return directory / f"rank-{dist.get_rank() if rank is None else rank:05d}.pt"
+
+
+def _read_rank_file(directory: Path) -> dict[str, Any]:
+    """This rank's file, or rank 0's when the checkpoint was written by fewer ranks."""
+    path = _rank_file(directory)
+    if not path.is_file():
+        path = _rank_file(directory, 0)
+    local: dict[str, Any] = torch.load(path, weights_only=True)
+    return local
 
 
 def complete_steps(root: str | Path) -> list[int]:
@@ -117,8 +106,8 @@ def save(
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    dcp_save(_app_state(runner), checkpoint_id=str(tmp))
-    torch.save(_rank_state(runner, step, extra), _rank_file(tmp))
+    dcp_save(statedicts.merged(statedicts.part_states(runner)), checkpoint_id=str(tmp))
+    torch.save(_rank_state(step, extra), _rank_file(tmp))
     dist.barrier()  # every rank's files are written before the checkpoint becomes visible
     if dist.get_rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
@@ -143,26 +132,22 @@ def restore_latest(root: str | Path, runner: Runner) -> int:
     if step == 0:
         return 0
     directory = step_dir(root, step)
-    state = _app_state(runner)
-    dcp_load(state, checkpoint_id=str(directory))
-    for part in runner.parts:
-        set_model_state_dict(part, state["model"], options=StateDictOptions(strict=False))
-    if "optim" in state:
-        for part, opt in zip(runner.parts, runner.optimizers, strict=True):
-            set_optimizer_state_dict(part, opt, state["optim"], options=FLAT)
-    local = torch.load(_rank_file(directory), weights_only=True)
+    states = statedicts.part_states(runner)
+    loaded = statedicts.merged(states)
+    statedicts.load(loaded, str(directory))  # strict: a missing key raises
+    statedicts.apply(runner, states, loaded)
+    local = _read_rank_file(directory)
     if int(local["step"]) != step:
         raise RuntimeError(f"{directory}: rank file holds step {local['step']}, expected {step}")
-    torch.set_rng_state(local["rng"])
-    if "cuda_rng" in local and torch.cuda.is_available():
-        torch.cuda.set_rng_state(local["cuda_rng"])
-    for opt, shard in zip(runner.optimizers, local.get("zero1", []), strict=False):
-        opt.optim.load_state_dict(shard)  # type: ignore[attr-defined]
+    if local.get("world") == dist.get_world_size():  # the same ranks: the same random streams
+        torch.set_rng_state(local["rng"])
+        if "cuda_rng" in local and torch.cuda.is_available():
+            torch.cuda.set_rng_state(local["cuda_rng"])
     return step
 
 
 def read_extra(root: str | Path, step: int) -> dict[str, Any]:
     """The ``extra`` state this rank saved with the checkpoint of ``step``."""
-    local = torch.load(_rank_file(step_dir(root, step)), weights_only=True)
+    local = _read_rank_file(step_dir(root, step))
     extra: dict[str, Any] = local.get("extra", {})
     return extra
