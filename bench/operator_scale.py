@@ -1,272 +1,186 @@
-"""Operator at scale on fake GPU nodes: one 1,024-GPU 3D job, then 200 concurrent 8-GPU jobs.
+"""meshrun and Kubeflow's training-operator side by side on one cluster of fake GPU nodes.
 
-Prints, for each scenario, the time from creating the job(s) to every pod bound and Running and
-to every job reporting phase Running, the API requests the operator sent per job (its own
-``meshrun_operator_api_requests_total``; kopf's watches excluded), and the operator's peak RSS.
+Starts a throwaway local control plane (its own folder and name, so the test cluster is left
+alone) with ``--nodes`` KWOK nodes of 8 GPUs and the API server's audit log, then runs each
+operator as a plain process, one at a time, alternating (ABBA over the runs). Each run launches,
+``--launches`` times each, one 128-pod x 8-GPU job (meshrun: a ParallelTrainingJob of 128 nodes;
+training-operator: a PyTorchJob with 1 master and 127 workers) and ``--jobs`` concurrent 1-pod
+8-GPU jobs. Figures: seconds from the first create until every pod is bound and Running (and until
+every job's status says Running); the operator's API requests, counted by the API server's audit
+log under the operator's own user; its CPU time per launch and peak RSS. training-operator is
+built from its Go module on first use (hack/build-tools.sh training-operator).
 
-By default it starts a second, throwaway cluster with 1,000 KWOK nodes (its own folder and name,
-so the test cluster is left alone) and removes it afterwards. ``--kubeconfig`` uses an existing
-cluster instead (it must have enough free GPUs).
-
-Usage: python bench/operator_scale.py [--nodes 1000] [--jobs 200] [--kubeconfig PATH]
+    python bench/operator_scale.py                         # 1,000 nodes, 200 jobs, 2 x 2
+    python bench/operator_scale.py --nodes 100 --jobs 20   # quick look
+    python bench/operator_scale.py --profile               # also where the time goes
+    python bench/operator_scale.py --write-docs            # and the table into docs/benchmarks.md
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
+import shlex
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-KUBECTL = ROOT / ".cluster" / "bin" / "kubectl"
-CRD = ROOT / "crds" / "meshrun.dev_paralleltrainingjobs.yaml"
+from _scale_audit import AuditLog
+from _scale_cluster import start_cluster
+from _scale_launch import Launch, launch
+from _scale_operators import Meshrun, Operator, TrainingOperator
+from _scale_probe import cpu_profile, planner_time, scheduler_share
+from _scale_profile import requests_by_kind, timeline
+from _scale_report import BIG, SMALL, Run, Setup, caption, table, write_docs
+from kubernetes import client
 
-BIG_JOB = {  # 128 pods x 8 GPUs = 1,024 GPUs, dp 8 x pp 16 x tp 8, the 70b preset
-    "image": "meshrun/trainer:bench",
-    "resources": {"numNodes": 128, "numProcPerNode": 8},
-    "strategy": {
-        "type": "hybrid",
-        "dataParallel": 8,
-        "pipelineParallel": 16,
-        "tensorParallel": 8,
-        "microBatches": 16,
-    },
-    "model": {"preset": "70b"},
-    "training": {"globalBatchSize": 1024, "microBatchSize": 1},
-    "scheduling": {"topologyKey": "topology.meshrun.dev/rack"},
-}
-SMALL_JOB = {  # one pod x 8 GPUs, DDP
-    "image": "meshrun/trainer:bench",
-    "resources": {"numNodes": 1, "numProcPerNode": 8},
-    "strategy": {"type": "ddp"},
-    "model": {"preset": "tiny"},
-    "training": {"globalBatchSize": 64, "microBatchSize": 1},
-}
+OPERATORS = {"meshrun": Meshrun, "training-operator": TrainingOperator}
 
 
-def kubectl(kubeconfig: str, *args: str, stdin: str | None = None) -> str:
-    return subprocess.run(
-        [str(KUBECTL), "--kubeconfig", kubeconfig, *args],
-        input=stdin,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-
-
-def scrape(port: int) -> str:
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:
-        return str(response.read().decode())
-
-
-def api_requests(port: int) -> float:
-    return sum(
-        float(v)
-        for v in re.findall(
-            r"^meshrun_operator_api_requests_total\{[^}]*\} (\S+)$", scrape(port), re.M
-        )
-    )
-
-
-def peak_rss_mib(pid: int) -> float:
-    text = Path(f"/proc/{pid}/status").read_text()
-    match = re.search(r"^VmHWM:\s+(\d+) kB", text, re.M)
-    return int(match.group(1)) / 1024 if match else float("nan")
-
-
-def manifest(name: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "apiVersion": "meshrun.dev/v1alpha1",
-        "kind": "ParallelTrainingJob",
-        "metadata": {"name": name},
-        "spec": spec,
-    }
-
-
-def running_counts(kubeconfig: str, ns: str) -> tuple[int, int, int]:
-    """(pods Running with a node, jobs in phase Running, pods in total) in the namespace."""
-    pods = json.loads(kubectl(kubeconfig, "get", "pods", "-n", ns, "-o", "json"))["items"]
-    running = sum(
-        1
-        for p in pods
-        if p.get("spec", {}).get("nodeName") and p.get("status", {}).get("phase") == "Running"
-    )
-    jobs = json.loads(kubectl(kubeconfig, "get", "paralleltrainingjobs", "-n", ns, "-o", "json"))[
-        "items"
-    ]
-    phases = sum(1 for j in jobs if (j.get("status") or {}).get("phase") == "Running")
-    return running, phases, len(pods)
-
-
-def scenario(
-    kubeconfig: str,
-    port: int,
-    title: str,
-    jobs: dict[str, dict[str, Any]],
-    pods_expected: int,
-    timeout: float,
-) -> dict[str, Any]:
-    ns = f"bench-{uuid.uuid4().hex[:6]}"
-    kubectl(kubeconfig, "create", "namespace", ns)
-    while "default" not in kubectl(kubeconfig, "get", "serviceaccounts", "-n", ns, "-o", "name"):
-        time.sleep(0.2)
-    before = api_requests(port)
-    start = time.monotonic()
-    with ThreadPoolExecutor(max_workers=16) as pool:
-        list(
-            pool.map(
-                lambda item: kubectl(
-                    kubeconfig, "create", "-n", ns, "-f", "-", stdin=json.dumps(manifest(*item))
-                ),
-                jobs.items(),
-            )
-        )
-    created = time.monotonic() - start
-    pods_at = jobs_at = None
-    while time.monotonic() - start < timeout:
-        running, phases, _ = running_counts(kubeconfig, ns)
-        now = time.monotonic() - start
-        if pods_at is None and running >= pods_expected:
-            pods_at = now
-        if jobs_at is None and phases >= len(jobs):
-            jobs_at = now
-        if pods_at is not None and jobs_at is not None:
-            break
-        time.sleep(0.5)
-    settled = api_requests(port) - before
-    time.sleep(10)  # ten idle seconds: resyncs of running jobs should cost no request
-    idle = api_requests(port) - before - settled
-    kubectl(kubeconfig, "delete", "namespace", ns, "--wait=false")
-    return {
-        "title": title,
-        "jobs": len(jobs),
-        "pods": pods_expected,
-        "create_s": created,
-        "pods_running_s": pods_at,
-        "jobs_running_s": jobs_at,
-        "requests_per_job": settled / len(jobs),
-        "idle_requests": idle,
-    }
-
-
-def start_cluster(nodes: int) -> tuple[str, dict[str, str]]:
-    state = tempfile.mkdtemp(prefix="meshrun-opbench-")
-    env = dict(
-        os.environ,
-        MESHRUN_CLUSTER_DIR=state,
-        MESHRUN_CLUSTER_NAME="meshrun-opbench",
-        NODES=str(nodes),
-        REAL_NODE="0",
-    )
-    t0 = time.monotonic()
-    subprocess.run(
-        [str(ROOT / "hack" / "cluster.sh"), "up"],
-        env=env,
-        check=True,
-        capture_output=True,
-        text=True,
-    )
-    print(f"throwaway cluster with {nodes} nodes Ready in {time.monotonic() - t0:.0f} s")
-    return str(Path(state) / "kubeconfig"), env
-
-
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--nodes", type=int, default=1000)
-    parser.add_argument("--jobs", type=int, default=200)
-    parser.add_argument("--kubeconfig", help="use this cluster instead of a throwaway one")
-    parser.add_argument("--timeout", type=float, default=600)
-    args = parser.parse_args()
-    env: dict[str, str] | None = None
-    kubeconfig = args.kubeconfig
-    if kubeconfig is None:
-        kubeconfig, env = start_cluster(args.nodes)
-    operator = None
-    try:
-        kubectl(kubeconfig, "apply", "--server-side", "--force-conflicts", "-f", str(CRD))
-        kubectl(
-            kubeconfig,
-            "wait",
-            "--for=condition=Established",
-            "--timeout=60s",
-            "crd/paralleltrainingjobs.meshrun.dev",
-        )
-        port, health = 18080, 18081
-        log = open(tempfile.mktemp(prefix="operator-scale-", suffix=".log"), "wb")  # noqa: SIM115
-        operator = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "meshrun_operator",
-                "--metrics-port",
-                str(port),
-                "--health-port",
-                str(health),
-                "--no-progress-http",
-            ],
-            env=dict(os.environ, KUBECONFIG=kubeconfig),
-            stdout=log,
-            stderr=subprocess.STDOUT,
-        )
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                scrape(port)
-                break
-            except OSError:
-                time.sleep(0.5)
-        time.sleep(2)  # the initial listing of pods and nodes fills kopf's indexes
-        results = [
-            scenario(
-                kubeconfig,
-                port,
-                "one 1,024-GPU 3D job (128 pods)",
-                {"big": BIG_JOB},
-                128,
-                args.timeout,
-            ),
-            scenario(
-                kubeconfig,
-                port,
-                f"{args.jobs} concurrent 8-GPU jobs",
-                {f"small-{i}": SMALL_JOB for i in range(args.jobs)},
-                args.jobs,
-                args.timeout,
-            ),
-        ]
-        rss = peak_rss_mib(operator.pid)
-    finally:
-        if operator is not None:
-            operator.terminate()
-            operator.wait(timeout=30)
-        if env is not None:
-            subprocess.run(
-                [str(ROOT / "hack" / "cluster.sh"), "down"], env=env, capture_output=True, text=True
-            )
-    print(
-        f"\n{'scenario':<36} {'create':>8} {'pods Running':>13} {'jobs Running':>13} "
-        f"{'API req/job':>12} {'idle req':>9}"
+    parser.add_argument("--nodes", type=int, default=1000, help="fake GPU nodes (default 1000)")
+    parser.add_argument("--jobs", type=int, default=200, help="concurrent 1-pod jobs (200)")
+    parser.add_argument("--runs", type=int, default=2, help="runs of each operator (2)")
+    parser.add_argument("--launches", type=int, default=2, help="launches per scenario (2)")
+    parser.add_argument(
+        "--operators",
+        default="meshrun,training-operator",
+        help="comma-separated, the first is the ratio's numerator (default: both)",
     )
-    for r in results:
-        pods = f"{r['pods_running_s']:.1f} s" if r["pods_running_s"] is not None else "timeout"
-        jobs = f"{r['jobs_running_s']:.1f} s" if r["jobs_running_s"] is not None else "timeout"
-        print(
-            f"{r['title']:<36} {r['create_s']:>6.1f} s {pods:>13} {jobs:>13} "
-            f"{r['requests_per_job']:>12.1f} {r['idle_requests']:>9.0f}"
-        )
-    print(f"operator peak RSS: {rss:.0f} MiB")
+    parser.add_argument("--timeout", type=float, default=600, help="seconds per launch (600)")
+    parser.add_argument("--settle", type=float, default=5, help="seconds counted after Running")
+    parser.add_argument("--idle", type=float, default=10, help="idle seconds counted after that")
+    parser.add_argument("--cluster-dir", help="keep (or reuse) the throwaway cluster here")
+    parser.add_argument("--profile", action="store_true", help="also print where the time goes")
+    parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md")
+    args = parser.parse_args()
+    names = args.operators.split(",")
+    unknown = [n for n in names if n not in OPERATORS]
+    if unknown or not names:
+        parser.error(f"--operators: unknown {unknown}; choose from {', '.join(OPERATORS)}")
+    if args.nodes < max(128, args.jobs):  # every pod takes a whole node's 8 GPUs
+        parser.error(f"--nodes: {args.nodes} nodes cannot hold 128 pods or {args.jobs} jobs")
+    return args
+
+
+def one_run(
+    operator: Operator, index: int, args: argparse.Namespace, api: client.ApiClient, audit: AuditLog
+) -> Run:
+    """Start the operator, launch each scenario ``--launches`` times, stop it."""
+    run = Run(operator=operator.name, index=index)
+    operator.start()
+    try:
+        for _ in range(args.launches):
+            for scenario, jobs, pods in ((BIG, 1, 128), (SMALL, args.jobs, 1)):
+                result = launch(
+                    api, audit, operator, scenario, jobs, pods,
+                    args.timeout, args.settle, args.idle,
+                )  # fmt: skip
+                run.launches.append(result)
+                report(index, result)
+        run.peak_rss_mib = operator.peak_rss_mib()
+    finally:
+        operator.stop()
+    print(f"run {index + 1} {operator.name}: peak RSS {run.peak_rss_mib:.0f} MiB", flush=True)
+    return run
+
+
+def report(index: int, x: Launch) -> None:
+    def s(v: float | None) -> str:
+        return "timeout" if v is None else f"{v:5.1f} s"
+
+    print(
+        f"run {index + 1} {x.operator:<17} {x.jobs:>4} job(s) x {x.pods // x.jobs:>3} pod(s): "
+        f"created {x.create_s:4.1f} s, pods Running {s(x.pods_running_s)}, jobs Running "
+        f"{s(x.jobs_running_s)}, {len(x.requests)} requests ({x.per_job:.1f}/job), "
+        f"{len(x.idle)} idle, CPU {x.cpu_s:.1f} s",
+        flush=True,
+    )
+
+
+def profile(
+    args: argparse.Namespace,
+    runs: list[Run],
+    meshrun: Operator | None,
+    api: client.ApiClient,
+    audit: AuditLog,
+) -> list[str]:
+    launches = [x for run in runs for x in run.launches]
+    lines = ["", "== where the time goes", "", "the last 128-pod launch of each operator:"]
+    for name in dict.fromkeys(run.operator for run in runs):
+        last = [x for run in runs if run.operator == name for x in run.launches]
+        big = [x for x in last if x.scenario == BIG]
+        if big:
+            lines += timeline(big[-1], OPERATORS[name].user)
+    for scenario, title in ((BIG, "the 128-pod job"), (SMALL, f"{args.jobs} 1-pod jobs")):
+        lines += ["", f"requests by verb and resource, {title} (per job, mean of launches):"]
+        lines += requests_by_kind(launches, scenario)
+    if meshrun is not None:
+        stats = Path(tempfile.mktemp(prefix="opbench-meshrun-", suffix=".samples.json"))
+        meshrun.start(profile=stats)
+        try:
+            x = launch(api, audit, meshrun, BIG, 1, 128, args.timeout, args.settle, 0, True)
+        finally:
+            meshrun.stop()
+        lines += ["", "meshrun's CPU in one extra 128-pod launch, sampled:"]
+        lines += cpu_profile(stats, x.cpu_s)
+        lines += planner_time(meshrun.job("big", 128)["spec"])
+        lines += ["", "the scheduler's share (128 pods, no operator running):"]
+        if len(x.pod_specs) == 128:
+            lines += scheduler_share(api, audit, x.pod_specs)
+        else:
+            lines.append(f"  not measured: the profiled launch left {len(x.pod_specs)} pods")
+    return lines
+
+
+def revision() -> str:
+    """The checkout's commit, and whether the operator or core had uncommitted changes."""
+    root = Path(__file__).resolve().parent.parent
+    git = ["git", "-C", str(root)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(
+        [*git, "status", "--porcelain", "--", "operator", "meshrun", "crds"],
+        capture_output=True,
+        text=True,
+    )
+    commit = head.stdout.strip() or "an unknown commit"
+    return commit + (" with uncommitted changes" if dirty.stdout.strip() else "")
+
+
+def main() -> int:
+    args = parse_args()
+    names = args.operators.split(",")
+    command = "python bench/operator_scale.py " + shlex.join(sys.argv[1:])
+    setup = Setup(args.nodes, args.jobs, args.runs, args.launches, command.strip())
+    setup.load = (os.getloadavg()[0], 0.0)
+    setup.revision = revision()
+    cluster = start_cluster(args.nodes, args.cluster_dir)
+    try:
+        api = cluster.api()
+        audit = AuditLog(cluster.audit_log)
+        operators = [OPERATORS[n](cluster) for n in names]
+        for operator in operators:
+            operator.install()
+        runs: list[Run] = []
+        for index in range(args.runs):
+            order = operators if index % 2 == 0 else operators[::-1]
+            for operator in order:
+                runs.append(one_run(operator, index, args, api, audit))
+                audit.forget_before(time.time())
+        meshrun = next((o for o in operators if o.name == "meshrun"), None)
+        extra = profile(args, runs, meshrun, api, audit) if args.profile else []
+    finally:
+        cluster.down()
+    setup.load = (setup.load[0], os.getloadavg()[0])
+    lines = [*caption(setup, names), "", *table(runs, setup, names)]
+    print("", *lines, *extra, sep="\n")
+    if args.write_docs:
+        print(f"\nwrote {write_docs(lines, setup)}")
     return 0
 
 
