@@ -88,3 +88,22 @@ def test_a_gpu_job_without_cuda_fails_permanently_instead_of_using_the_cpu(
     message = json.loads(log.read_text())
     assert (message["reason"], message["permanent"]) == ("NoAccelerator", True)
     assert "0 CUDA device(s)" in message["error"]
+
+
+@pytest.mark.timeout(400)
+def test_compiled_blocks_train_like_eager(tmp_path: Path) -> None:
+    """spec.training.compile with selective checkpointing, through the environment."""
+    losses = {}
+    for compile_ in ("false", "true"):
+        proc, _ = trainer(
+            tmp_path,
+            MESHRUN_COMPILE=compile_,
+            MESHRUN_ACTIVATION_CHECKPOINTING="selective",
+            MESHRUN_PRECISION="fp32",
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        events = [json.loads(line) for line in proc.stdout.splitlines()]
+        losses[compile_] = [e["loss"] for e in events if e["event"] == "step"]
+    assert len(losses["true"]) == 3
+    for eager, compiled in zip(losses["false"], losses["true"], strict=True):
+        assert abs(compiled - eager) <= 1e-5 * abs(eager), losses
