@@ -88,6 +88,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
     job = _pick_job(args.file, args.job)
     name = str(job.get("metadata", {}).get("name", "job"))
     spec = read_spec(mount(job.get("spec", {}), args.mount))
+
     # Every file checked before any process starts; a text dataset is tokenized here, once.
     def count_tokens(data: Data, path: str, model: HFModel | None, vocab: int) -> int:
         folder = model.path if model is not None else None
