@@ -83,20 +83,37 @@ def pod_running(pod: dict[str, Any]) -> bool:
     return bool(spec.get("nodeName")) and status.get("phase") == "Running"
 
 
-def follow(list_call: Callable[..., Any], args: tuple[Any, ...], tally: Tally) -> watch.Watch:
-    """Feed ``tally`` from a watch in a daemon thread until the returned Watch is stopped."""
-    stream = watch.Watch()  # type: ignore[no-untyped-call]
+class Follow:
+    """Feed a Tally from a watch in a daemon thread, watching again whenever a watch ends."""
 
-    def run() -> None:
-        events = stream.stream(list_call, *args, deserialize=False, timeout_seconds=3600)  # type: ignore[no-untyped-call]
-        try:
-            for event in events:
-                tally.event(event["type"], event["object"])
-        except (ProtocolError, ApiException):
-            pass  # the namespace is going away after the launch
+    def __init__(self, list_call: Callable[..., Any], args: tuple[Any, ...], tally: Tally) -> None:
+        self.list_call, self.args, self.tally = list_call, args, tally
+        self.stopped = threading.Event()
+        self.stream: watch.Watch | None = None
+        threading.Thread(target=self._run, daemon=True).start()
 
-    threading.Thread(target=run, daemon=True).start()
-    return stream
+    def _run(self) -> None:
+        while not self.stopped.is_set():
+            self.stream = watch.Watch()  # type: ignore[no-untyped-call]
+            # Each new watch starts with the objects as they are (ADDED), so nothing is missed.
+            events = self.stream.stream(  # type: ignore[no-untyped-call]
+                self.list_call, *self.args, deserialize=False, timeout_seconds=300
+            )
+            try:
+                for event in events:
+                    if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
+                        self.tally.event(event["type"], event["object"])
+            except (ProtocolError, ApiException, OSError):
+                time.sleep(0.5)  # the API server ended the watch; watch again
+
+    def stop(self) -> None:
+        self.stopped.set()
+        if self.stream is not None:
+            self.stream.stop()  # type: ignore[no-untyped-call]
+
+
+def follow(list_call: Callable[..., Any], args: tuple[Any, ...], tally: Tally) -> Follow:
+    return Follow(list_call, args, tally)
 
 
 def launch(
@@ -163,7 +180,7 @@ def launch(
         listed: Any = core.list_namespaced_pod(ns, _preload_content=False)
         result.pod_specs = [strip_pod(p) for p in json.loads(listed.data)["items"]]
     for stream in watches:
-        stream.stop()  # type: ignore[no-untyped-call]
+        stream.stop()
     delete_namespace(api, ns)
     operator.wait_quiet()
     return result

@@ -33,7 +33,7 @@ PEER_VERSION = re.search(
     r"^TRAINING_OPERATOR_VERSION=(\S+)", (ROOT / "hack" / "versions.env").read_text(), re.M
 )
 PEER_MODULE = "github.com/kubeflow/training-operator"
-# Where training-operator's cert rotator looks for its serving certificate (hard-coded there).
+# Where training-operator's cert rotator checks that a serving certificate exists (hard-coded).
 PEER_CERT_DIR = Path("/tmp/k8s-webhook-server/serving-certs")
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -241,9 +241,16 @@ class TrainingOperator(Operator):
             },
         }
         apply(self.cluster, secret)
-        PEER_CERT_DIR.mkdir(parents=True, exist_ok=True)
-        for name in ("tls.crt", "tls.key"):
-            (PEER_CERT_DIR / name).write_bytes((certs / name).read_bytes())
+        # The webhook server serves from $TMPDIR/k8s-webhook-server/serving-certs: a folder of
+        # this cluster's own, so benches of other checkouts on the machine cannot swap its
+        # certificate. The cert rotator only checks that tls.crt exists under /tmp.
+        self.tmpdir = self.cluster.state / "peer-tmp"
+        serving = self.tmpdir / "k8s-webhook-server" / "serving-certs"
+        for folder in (serving, PEER_CERT_DIR):
+            folder.mkdir(parents=True, exist_ok=True)
+            for name in ("tls.crt", "tls.key"):
+                if folder == serving or not (folder / name).exists():
+                    (folder / name).write_bytes((certs / name).read_bytes())
         self.webhook_port = free_port()
         webhooks = yaml.safe_load((module / "manifests/base/webhook/manifests.yaml").read_text())
         ca = base64.b64encode((certs / "ca.crt").read_bytes()).decode()
@@ -263,7 +270,7 @@ class TrainingOperator(Operator):
             f"--metrics-bind-address=127.0.0.1:{free_port()}",
             f"--health-probe-bind-address=127.0.0.1:{self.health}",
             f"--webhook-server-port={self.webhook_port}",
-        ], {"MY_POD_NAMESPACE": "kubeflow", "TMPDIR": "/tmp"}
+        ], {"MY_POD_NAMESPACE": "kubeflow", "TMPDIR": str(self.tmpdir)}
 
     def ready(self) -> bool:
         if not http_ok(f"http://127.0.0.1:{self.health}/readyz"):

@@ -72,7 +72,7 @@ def replay(
     time.sleep(1)
     figures = scheduler_lags(audit.in_namespace(ns, start, time.time()), start)
     figures["running"] = float("nan") if running is None else running
-    stream.stop()  # type: ignore[no-untyped-call]
+    stream.stop()
     delete_namespace(api, ns)
     return figures
 
