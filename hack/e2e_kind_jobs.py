@@ -52,6 +52,11 @@ def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
         strategy["virtualStages"] = min(int(strategy["virtualStages"]), 2)
     if "microBatches" in strategy:
         strategy["microBatches"] = min(int(strategy["microBatches"]), 4)
+    if "hf" in spec.get("model", {}):
+        # kind has no volumes with the model folder and the data: tiny on the built-in data.
+        spec.pop("podTemplate", None)
+        for own in ("data", "export"):
+            spec.get("training", {}).pop(own, None)
     spec["model"] = {"preset": "tiny"}
     training = spec.setdefault("training", {})
     training.update(steps=STEPS, microBatchSize=1, globalBatchSize=16, precision="fp32")
