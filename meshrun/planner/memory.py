@@ -19,7 +19,8 @@ recomputation) plus, while one layer is recomputed, that layer's full set.
 The pipeline schedule sets how many micro-batches are in flight on a rank: GPipe keeps all m,
 1F1B at most p - i on stage i, interleaving multiplies 1F1B's by 1 + (p-1)/(p*v) (Narayanan et
 al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the fp32 log-probabilities
-s*b*V/t and the final norm's tensors. Under pipelining ZeRO-3 keeps a stage's parameters
+s*b*V/t and the final norm's tensors, and at the start of backward the fp32 gradients of the
+log-probabilities and of the logits (2*s*b*V/t). Under pipelining ZeRO-3 keeps a stage's parameters
 gathered for the whole step (no all-gather per micro-batch), so its weights count whole, as
 under ZeRO-2. The estimate ignores the CUDA context, allocator fragmentation and ZeRO-3's
 gathered layer.
@@ -136,6 +137,9 @@ def estimate_memory(
     head_act = tokens * (
         4 * model.vocab // t + per_element * (2 * model.hidden // t + model.hidden)
     )
+    # Backward starts with the gradients of the log-probabilities and of the logits (fp32);
+    # they are gone before full recomputation rebuilds the last layer, so the larger counts.
+    head_grads = 2 * 4 * tokens * model.vocab // t
     gathered_stage = layout.pp > 1  # ZeRO-3 does not reshard between micro-batches
     best: MemoryEstimate | None = None
     for rank in range(layout.pp):
@@ -157,7 +161,7 @@ def estimate_memory(
             params = -(-params // n)
         activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute
         if rank == layout.pp - 1:
-            activations += head_act
+            activations += head_act + max(head_grads - recompute, 0)
         estimate = MemoryEstimate(
             params, grads, optim, activations, job.resources.accelerator_bytes
         )

@@ -130,7 +130,7 @@ def test_zero_picks_the_smallest_stage_that_fits() -> None:
     plan = plan_job(make_spec({"preset": "13b"}, nodes=4))
     # 13B: stages 1 and 2 still hold full bf16 weights (26 GB) and gradients; ZeRO-2 fits.
     assert plan.layout.zero_stage == 2
-    worse = plan_job(make_spec({"preset": "13b"}, nodes=4, memory_gib=40))
+    worse = plan_job(make_spec({"preset": "13b"}, nodes=4, memory_gib=48))
     assert worse.layout.zero_stage == 3
 
 

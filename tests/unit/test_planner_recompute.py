@@ -72,7 +72,7 @@ def _single_gpu(memory_gib: int, strategy: str = "auto", **training: Any) -> dic
 @pytest.mark.parametrize("strategy", ["auto", "ddp"])
 @pytest.mark.parametrize(
     ("memory_gib", "mode"),
-    [(80, "none"), (48, "selective"), (32, "full")],
+    [(80, "none"), (56, "selective"), (32, "full")],
 )
 def test_unset_checkpointing_is_the_least_that_fits(
     memory_gib: int, mode: str, strategy: str
