@@ -15,6 +15,7 @@ from meshrun_operator.builders import (
 )
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.evaluation import Evaluation
+from meshrun_operator.kueue_link import admit, create_workload, patch_status
 from meshrun_operator.lifecycle import Decision
 from meshrun_operator.phases import Event
 from meshrun_operator.vocabulary import EventType, Reason
@@ -29,11 +30,16 @@ async def execute(
 ) -> list[Event]:
     """Delete, create, delete the job; returns Events about what could not be done as asked."""
     notes: list[Event] = []
+    link, kueue = ctx.kueue, decision.kueue  # link: None when run with --no-kueue
     if decision.delete_pods:
         await ctx.kube.delete_pods(job.namespace, decision.delete_pods, decision.force_delete)
         metrics.PODS_DELETED.labels(force=str(decision.force_delete)).inc(len(decision.delete_pods))
+    if link is not None and kueue is not None and kueue.create is not None:
+        await create_workload(ctx.kube, link, job, ev, kueue.create)
     if decision.create_pods:
         notes.extend(await _create_children(ctx, job, ev, decision))
+    if link is not None and kueue is not None:
+        await patch_status(ctx.kube, link, job, kueue)
     if decision.delete_job:
         await ctx.kube.delete_job(job.namespace, job.name)
     return notes
@@ -71,6 +77,10 @@ async def _create_children(
             checkpoint_dir=CHECKPOINT_MOUNT,
         )
         pods.append(build_pod(job, ev.settings, ev.plan, index, attempt, env))
+    admitted = decision.kueue.admitted if decision.kueue is not None else None
+    if admitted is not None and ctx.kueue is not None:
+        # Where Kueue admitted the gang: flavors, topology domains, Kueue's keys.
+        pods = await admit(ctx.kube, ctx.kueue, admitted, ev, pods)
     created = await ctx.kube.create_all(pods)
     metrics.PODS_CREATED.inc(sum(created))
     for pod, was_created in zip(pods, created, strict=True):

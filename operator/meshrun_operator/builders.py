@@ -117,12 +117,6 @@ def build_pod(
         metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
     if scheduling.topology_key:
         stage_affinity(pod_spec, job.name, stage, scheduling.topology_key)
-    queue = scheduling.queue_name or job.queue_label
-    if queue:
-        # One Kueue pod group per attempt: Kueue admits the whole gang or none of it.
-        metadata["labels"][names.KUEUE_QUEUE_LABEL] = queue
-        metadata["labels"][names.KUEUE_POD_GROUP_LABEL] = f"{job.name}-{attempt}"
-        annotations[names.KUEUE_POD_GROUP_TOTAL] = str(settings.resources.num_nodes)
 
     container = trainer_container(pod_spec)
     container["image"] = settings.image

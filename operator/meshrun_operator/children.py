@@ -21,15 +21,12 @@ class JobRef:
     """metadata.namespace of the job (children live there too)."""
     uid: str
     """metadata.uid, for owner references (garbage collection deletes children with the job)."""
-    queue_label: str | None = None
-    """The job's kueue.x-k8s.io/queue-name label, used when spec.scheduling.queueName is unset."""
 
     @classmethod
     def of(cls, job: Mapping[str, Any]) -> JobRef:
         """The reference of a job object."""
         meta = job["metadata"]
-        queue_label = (meta.get("labels") or {}).get(names.KUEUE_QUEUE_LABEL)
-        return cls(meta["name"], meta["namespace"], meta["uid"], queue_label)
+        return cls(meta["name"], meta["namespace"], meta["uid"])
 
     def object_reference(self) -> dict[str, str]:
         """The job as an Event's ``involvedObject``."""

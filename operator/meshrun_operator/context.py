@@ -6,12 +6,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from meshrun_operator import metrics
 from meshrun_operator.kube import Kube
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
+
+if TYPE_CHECKING:
+    from meshrun_operator.kueue_link import KueueLink
 
 
 @dataclass
@@ -37,6 +40,10 @@ class OperatorContext:
     """By uid, (the status a decision started from, the status it could not write): after a
     write conflict the next pass starts from the status the operator meant to write, as long
     as nobody else changed the status meanwhile, so no restart or clock is lost."""
+    kueue: KueueLink | None = None
+    """Kueue's Workloads and the operator's writes to them; None when run with --no-kueue."""
+    node_labels: Any = None
+    """kopf's index of node labels (the topology domains status.placement shows), or None."""
 
     def forget(self, uid: str) -> None:
         """Drop everything kept about a deleted job."""
@@ -44,6 +51,8 @@ class OperatorContext:
         self.locks.pop(uid, None)
         self.latest.pop(uid, None)
         self.unwritten.pop(uid, None)
+        if self.kueue is not None:
+            self.kueue.forget(uid)
 
 
 def plain(value: Any) -> Any:

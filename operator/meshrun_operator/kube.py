@@ -32,7 +32,8 @@ CUSTOM_KINDS = {
     "PodGroup": {
         "scheduling.volcano.sh/v1beta1": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
         "scheduling.x-k8s.io/v1alpha1": ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
-    }
+    },
+    "Workload": {"kueue.x-k8s.io/v1beta2": ("kueue.x-k8s.io", "v1beta2", "workloads")},
 }
 
 
@@ -221,3 +222,35 @@ class Kube:
         except ApiException as error:
             if error.status != 404:
                 raise
+
+    async def get_custom(
+        self, group: str, version: str, plural: str, name: str
+    ) -> dict[str, Any] | None:
+        """A cluster-scoped custom object (a Kueue ResourceFlavor), or None when it is gone."""
+        try:
+            found: Any = await self._call(
+                "get", plural, self.custom.get_cluster_custom_object, group, version, plural, name
+            )
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(found)
+
+    async def patch_custom_status(
+        self, group: str, version: str, plural: str, namespace: str, name: str, body: Any
+    ) -> dict[str, Any]:
+        """Merge-patch a custom object's /status (a Kueue Workload); the body may carry the
+        resourceVersion it was computed from, and then a stale one gets 409."""
+        result: Any = await self._call(
+            "patch",
+            f"{plural}/status",
+            self.custom.patch_namespaced_custom_object_status,
+            group,
+            version,
+            namespace,
+            plural,
+            name,
+            body,
+        )
+        return dict(result)

@@ -224,3 +224,46 @@ def release_patch(workload: Mapping[str, Any], now: datetime) -> dict[str, Any] 
         updates.append((PODS_READY, False, WAIT_FOR_START, "Not all pods are ready or succeeded"))
     conditions = _with_conditions(workload, updates, now)
     return _status_patch(workload, {"conditions": conditions, "admission": None})
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a job that names a queue has no Workload, for its condition (Kueue not served, a
+    missing WorkloadPriorityClass, a Workload Kueue refused)."""
+
+    reason: str
+    """CamelCase reason (vocabulary.Reason)."""
+    message: str
+    """What to do about it, in one sentence."""
+
+
+@dataclass(frozen=True)
+class KueueView:
+    """What the operator sees of Kueue for one job: its Workload, or why it has none."""
+
+    workload: Mapping[str, Any] | None = None
+    """The job's Workload as last seen (watch or the operator's own last write), or None."""
+    hold: Hold | None = None
+    """Set when the Workload cannot be created for now; tried again later."""
+
+
+@dataclass(frozen=True)
+class QueueRef:
+    """Where a job queues: what its Workload is created with."""
+
+    queue: str
+    """The LocalQueue (``spec.scheduling.queueName``, else the queue-name label)."""
+    priority_class: str | None = None
+    """The job's ``kueue.x-k8s.io/priority-class`` label: a WorkloadPriorityClass, or None."""
+
+
+@dataclass
+class KueueActions:
+    """The Kueue side effects of one decision."""
+
+    create: QueueRef | None = None
+    """Create the job's Workload in this queue (built from the plan and the pods of attempt 0)."""
+    admitted: Mapping[str, Any] | None = None
+    """The admitted Workload whose admission the pods created now follow."""
+    status_patch: dict[str, Any] | None = None
+    """A patch of the Workload's status (PodsReady, the release after an eviction, Finished)."""

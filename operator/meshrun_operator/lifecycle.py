@@ -20,11 +20,12 @@ from typing import Any
 from meshrun.errors import SpecError
 from meshrun.planner import Plan
 from meshrun.spec import JobSpec
-from meshrun_operator import names
+from meshrun_operator import kueue_flow, names
 from meshrun_operator import vocabulary as words
 from meshrun_operator.conditions import format_time
 from meshrun_operator.evaluation import Evaluation, evaluate, still_refused
 from meshrun_operator.failures import Failure, FailureClass, classify, node_lost
+from meshrun_operator.kueue_state import KueueActions, QueueRef
 from meshrun_operator.observe import Observed, PodView
 from meshrun_operator.phases import Draft, Event, Tuning
 from meshrun_operator.state import JobState
@@ -60,6 +61,8 @@ class Decision:
     """Kubernetes Events to post on the job."""
     invalid: bool = False
     """The spec is invalid: no pods, the Invalid condition names the field."""
+    kueue: KueueActions | None = None
+    """The job's Kueue Workload: create it, place the new pods by its admission, patch it."""
 
 
 def decide(
@@ -89,7 +92,8 @@ def decide(
         draft.derived.update(
             strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
         )
-        _run(draft, ev.settings, ev.plan, observed)
+        _run(draft, ev.settings, ev.plan, observed, kueue_flow.queue_of(ev.settings, metadata))
+    kueue_flow.report(draft, observed)
     draft.announce_phase()
     return Decision(
         status=draft.status(),
@@ -100,15 +104,18 @@ def decide(
         delete_job=draft.delete_job,
         events=tuple(draft.events),
         invalid=draft.is_invalid,
+        kueue=draft.kueue,
     )
 
 
-def _run(draft: Draft, settings: JobSpec, plan: Plan, observed: Observed) -> None:
+def _run(
+    draft: Draft, settings: JobSpec, plan: Plan, observed: Observed, queue: QueueRef | None
+) -> None:
     state, now = draft.state, draft.now
     draft.revalidated()
     current = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
     stale = [p for p in observed.pods if p.attempt != draft.attempt or p.deleting]
-    draft.derived["placement"] = placement(plan, current)
+    draft.derived["placement"] = placement(plan, current, observed.domains)
     policy = settings.run_policy
 
     if draft.old_phase is not None and draft.old_phase.finished:
@@ -116,6 +123,8 @@ def _run(draft: Draft, settings: JobSpec, plan: Plan, observed: Observed) -> Non
         return
     if policy.suspend:
         draft.suspend(observed.pods)
+        return
+    if queue and kueue_flow.held(draft, observed, queue):
         return
     draft.resumed()
     since, deadline = state.active_since, policy.active_deadline_seconds
@@ -206,7 +215,14 @@ def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -
         draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_GANG, message)
         attempt_start = state.attempt_start_time or now
         timeout = settings.scheduling.gang_timeout_seconds
-        if settings.scheduling.gang and now - attempt_start >= timedelta(seconds=timeout):
+        # Under Kueue, its waitForPodsReady is the gang timeout (tearing down a gang Kueue
+        # counts as admitted would fight it).
+        governed = draft.kueue is not None
+        if (
+            settings.scheduling.gang
+            and not governed
+            and now - attempt_start >= timedelta(seconds=timeout)
+        ):
             draft.gang_timeout(timeout, bound, total, current)
             return
         draft.waiting(words.NOT_SCHEDULED.format(count=len(unbound)))

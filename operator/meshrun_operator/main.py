@@ -16,10 +16,11 @@ import kopf
 from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 
-from meshrun_operator import names
+from meshrun_operator import kueue_watch, names
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.handlers import OperatorMemo, register
 from meshrun_operator.kube import Kube, load_api_client
+from meshrun_operator.kueue_link import KueueLink
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
 
@@ -46,6 +47,8 @@ class Options:
     """Watch nodes to notice NotReady or deleted ones."""
     progress_http: bool
     """Also read the trainer's /progress endpoint on pod 0 (besides the pod annotation)."""
+    kueue: bool
+    """Govern jobs that name a queue through Kueue Workloads (needs RBAC on them)."""
     verbose: bool
     """Debug logging."""
 
@@ -102,6 +105,11 @@ def parse_args(argv: list[str]) -> Options:
         action="store_true",
         help="read progress only from the meshrun.dev/progress pod annotation",
     )
+    parser.add_argument(
+        "--no-kueue",
+        action="store_true",
+        help="no Kueue Workloads (for RBAC without them); jobs with a queue name then wait",
+    )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     args = parser.parse_args(argv)
     for flag in ("metrics_port", "health_port"):
@@ -124,6 +132,7 @@ def parse_args(argv: list[str]) -> Options:
         ),
         watch_nodes=not args.no_watch_nodes,
         progress_http=not args.no_progress_http,
+        kueue=not args.no_kueue,
         verbose=args.verbose,
     )
 
@@ -186,9 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
         progress=ProgressReader(enabled=options.progress_http),
+        kueue=KueueLink() if options.kueue else None,
     )
     registry = kopf.OperatorRegistry()
     register(registry, watch_nodes=options.watch_nodes)
+    kueue_watch.register(registry, with_kueue=options.kueue, watch_nodes=options.watch_nodes)
     if options.metrics_port:
         start_http_server(options.metrics_port)
     liveness = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None

@@ -37,11 +37,8 @@ DIFFBASE_KEY = "last-handled-configuration"
 # Gang-scheduler integrations (volcano and kubernetes-sigs/scheduler-plugins coscheduling).
 VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
+# A job's LocalQueue when spec.scheduling.queueName is unset (Kueue's label for every job kind).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-# Kueue's plain-pod groups (https://kueue.sigs.k8s.io/docs/tasks/run/plain_pods/): Kueue gates
-# the pods of a group until it admits all of them together.
-KUEUE_POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"
-KUEUE_POD_GROUP_TOTAL = "kueue.x-k8s.io/pod-group-total-count"
 
 TRAINER_CONTAINER = "trainer"
 

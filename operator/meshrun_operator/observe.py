@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrun_operator import names
+from meshrun_operator.kueue_state import KueueView
 from meshrun_operator.vocabulary import PodPhase
 
 PROGRESS_KEYS = (
@@ -154,3 +155,7 @@ class Observed:
     """Node name -> Ready, or None when the operator cannot see nodes (then no node checks)."""
     progress: Mapping[str, Any] | None = None
     """Progress read from the trainer's /progress endpoint, preferred over the annotation."""
+    kueue: KueueView | None = None
+    """The job's Workload (or why it has none); None when the operator runs without Kueue."""
+    domains: Mapping[str, str] | None = None
+    """Node name -> its value of the job's spec.scheduling.topologyKey (e.g. its rack)."""

@@ -19,6 +19,7 @@ from meshrun.spec import JobSpec, RunPolicy
 from meshrun_operator import vocabulary as words
 from meshrun_operator.conditions import clear_condition, is_true, set_condition
 from meshrun_operator.failures import Failure, FailureClass
+from meshrun_operator.kueue_state import KueueActions
 from meshrun_operator.observe import PodView
 from meshrun_operator.state import InvalidSpec, JobState, LastFailure
 from meshrun_operator.vocabulary import ConditionType, EventType, Phase, PodPhase, Reason
@@ -79,6 +80,8 @@ class Draft:
         self.delete_job = False
         self.events: list[Event] = []
         self.is_invalid = False
+        # Set while Kueue governs the job (kueue_flow): its Workload's side effects.
+        self.kueue: KueueActions | None = None
 
     # -- small helpers ---------------------------------------------------------------------
     @property

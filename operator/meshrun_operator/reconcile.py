@@ -23,6 +23,8 @@ from meshrun_operator.children import JobRef
 from meshrun_operator.context import OperatorContext, newest, plain, with_unwritten, without_none
 from meshrun_operator.evaluation import POD_TEMPLATE, evaluate, refused
 from meshrun_operator.kube import ChildRejected, StaleJob
+from meshrun_operator.kueue_link import KueueHold
+from meshrun_operator.kueue_link import observe as observe_kueue
 from meshrun_operator.lifecycle import Decision, decide
 from meshrun_operator.observe import Observed
 from meshrun_operator.phases import Event
@@ -83,6 +85,7 @@ async def _act(
     observed = _observe(job_body, pods_index, nodes_index)
     pod0 = next((p for p in observed.pods if p.index == 0), None)
     observed = replace(observed, progress=await ctx.progress.read(pod0))
+    observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
     ev = evaluate(job_body.get("spec") or {}, job.name)
     now = datetime.now(UTC)
     decision = decide(job_body, observed, now, ctx.tuning, ev)
@@ -91,6 +94,13 @@ async def _act(
     except ChildRejected as rejected:
         # The API server refused a pod built from the user's podTemplate: a spec error.
         ev = refused(ev, SpecError(POD_TEMPLATE, rejected.message))
+        decision = decide(job_body, observed, now, ctx.tuning, ev)
+        notes = await execute(ctx, job, ev, decision)
+    except KueueHold as held:
+        # The Workload cannot be created for now: the job says why, and waits.
+        assert ctx.kueue is not None
+        ctx.kueue.hold(job.uid, held.hold)
+        observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
         decision = decide(job_body, observed, now, ctx.tuning, ev)
         notes = await execute(ctx, job, ev, decision)
     return decision, notes

@@ -9,25 +9,32 @@ from typing import Any
 
 from meshrun.api import VERSION, crd
 from meshrun.planner import Plan
-from meshrun_operator.children import pod_ranks
+from meshrun_operator.children import pod_ranks, pod_stage
 from meshrun_operator.observe import PodView
 from meshrun_operator.state import StepChange
 
 
-def placement(plan: Plan, pods: Iterable[PodView]) -> list[dict[str, Any]]:
-    """Pod -> node -> ranks for the pods of the current attempt, in pod order."""
+def placement(
+    plan: Plan, pods: Iterable[PodView], domains: Mapping[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """Pod -> node -> ranks for the pods of the current attempt, in pod order, with each pod's
+    pipeline stage and its node's topology domain (``domains``: node -> value of the job's
+    topologyKey), so a stage kept in one rack shows as one domain."""
     rows = []
     for pod in sorted(pods, key=lambda p: p.index):
         ranks = pod_ranks(plan, pod.index)
-        rows.append(
-            {
-                "pod": pod.name,
-                "node": pod.node or "",
-                "firstRank": ranks[0],
-                "lastRank": ranks[-1],
-                "phase": pod.phase,
-            }
-        )
+        row: dict[str, Any] = {
+            "pod": pod.name,
+            "node": pod.node or "",
+            "firstRank": ranks[0],
+            "lastRank": ranks[-1],
+            "stage": pod_stage(plan, pod.index),
+            "phase": pod.phase,
+        }
+        domain = (domains or {}).get(pod.node or "")
+        if domain:
+            row["domain"] = domain
+        rows.append(row)
     return rows
 
 

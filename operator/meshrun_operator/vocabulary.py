@@ -107,6 +107,30 @@ class Reason(StrEnum):
     # Suspension
     SUSPENDED = "Suspended", "spec.runPolicy.suspend is true"
     RESUMED = "Resumed", "spec.runPolicy.suspend is false"
+    # Kueue (a job with spec.scheduling.queueName); while queued the Suspended condition
+    # carries Kueue's own reason and words (Pending, Inadmissible, Preempted, ...)
+    QUEUED = "Queued", "Workload {workload} waits for Kueue in LocalQueue {queue}"
+    ADMITTED = "Admitted", "Kueue admitted Workload {workload} to ClusterQueue {cluster_queue}"
+    KUEUE_NOT_INSTALLED = (
+        "KueueNotInstalled",
+        "spec.scheduling.queueName is {queue}, but this cluster does not serve Kueue's "
+        "{api} Workloads: install Kueue, or remove the queue name to run without it",
+    )
+    KUEUE_DISABLED = (
+        "KueueDisabled",
+        "spec.scheduling.queueName is {queue}, but this operator runs without Kueue "
+        "(--no-kueue, Helm value operator.kueue=false): enable it, or remove the queue name",
+    )
+    PRIORITY_CLASS_NOT_FOUND = (
+        "WorkloadPriorityClassNotFound",
+        "label {label} names WorkloadPriorityClass {name}, which does not exist",
+    )
+    WORKLOAD_REJECTED = "WorkloadRejected", "Kueue refused Workload {workload}: {error}"
+    WORKLOAD_INACTIVE = (
+        "WorkloadInactive",
+        "Workload {workload} is deactivated (spec.active is false){why}; set spec.active to "
+        "true to queue it again",
+    )
     # Failures the operator detects itself (the exit-code table lives in failures.py)
     NODE_LOST = "NodeLost", "node {node} {state}"
     POD_DELETED = "PodDeleted", "pod {pod} disappeared"
@@ -125,3 +149,5 @@ PODS_STARTING = "pods are starting"
 JOB_SUSPENDED = "the job is suspended"
 RESTARTING_GANG = "{failure}; restarting the whole gang"
 PERMANENT_FAILURE = "{failure} (permanent)"
+QUEUED_IN = "queued in LocalQueue {queue}: {why}"
+EVICTED_BY_KUEUE = "evicted by Kueue ({reason}): {why}; queued again once its pods are gone"

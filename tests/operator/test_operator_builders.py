@@ -196,15 +196,9 @@ def test_master_addr_is_pod_zero_through_the_headless_service() -> None:
     assert names.master_addr("job", "ns") == "job-0.job.ns.svc"
 
 
-def test_a_queue_name_makes_the_pods_one_kueue_pod_group_per_attempt() -> None:
+def test_a_queue_name_puts_no_kueue_keys_on_the_pods() -> None:
+    # Kueue admits the job's Workload, not its pods: a queue-name label on a pod would make
+    # Kueue's pod integration (where enabled) gate it as a plain pod of its own.
     pod = pod_for(index=0, attempt=3, scheduling={"queueName": "team-a"})
-    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
-    assert labels[names.KUEUE_QUEUE_LABEL] == "team-a"
-    assert labels[names.KUEUE_POD_GROUP_LABEL] == "job-3"
-    assert annotations[names.KUEUE_POD_GROUP_TOTAL] == "2"
-    ev = evaluate(make_job()["spec"], "job")
-    assert ev.settings is not None and ev.plan is not None
-    labelled = JobRef(name="job", namespace="ns", uid="u", queue_label="from-label")
-    pod = build_pod(labelled, ev.settings, ev.plan, 0, 0, ENV)
-    assert pod["metadata"]["labels"][names.KUEUE_QUEUE_LABEL] == "from-label"
-    assert names.KUEUE_QUEUE_LABEL not in pod_for()["metadata"]["labels"]
+    keys = [*pod["metadata"]["labels"], *pod["metadata"]["annotations"]]
+    assert not [key for key in keys if key.startswith("kueue.x-k8s.io/")], keys

@@ -35,8 +35,22 @@ def test_all_pods_running_makes_the_job_running_with_placement() -> None:
     assert condition(decision, "Running")["status"] == "True"
     assert condition(decision, "Scheduled")["reason"] == "AllPodsBound"
     assert decision.status["placement"] == [
-        {"pod": "job-0", "node": "a", "firstRank": 0, "lastRank": 3, "phase": "Running"},
-        {"pod": "job-1", "node": "b", "firstRank": 4, "lastRank": 7, "phase": "Running"},
+        {
+            "pod": "job-0",
+            "node": "a",
+            "firstRank": 0,
+            "lastRank": 3,
+            "stage": 0,
+            "phase": "Running",
+        },
+        {
+            "pod": "job-1",
+            "node": "b",
+            "firstRank": 4,
+            "lastRank": 7,
+            "stage": 0,
+            "phase": "Running",
+        },
     ]
     assert "Running" in reasons(decision)
     # Steady state: nothing to do, nothing changes, no new event.

@@ -1,0 +1,218 @@
+"""Kueue, the side that talks to the API server: the Workloads the operator sees, creating a
+job's Workload, placing its pods by the admission, and patching the Workload's status.
+
+The pure decisions are in kueue_flow.py; this module carries them out through the API door
+(kube.py). A Workload that cannot be created for now (Kueue not installed, a missing
+WorkloadPriorityClass, a Workload Kueue's webhook refuses) raises KueueHold: the reconcile
+decides again with the hold, so the job shows why it waits, and the create is tried again
+after HOLD_SECONDS.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kubernetes.client.exceptions import ApiException
+
+from meshrun_operator import kueue, names
+from meshrun_operator.builders import build_pod
+from meshrun_operator.children import JobRef, owner_reference
+from meshrun_operator.context import newest
+from meshrun_operator.evaluation import Evaluation
+from meshrun_operator.kube import ChildRejected, Kube
+from meshrun_operator.kueue_admission import AdmissionError, admit_pods, apply_admission
+from meshrun_operator.kueue_flow import PRIORITY_CLASS_LABEL
+from meshrun_operator.kueue_state import Hold, KueueActions, KueueView, QueueRef
+from meshrun_operator.observe import Observed
+from meshrun_operator.vocabulary import Reason
+
+logger = logging.getLogger("meshrun.operator")
+
+HOLD_SECONDS = 30.0
+"""A job held for want of Kueue (or of its priority class) tries to create its Workload again
+this often."""
+FLAVOR_SECONDS = 60.0
+"""ResourceFlavors change rarely: one read serves the pods of every job for this long."""
+VERSION = kueue.API_VERSION.split("/")[1]
+
+
+class KueueHold(Exception):
+    """The job's Workload cannot be created for now; ``hold`` says why."""
+
+    def __init__(self, hold: Hold) -> None:
+        super().__init__(hold.message)
+        self.hold = hold
+
+
+@dataclass
+class KueueLink:
+    """What the operator keeps about Kueue: the Workloads it sees, and its own last writes."""
+
+    index: Any = None
+    """kopf's index of the operator's Workloads by (namespace, job name), set at startup."""
+    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """By job uid: the Workload as the operator's last create or patch left it (the watch may
+    not have brought it yet)."""
+    holds: dict[str, tuple[Hold, float]] = field(default_factory=dict)
+    """By job uid: why its Workload could not be created, and until when that holds."""
+    flavors: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
+    """ResourceFlavors by name, with the time they were read."""
+
+    def view(self, job: Mapping[str, Any]) -> KueueView:
+        """The job's Workload (the newer of the watched one and the operator's own last
+        write), or why it has none."""
+        meta = job["metadata"]
+        uid = str(meta.get("uid", ""))
+        seen = None
+        if self.index is not None:
+            for workload in self.index.get((meta["namespace"], meta["name"]), []):
+                if (workload["metadata"].get("labels") or {}).get(kueue.JOB_UID_LABEL) == uid:
+                    seen = workload
+        mine = self.latest.get(uid)
+        if seen is not None and mine is not None and newest(seen, mine) is seen:
+            self.latest.pop(uid, None)  # the watch caught up
+            mine = None
+        found = mine if mine is not None else seen
+        hold = self.holds.get(uid)
+        if hold is not None and hold[1] <= time.monotonic():
+            self.holds.pop(uid, None)
+            hold = None
+        return KueueView(
+            workload=found, hold=None if found is not None or hold is None else hold[0]
+        )
+
+    def hold(self, uid: str, hold: Hold) -> None:
+        self.holds[uid] = (hold, time.monotonic() + HOLD_SECONDS)
+
+    def forget(self, uid: str) -> None:
+        self.latest.pop(uid, None)
+        self.holds.pop(uid, None)
+
+    async def flavor(self, kube: Kube, name: str) -> dict[str, Any]:
+        cached = self.flavors.get(name)
+        if cached is not None and time.monotonic() - cached[1] < FLAVOR_SECONDS:
+            return cached[0]
+        found = await kube.get_custom(kueue.GROUP, VERSION, "resourceflavors", name)
+        if found is None:
+            # Kueue admitted with it a moment ago: retried at the next resync.
+            raise LookupError(f"ResourceFlavor {name} not found")
+        self.flavors[name] = (found, time.monotonic())
+        return found
+
+
+def observe(
+    kueue: KueueLink | None, node_labels: Any, job: Mapping[str, Any], observed: Observed
+) -> Observed:
+    """``observed`` with the job's Workload (``kueue``: None without Kueue) and its nodes'
+    topology domains (``node_labels``: kopf's index of node labels, or None)."""
+    return replace(
+        observed,
+        kueue=None if kueue is None else kueue.view(job),
+        domains=_domains(node_labels, job, observed),
+    )
+
+
+def _domains(node_labels: Any, job: Mapping[str, Any], observed: Observed) -> dict[str, str] | None:
+    """Node -> its value of the job's topologyKey, for the nodes of the job's pods."""
+    key = ((job.get("spec") or {}).get("scheduling") or {}).get("topologyKey")
+    if not key or node_labels is None:
+        return None
+    result = {}
+    for node in {p.node for p in observed.pods if p.node}:
+        for labels in node_labels.get(node, []):
+            if key in labels:
+                result[node] = str(labels[key])
+    return result
+
+
+async def create_workload(
+    kube: Kube, link: KueueLink, job: JobRef, ev: Evaluation, ref: QueueRef
+) -> None:
+    """Create the job's Workload: one pod set per pipeline stage, from the pods of attempt 0
+    (no environment: nothing that changes between attempts), owned by the job."""
+    assert ev.settings is not None and ev.plan is not None
+    settings, plan = ev.settings, ev.plan
+    priority = None
+    if ref.priority_class:
+        found = await kube.get_custom(
+            kueue.GROUP, VERSION, "workloadpriorityclasses", ref.priority_class
+        )
+        if found is None:
+            message = Reason.PRIORITY_CLASS_NOT_FOUND.message(
+                label=PRIORITY_CLASS_LABEL, name=ref.priority_class
+            )
+            raise KueueHold(Hold(Reason.PRIORITY_CLASS_NOT_FOUND, message))
+        priority = int(found.get("value") or 0)
+    topology_key = settings.scheduling.topology_key
+    request = kueue.WorkloadRequest(
+        job_name=job.name,
+        namespace=job.namespace,
+        uid=job.uid,
+        queue_name=ref.queue,
+        priority_class=ref.priority_class,
+        priority=priority,
+        topology=kueue.TopologyRequest(topology_key) if topology_key else None,
+    )
+    pods = [build_pod(job, settings, plan, i, 0, {}) for i in range(plan.num_nodes)]
+    workload = kueue.build_workload(request, plan, pods, owner_reference(job))
+    name = workload["metadata"]["name"]
+    try:
+        created = await kube.create(workload)
+    except ApiException as error:
+        if error.status != 404:
+            raise
+        message = Reason.KUEUE_NOT_INSTALLED.message(queue=ref.queue, api=kueue.API_VERSION)
+        raise KueueHold(Hold(Reason.KUEUE_NOT_INSTALLED, message)) from error
+    except ChildRejected as rejected:
+        message = Reason.WORKLOAD_REJECTED.message(workload=name, error=rejected.message)
+        raise KueueHold(Hold(Reason.WORKLOAD_REJECTED, message)) from rejected
+    if created:
+        link.latest[job.uid] = workload
+
+
+async def admit(
+    kube: Kube, link: KueueLink, workload: Mapping[str, Any], ev: Evaluation, pods: list[Any]
+) -> list[dict[str, Any]]:
+    """The pods with the Workload's admission applied: the flavors' node labels and
+    tolerations, each pod's topology domain, and the keys Kueue counts its pods by."""
+    assert ev.plan is not None
+    admission = (workload.get("status") or {}).get("admission") or {}
+    wanted = {
+        str(flavor)
+        for assignment in admission.get("podSetAssignments") or []
+        for flavor in (assignment.get("flavors") or {}).values()
+    }
+    flavors = {name: await link.flavor(kube, name) for name in sorted(wanted)}
+    try:
+        per_pod = admit_pods(workload, flavors, kueue.pod_sets(ev.plan))
+        return [
+            apply_admission(pod, per_pod[int(pod["metadata"]["labels"][names.LABEL_POD_INDEX])])
+            for pod in pods
+        ]
+    except AdmissionError as error:
+        # Like Kueue's FailedToStart: the pod template cannot follow the admission.
+        name = str(workload["metadata"]["name"])
+        rule = f"cannot follow Kueue's admission of Workload {name}: {error}"
+        raise ChildRejected("Pod", str(pods[0]["metadata"]["name"]), rule) from error
+
+
+async def patch_status(kube: Kube, link: KueueLink, job: JobRef, actions: KueueActions) -> None:
+    """Send the decision's Workload status patch. A conflict (Kueue wrote meanwhile) or a
+    Workload gone is left to the next pass, which decides on the newer Workload."""
+    patch = actions.status_patch
+    if patch is None:
+        return
+    name = kueue.workload_name(job.name, job.uid)
+    try:
+        link.latest[job.uid] = await kube.patch_custom_status(
+            kueue.GROUP, VERSION, kueue.WORKLOAD_PLURAL, job.namespace, name, patch
+        )
+    except ApiException as error:
+        if error.status not in (404, 409):
+            raise
+        link.latest.pop(job.uid, None)
+        logger.debug("Workload %s/%s: %s (next pass)", job.namespace, name, error.reason)

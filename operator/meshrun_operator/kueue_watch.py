@@ -1,0 +1,67 @@
+"""kopf wiring for Kueue and placement: the index of the operator's Workloads, the index of
+node labels (the topology domains status.placement shows), and a Workload's change waking its
+job.
+
+kopf watches only resources the API server serves: on a cluster without Kueue the Workload
+index stays empty and nothing waits for it, and kopf starts watching Workloads when Kueue's CRD
+appears. Both indexes are handed to the reconciler by a startup handler, like the pod index:
+kopf fills them before any job is looked at, so after an operator restart a running job's
+Workload is known before its pods are judged.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import kopf
+
+from meshrun_operator import kueue, names
+from meshrun_operator.context import plain
+from meshrun_operator.handlers import OperatorMemo
+
+VERSION = kueue.API_VERSION.split("/")[1]
+
+
+def register(registry: kopf.OperatorRegistry, with_kueue: bool, watch_nodes: bool) -> None:
+    """Register the Workload index (``with_kueue``) and the node label index (``watch_nodes``)."""
+    mine = {names.LABEL_JOB: kopf.PRESENT}
+
+    if watch_nodes:
+
+        @kopf.index("v1", "nodes", id="meshrun_node_labels", registry=registry)
+        def meshrun_node_labels(name: str, labels: kopf.Labels, **_: Any) -> dict[str, Any]:
+            return {str(name): dict(labels)}
+
+    if with_kueue:
+
+        @kopf.index(
+            kueue.GROUP,
+            VERSION,
+            kueue.WORKLOAD_PLURAL,
+            id="meshrun_workloads",
+            labels=mine,
+            registry=registry,
+        )
+        def meshrun_workloads(
+            namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+        ) -> dict[tuple[str, str], dict[str, Any]]:
+            return {(str(namespace), str(labels[names.LABEL_JOB])): plain(body)}
+
+        @kopf.on.event(
+            kueue.GROUP,
+            VERSION,
+            kueue.WORKLOAD_PLURAL,
+            id="workload-changed",
+            labels=mine,
+            registry=registry,
+        )
+        async def workload_changed(memo: OperatorMemo, body: kopf.Body, **_: Any) -> None:
+            # Kueue admitted, queued or evicted it: the job decides again at once.
+            owners = body.get("metadata", {}).get("ownerReferences") or []
+            memo.resync.poke(next((o.get("uid") for o in owners if o.get("controller")), None))
+
+    @kopf.on.startup(id="kueue-indexes", registry=registry)
+    async def kueue_indexes(memo: OperatorMemo, **kwargs: Any) -> None:
+        memo.ctx.node_labels = kwargs.get("meshrun_node_labels")
+        if memo.ctx.kueue is not None:
+            memo.ctx.kueue.index = kwargs.get("meshrun_workloads")
