@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from typing import Any
 
 import kopf
@@ -19,7 +18,7 @@ import kopf
 from meshrun_operator import names
 from meshrun_operator.context import OperatorContext, plain
 from meshrun_operator.observe import PodView, node_ready, pod_view
-from meshrun_operator.resync import Resyncer
+from meshrun_operator.resync import Resyncer, Stalled
 
 
 class OperatorMemo(kopf.Memo):
@@ -33,8 +32,13 @@ class OperatorMemo(kopf.Memo):
     """The task running the loop."""
 
 
-def register(registry: kopf.OperatorRegistry, watch_nodes: bool) -> None:
-    """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global)."""
+def register(
+    registry: kopf.OperatorRegistry, watch_nodes: bool, stall_seconds: float = 300.0
+) -> None:
+    """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global).
+
+    /healthz fails when no reconcile completed for ``stall_seconds`` while one was due.
+    """
 
     @kopf.on.login(id="login", registry=registry)
     def login(**kwargs: Any) -> Any:
@@ -84,14 +88,20 @@ def register(registry: kopf.OperatorRegistry, watch_nodes: bool) -> None:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await task
+        await memo.ctx.progress.close()
 
     @kopf.on.probe(id="resync", registry=registry)
-    def resync_alive(memo: OperatorMemo, **_: Any) -> float:
-        """/healthz fails when the resync loop died: the operator would silently stop acting."""
+    def resync_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
+        """/healthz fails (HTTP 500) when the resync loop died or reconciles stopped
+        completing: the operator would silently stop acting. A permanent error, because kopf
+        retries any other error of a probe while the request waits."""
         if memo.task.done():
             why = "cancelled" if memo.task.cancelled() else repr(memo.task.exception())
-            raise RuntimeError(f"the resync loop ended: {why}")
-        return round(time.monotonic() - memo.resync.last_pass, 1)
+            raise kopf.PermanentError(f"the resync loop ended: {why}")
+        try:
+            return memo.resync.health(stall_seconds)
+        except Stalled as stalled:
+            raise kopf.PermanentError(str(stalled)) from stalled
 
     @kopf.on.event(
         "v1", "pods", id="pod-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry

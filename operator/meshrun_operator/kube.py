@@ -3,7 +3,8 @@
 The kubernetes client is synchronous, so calls run in a dedicated thread pool; a job's pods are
 created with one ``asyncio.gather`` instead of one after another (Kubeflow #2361: serial pod
 creation made large jobs slow to launch). Every request is counted for /metrics and the scale
-benchmark.
+benchmark, and every request has a timeout (``ApiTimeout``): a stuck API server costs a reconcile
+one timeout, never a thread forever.
 """
 
 from __future__ import annotations
@@ -13,11 +14,13 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from kubernetes import client, config
 from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError
 
 from meshrun_operator import metrics, names
 from meshrun_operator.conditions import format_time
@@ -35,6 +38,26 @@ CUSTOM_KINDS = {
     },
     "Workload": {"kueue.x-k8s.io/v1beta2": ("kueue.x-k8s.io", "v1beta2", "workloads")},
 }
+
+
+@dataclass(frozen=True)
+class ApiTimeout:
+    """How long one API request may take (the kubernetes client's ``_request_timeout``)."""
+
+    connect: float = 10.0
+    """Seconds to open a connection (TCP and TLS)."""
+    read: float = 30.0
+    """Seconds to wait for the answer (between two reads of it)."""
+
+    @classmethod
+    def of(cls, seconds: float) -> ApiTimeout:
+        """``seconds`` to read, and at most 10 s of it to connect."""
+        return cls(connect=min(10.0, seconds), read=seconds)
+
+
+NO_ANSWER = (HTTPError, OSError)
+"""What a request raises when the API server did not answer (a timeout, a refused or dropped
+connection), as opposed to an ApiException, which is its answer."""
 
 
 class StaleJob(Exception):
@@ -72,15 +95,20 @@ def _reason(error: ApiException) -> str:
 class Kube:
     """Asynchronous wrappers of the few API calls the reconciler makes."""
 
-    def __init__(self, api: client.ApiClient, workers: int = 32) -> None:
+    def __init__(
+        self, api: client.ApiClient, workers: int = 32, timeout: ApiTimeout | None = None
+    ) -> None:
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="meshrun-api")
+        self.timeout = timeout or ApiTimeout()
 
     async def _call(
         self, verb: str, resource: str, fn: Callable[..., T], *args: Any, **kwargs: Any
     ) -> T:
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+        kwargs.setdefault("_request_timeout", (self.timeout.connect, self.timeout.read))
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, lambda: fn(*args, **kwargs))
 
@@ -183,7 +211,7 @@ class Kube:
         }
         try:
             await self._call("create", "events", self.core.create_namespaced_event, namespace, body)
-        except (ApiException, OSError) as error:
+        except (ApiException, *NO_ANSWER) as error:
             logger.warning("could not post Event %s on %s: %s", reason, involved["name"], error)
 
     async def _patch(

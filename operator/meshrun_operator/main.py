@@ -19,10 +19,13 @@ from prometheus_client import start_http_server
 from meshrun_operator import kueue_watch, names
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.handlers import OperatorMemo, register
-from meshrun_operator.kube import Kube, load_api_client
+from meshrun_operator.kube import ApiTimeout, Kube, load_api_client
 from meshrun_operator.kueue_link import KueueLink
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
+
+POD_SELECTOR = ("v1", "pods")
+"""kopf's selector of core/v1 pods, for their server-side label selector."""
 
 
 @dataclass(frozen=True)
@@ -41,6 +44,10 @@ class Options:
     """Interval of the periodic resync of every job."""
     workers: int
     """Threads (and HTTP connections) for concurrent API calls."""
+    api_timeout_seconds: float
+    """Longest wait for the answer to one API request (kopf's own requests included)."""
+    stall_seconds: float
+    """/healthz fails when a job waited this long for a reconcile to complete."""
     tuning: Tuning
     """Backoff and grace periods."""
     watch_nodes: bool
@@ -96,6 +103,18 @@ def parse_args(argv: list[str]) -> Options:
     )
     parser.add_argument("--workers", type=int, default=32, help="concurrent API calls (default 32)")
     parser.add_argument(
+        "--api-timeout-seconds",
+        type=float,
+        default=30.0,
+        help="longest wait for one API request's answer (default 30)",
+    )
+    parser.add_argument(
+        "--stall-seconds",
+        type=float,
+        default=300.0,
+        help="/healthz fails once a job waited this long for a reconcile (default 300)",
+    )
+    parser.add_argument(
         "--no-watch-nodes",
         action="store_true",
         help="do not watch nodes (no NotReady detection; for RBAC without nodes)",
@@ -116,7 +135,15 @@ def parse_args(argv: list[str]) -> Options:
         value = getattr(args, flag)
         if not 0 <= value <= 65535:
             parser.error(f"--{flag.replace('_', '-')}: {value} must be a port (0-65535)")
-    for flag in ("resync_seconds", "backoff_base_seconds", "backoff_max_seconds", "workers"):
+    positive = (
+        "resync_seconds",
+        "backoff_base_seconds",
+        "backoff_max_seconds",
+        "workers",
+        "api_timeout_seconds",
+        "stall_seconds",
+    )
+    for flag in positive:
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')}: must be positive")
     return Options(
@@ -126,6 +153,8 @@ def parse_args(argv: list[str]) -> Options:
         peering=args.peering,
         resync_seconds=args.resync_seconds,
         workers=args.workers,
+        api_timeout_seconds=args.api_timeout_seconds,
+        stall_seconds=args.stall_seconds,
         tuning=Tuning(
             backoff_base_seconds=args.backoff_base_seconds,
             backoff_max_seconds=args.backoff_max_seconds,
@@ -156,7 +185,11 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
     settings.watching.connect_timeout = 30
-    settings.networking.request_timeout = 60
+    # kopf's own short requests (listing, peering, posting) are bounded like the reconciler's.
+    settings.networking.request_timeout = options.api_timeout_seconds
+    settings.networking.connect_timeout = min(10.0, options.api_timeout_seconds)
+    # Only the pods the operator made are listed and watched (server-side), not every pod.
+    settings.watching.label_selectors[POD_SELECTOR] = names.LABEL_JOB
     # Handler logs are not turned into Events; the reconciler posts its own, one per change.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = names.MANAGED_BY
@@ -191,14 +224,14 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 1
     ctx = OperatorContext(
-        kube=Kube(api, workers=options.workers),
+        kube=Kube(api, options.workers, ApiTimeout.of(options.api_timeout_seconds)),
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
         progress=ProgressReader(enabled=options.progress_http),
         kueue=KueueLink() if options.kueue else None,
     )
     registry = kopf.OperatorRegistry()
-    register(registry, watch_nodes=options.watch_nodes)
+    register(registry, watch_nodes=options.watch_nodes, stall_seconds=options.stall_seconds)
     kueue_watch.register(registry, with_kueue=options.kueue, watch_nodes=options.watch_nodes)
     if options.metrics_port:
         start_http_server(options.metrics_port)

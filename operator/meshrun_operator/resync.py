@@ -6,6 +6,10 @@ job with a finalizer cannot be deleted while the operator is down (nor can its n
 operator runs this loop of its own instead, started by kopf's startup handler with the pod and
 node indexes (handlers.py). Children are owned by the job, so the garbage collector, not a
 finalizer, cleans up after a deletion.
+
+Each reconcile runs as a task of its own: the loop never waits for one, so a job whose reconcile
+is slow (a trainer's /progress that dribbles, an API call that waits for its timeout) delays
+only itself. A job changing while its reconcile runs is reconciled again once that one ends.
 """
 
 from __future__ import annotations
@@ -14,32 +18,48 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 from typing import Any
 
 from meshrun_operator import metrics
 from meshrun_operator.actions import StillTerminating
 from meshrun_operator.context import OperatorContext
-from meshrun_operator.kube import StaleJob
+from meshrun_operator.kube import NO_ANSWER, StaleJob
 from meshrun_operator.reconcile import reconcile
 
 logger = logging.getLogger("meshrun.operator")
+
+
+class Stalled(Exception):
+    """Reconciles stopped completing: /healthz fails with this."""
 
 
 class Resyncer:
     """Reconciles the known jobs: the changed ones at once, all of them every resync period."""
 
     def __init__(
-        self, ctx: OperatorContext, pods_index: Any, nodes_index: Any, concurrency: int = 32
+        self,
+        ctx: OperatorContext,
+        pods_index: Any,
+        nodes_index: Any,
+        concurrency: int = 32,
+        leading: Callable[[], bool] = lambda: True,
     ) -> None:
         self.ctx = ctx
         self.pods_index = pods_index
         """kopf's index of the jobs' pods (live: kopf keeps it current)."""
         self.nodes_index = nodes_index
         """kopf's index of node readiness, or None when nodes are not watched."""
+        self.leading = leading
+        """True while this operator may act (always, without leader election)."""
         self.jobs: dict[str, dict[str, Any]] = {}
         """The latest body of every job, by uid."""
         self.dirty: set[str] = set()
         """Jobs to reconcile at the next wake-up."""
+        self.running: dict[str, asyncio.Task[None]] = {}
+        """The reconcile in flight of each job that has one."""
+        self.waiting_since: dict[str, float] = {}
+        """When each job became due for a reconcile that has not completed yet (monotonic)."""
         self.wake = asyncio.Event()
         self.limit = asyncio.Semaphore(concurrency)
         self.node_ready: dict[str, bool] = {}
@@ -60,22 +80,55 @@ class Resyncer:
     def forget(self, uid: str) -> None:
         self.jobs.pop(uid, None)
         self.dirty.discard(uid)
+        self.waiting_since.pop(uid, None)
         self.ctx.forget(uid)
+
+    def stop_all(self) -> None:
+        """Cancel every reconcile in flight (leadership lost, or shutting down)."""
+        for task in self.running.values():
+            task.cancel()
+        self.waiting_since.clear()
 
     async def run(self) -> None:
         last_full = 0.0
-        while True:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), timeout=self.ctx.resync_seconds)
-            self.wake.clear()
-            now = time.monotonic()
-            if now - last_full >= self.ctx.resync_seconds:
-                due, last_full = set(self.jobs), now
-            else:
-                due = self.dirty & set(self.jobs)
-            self.dirty.clear()
-            await asyncio.gather(*(self.one(uid) for uid in due))
-            self.last_pass = time.monotonic()
+        try:
+            while True:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=self.ctx.resync_seconds)
+                self.wake.clear()
+                now = time.monotonic()
+                self.last_pass = now
+                if not self.leading():
+                    self.dirty.clear()
+                    self.stop_all()
+                    continue
+                if now - last_full >= self.ctx.resync_seconds:
+                    due, last_full = set(self.jobs), now
+                else:
+                    due = self.dirty & set(self.jobs)
+                self.dirty.clear()
+                for uid in due:
+                    self.waiting_since.setdefault(uid, now)
+                    if uid in self.running:
+                        self.dirty.add(uid)  # once the running one ends (see _done)
+                    else:
+                        self._start(uid)
+        finally:
+            self.stop_all()
+
+    def _start(self, uid: str) -> None:
+        task = asyncio.create_task(self.one(uid), name=f"reconcile {uid}")
+        self.running[uid] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._done(uid)
+
+        task.add_done_callback(done)
+
+    def _done(self, uid: str) -> None:
+        self.running.pop(uid, None)
+        if uid in self.dirty:
+            self.wake.set()
 
     async def one(self, uid: str) -> None:
         body = self.jobs.get(uid)
@@ -89,6 +142,34 @@ class Resyncer:
                 logger.debug("job %s: %s", uid, stale)
             except StillTerminating as waiting:
                 logger.debug("job %s: %s", uid, waiting)
+            except NO_ANSWER as error:
+                # The API server did not answer in time: not completed, still waiting.
+                metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
+                logger.warning("reconcile of job %s: no answer from the API server: %s", uid, error)
+                return
             except Exception as error:  # one job's trouble must not stop the loop
                 metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
                 logger.exception("reconcile of job %s failed; retrying at the next resync", uid)
+        # Completed, or refused by an answer of the API server (restarting would not help).
+        self.waiting_since.pop(uid, None)
+
+    def health(self, stall_seconds: float) -> dict[str, Any]:
+        """What /healthz reports; raises Stalled when reconciles stopped completing: the loop
+        has not passed, or a job has waited for a completed reconcile, for ``stall_seconds``."""
+        now = time.monotonic()
+        since_pass = now - self.last_pass
+        oldest = max((now - t for t in self.waiting_since.values()), default=0.0)
+        if since_pass > stall_seconds:
+            raise Stalled(f"the resync loop has not run for {since_pass:.0f} s")
+        if oldest > stall_seconds:
+            raise Stalled(
+                f"a job has waited {oldest:.0f} s for a reconcile to complete "
+                f"(limit {stall_seconds:g} s): API calls time out or hang"
+            )
+        return {
+            "leader": self.leading(),
+            "jobs": len(self.jobs),
+            "inFlight": len(self.running),
+            "secondsSincePass": round(since_pass, 1),
+            "longestWaitSeconds": round(oldest, 1),
+        }

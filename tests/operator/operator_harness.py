@@ -40,11 +40,19 @@ class OperatorProcess:
     """``python -m meshrun operator --namespace NS`` with its log in a file."""
 
     def __init__(
-        self, kubeconfig: str, namespace: str, log_dir: Path, extra: list[str] | None = None
+        self,
+        kubeconfig: str,
+        namespace: str,
+        log_dir: Path,
+        extra: list[str] | None = None,
+        flags: list[str] | None = None,
+        name: str = "operator",
     ) -> None:
         self.kubeconfig, self.namespace = kubeconfig, namespace
-        self.log_path = log_dir / f"operator-{namespace}.log"
+        self.log_path = log_dir / f"{name}-{namespace}.log"
         self.extra = extra or []
+        self.flags = FAST_FLAGS if flags is None else flags
+        """The flags before ``extra``: FAST_FLAGS unless a test needs others."""
         self.metrics_port, self.health_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
 
@@ -63,7 +71,7 @@ class OperatorProcess:
                 str(self.metrics_port),
                 "--health-port",
                 str(self.health_port),
-                *FAST_FLAGS,
+                *self.flags,
                 *self.extra,
             ],
             stdout=log,

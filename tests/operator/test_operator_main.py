@@ -46,3 +46,12 @@ def test_kopf_keys_live_under_meshrun_dev() -> None:
     peered = kopf_settings(parse_args(["--peering", "meshrun"]))
     assert not peered.peering.standalone and peered.peering.mandatory
     assert peered.peering.name == "meshrun" and peered.peering.clusterwide
+
+
+def test_kopf_requests_are_bounded_and_only_the_operators_pods_are_watched() -> None:
+    settings = kopf_settings(parse_args(["--api-timeout-seconds", "7"]))
+    assert settings.networking.request_timeout == 7
+    assert settings.networking.connect_timeout == 7
+    assert settings.watching.client_timeout is not None  # a silent watch is ended, too
+    (selector,) = settings.watching.label_selectors.values()
+    assert selector == "meshrun.dev/job-name"  # an existence selector, sent to the API server

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
@@ -51,21 +53,32 @@ def pod0(ip: str | None, phase: str = "Running") -> PodView:
     return PodView(name="job-0", index=0, attempt=0, phase=phase, pod_ip=ip)
 
 
+async def read_once(reader: ProgressReader, pod: PodView) -> dict[str, object] | None:
+    try:
+        return await reader.read(pod)
+    finally:
+        await reader.close()
+
+
 def test_progress_is_read_from_the_endpoint(server: int) -> None:
     reader = ProgressReader(enabled=True, port=server)
-    assert asyncio.run(reader.read(pod0("127.0.0.1"))) == REPORT
+    assert asyncio.run(read_once(reader, pod0("127.0.0.1"))) == REPORT
 
 
 def test_disabled_pending_or_unreachable_pods_give_none(server: int) -> None:
-    assert asyncio.run(ProgressReader(False, port=server).read(pod0("127.0.0.1"))) is None
-    reader = ProgressReader(enabled=True, port=server)
-    assert asyncio.run(reader.read(pod0("127.0.0.1", phase="Pending"))) is None
-    assert asyncio.run(reader.read(pod0(None))) is None
-    refused = ProgressReader(enabled=True, port=free_port(), retry_after=60)
-    assert asyncio.run(refused.read(pod0("127.0.0.1"))) is None
-    # Refused means "not listening yet": the next resync asks again and gets the report.
-    refused.port = server
-    assert asyncio.run(refused.read(pod0("127.0.0.1"))) == REPORT
+    async def scenario() -> None:
+        assert await ProgressReader(False, port=server).read(pod0("127.0.0.1")) is None
+        reader = ProgressReader(enabled=True, port=server)
+        assert await reader.read(pod0("127.0.0.1", phase="Pending")) is None
+        assert await reader.read(pod0(None)) is None
+        refused = ProgressReader(enabled=True, port=free_port(), retry_after=60)
+        assert await refused.read(pod0("127.0.0.1")) is None
+        # Refused means "not listening yet": the next resync asks again and gets the report.
+        refused.port = server
+        assert await refused.read(pod0("127.0.0.1")) == REPORT
+        await refused.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_silent_pod_is_not_asked_again_for_a_while() -> None:
@@ -77,5 +90,54 @@ def test_a_silent_pod_is_not_asked_again_for_a_while() -> None:
         reader = ProgressReader(
             enabled=True, timeout=0.2, retry_after=60, port=int(silent.getsockname()[1])
         )
-        assert asyncio.run(reader.read(pod0("127.0.0.1"))) is None
+        assert asyncio.run(read_once(reader, pod0("127.0.0.1"))) is None
         assert reader._failed_until.get("127.0.0.1", 0) > 0
+
+
+def serve(reply: Callable[[socket.socket], None]) -> tuple[int, threading.Event]:
+    """A one-connection TCP server on 127.0.0.1 that answers with ``reply``; the event is set
+    when the client has gone (the reader gave up)."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    gone = threading.Event()
+
+    def run() -> None:
+        with listener:
+            connection, _ = listener.accept()
+            with connection:
+                connection.recv(4096)
+                with contextlib.suppress(OSError):
+                    reply(connection)
+                gone.set()
+
+    threading.Thread(target=run, daemon=True).start()
+    return int(listener.getsockname()[1]), gone
+
+
+def dribble(connection: socket.socket) -> None:
+    """Headers at once, then one byte of body every 0.1 s, for 30 s: every single read is
+    quick, only the whole is slow."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+    for _ in range(300):
+        connection.sendall(b" ")
+        time.sleep(0.1)
+
+
+def flood(connection: socket.socket) -> None:
+    """A well-formed, endless answer: no Content-Length, bytes as fast as they go."""
+    connection.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n")
+    chunk = b"{" + b" " * 65535
+    while True:
+        connection.sendall(chunk)
+
+
+@pytest.mark.parametrize(("reply", "limit_s"), [(dribble, 1.0), (flood, 5.0)])
+def test_a_trainer_that_dribbles_or_floods_costs_one_bounded_read(
+    reply: Callable[[socket.socket], None], limit_s: float
+) -> None:
+    port, gone = serve(reply)
+    reader = ProgressReader(enabled=True, timeout=0.5, retry_after=60, port=port)
+    started = time.monotonic()
+    assert asyncio.run(read_once(reader, pod0("127.0.0.1"))) is None
+    assert time.monotonic() - started < limit_s
+    assert gone.wait(10), "the reader kept the connection open"
+    assert reader._failed_until.get("127.0.0.1", 0) > time.monotonic()  # not asked again soon

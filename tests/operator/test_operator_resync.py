@@ -1,0 +1,75 @@
+"""The resync loop's scheduling: a slow reconcile delays no other job; /healthz's stall rule."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from meshrun_operator import resync
+from meshrun_operator.context import OperatorContext
+from meshrun_operator.resync import Resyncer, Stalled
+from urllib3.exceptions import ReadTimeoutError
+
+pytestmark = pytest.mark.unit
+
+
+def job(uid: str) -> dict[str, Any]:
+    return {"metadata": {"uid": uid, "name": uid, "namespace": "ns"}}
+
+
+def test_a_hanging_reconcile_delays_no_other_job_and_health_reports_the_stall(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    done: list[str] = []
+    release = asyncio.Event()
+
+    async def reconcile(ctx: Any, body: dict[str, Any], pods: Any, nodes: Any) -> None:
+        if body["metadata"]["uid"] == "slow":
+            await release.wait()
+        done.append(body["metadata"]["uid"])
+
+    monkeypatch.setattr(resync, "reconcile", reconcile)
+
+    async def scenario() -> None:
+        loop = Resyncer(OperatorContext(kube=None, resync_seconds=0.05), None, None)  # type: ignore[arg-type]
+        loop.jobs = {"slow": job("slow"), "quick": job("quick")}
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.3)
+        assert "quick" in done and "slow" not in done  # quick reconciled again and again
+        assert done.count("quick") > 2
+        assert loop.health(stall_seconds=10)["inFlight"] == 1
+        with pytest.raises(Stalled, match="waited"):
+            loop.health(stall_seconds=0.1)
+        release.set()
+        await asyncio.sleep(0.1)
+        assert "slow" in done and loop.health(stall_seconds=0.1)["longestWaitSeconds"] < 0.1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("error", "completes"),
+    [(ReadTimeoutError(None, "/", "read timed out"), False), (ValueError("a bug"), True)],
+)
+def test_only_an_api_server_that_does_not_answer_counts_as_a_stall(
+    error: Exception, completes: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def reconcile(ctx: Any, body: dict[str, Any], pods: Any, nodes: Any) -> None:
+        raise error
+
+    monkeypatch.setattr(resync, "reconcile", reconcile)
+
+    async def scenario() -> None:
+        loop = Resyncer(OperatorContext(kube=None), None, None)  # type: ignore[arg-type]
+        loop.jobs = {"a": job("a")}
+        loop.waiting_since["a"] = 0.0
+        await loop.one("a")
+        # A job whose reconcile keeps failing on an answer (a bug, a 403) does not make the
+        # operator restart; one whose API calls time out does.
+        assert ("a" not in loop.waiting_since) is completes
+
+    asyncio.run(scenario())
