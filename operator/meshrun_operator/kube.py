@@ -252,13 +252,18 @@ class Kube:
                 raise
 
     async def get_custom(
-        self, group: str, version: str, plural: str, name: str
+        self, group: str, version: str, plural: str, name: str, namespace: str | None = None
     ) -> dict[str, Any] | None:
-        """A cluster-scoped custom object (a Kueue ResourceFlavor), or None when it is gone."""
+        """A custom object (a Kueue ResourceFlavor; a LocalQueue with ``namespace``), or None
+        when it does not exist."""
+        custom = self.custom
+        fn, where = (
+            (custom.get_cluster_custom_object, ())
+            if namespace is None
+            else (custom.get_namespaced_custom_object, (namespace,))
+        )
         try:
-            found: Any = await self._call(
-                "get", plural, self.custom.get_cluster_custom_object, group, version, plural, name
-            )
+            found: Any = await self._call("get", plural, fn, group, version, *where, plural, name)
         except ApiException as error:
             if error.status == 404:
                 return None

@@ -89,7 +89,8 @@ def _merge(target: dict[str, str], extra: Mapping[str, str], what: str, pod_set:
         target[key] = str(value)
 
 
-def _add_tolerations(target: list[dict[str, Any]], extra: Sequence[Mapping[str, Any]]) -> None:
+def add_tolerations(target: list[dict[str, Any]], extra: Sequence[Mapping[str, Any]]) -> None:
+    """Append the tolerations of ``extra`` that ``target`` lacks."""
     for toleration in extra:
         if dict(toleration) not in target:
             target.append(dict(toleration))
@@ -122,7 +123,7 @@ def _pod_set_base(
             raise AdmissionError(f"pod set {name}: ResourceFlavor {flavor_name} not found")
         spec = flavor.get("spec") or {}
         _merge(base.node_selector, spec.get("nodeLabels") or {}, "node label", name)
-        _add_tolerations(base.tolerations, spec.get("tolerations") or [])
+        add_tolerations(base.tolerations, spec.get("tolerations") or [])
     for check in (workload.get("status") or {}).get("admissionChecks") or []:
         if check.get("state") != "Ready":
             continue
@@ -131,7 +132,7 @@ def _pod_set_base(
                 _merge(base.labels, update.get("labels") or {}, "label", name)
                 _merge(base.annotations, update.get("annotations") or {}, "annotation", name)
                 _merge(base.node_selector, update.get("nodeSelector") or {}, "node label", name)
-                _add_tolerations(base.tolerations, update.get("tolerations") or [])
+                add_tolerations(base.tolerations, update.get("tolerations") or [])
     return base
 
 
@@ -185,5 +186,5 @@ def apply_admission(pod: Mapping[str, Any], admission: PodAdmission) -> dict[str
     _merge(metadata.setdefault("labels", {}), admission.labels, "label", where)
     _merge(metadata.setdefault("annotations", {}), admission.annotations, "annotation", where)
     _merge(spec.setdefault("nodeSelector", {}), admission.node_selector, "node label", where)
-    _add_tolerations(spec.setdefault("tolerations", []), admission.tolerations)
+    add_tolerations(spec.setdefault("tolerations", []), admission.tolerations)
     return result

@@ -10,6 +10,7 @@ after HOLD_SECONDS.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
@@ -24,7 +25,12 @@ from meshrun_operator.children import JobRef, owner_reference
 from meshrun_operator.context import newest
 from meshrun_operator.evaluation import Evaluation
 from meshrun_operator.kube import ChildRejected, Kube
-from meshrun_operator.kueue_admission import AdmissionError, admit_pods, apply_admission
+from meshrun_operator.kueue_admission import (
+    AdmissionError,
+    add_tolerations,
+    admit_pods,
+    apply_admission,
+)
 from meshrun_operator.kueue_flow import PRIORITY_CLASS_LABEL
 from meshrun_operator.kueue_state import Hold, KueueActions, KueueView, QueueRef
 from meshrun_operator.observe import Observed
@@ -158,6 +164,9 @@ async def create_workload(
         topology=kueue.TopologyRequest(topology_key) if topology_key else None,
     )
     pods = [build_pod(job, settings, plan, i, 0, {}) for i in range(plan.num_nodes)]
+    tolerations = await _queue_tolerations(kube, link, job.namespace, ref.queue)
+    for pod in pods:
+        add_tolerations(pod["spec"].setdefault("tolerations", []), tolerations)
     workload = kueue.build_workload(request, plan, pods, owner_reference(job))
     name = workload["metadata"]["name"]
     try:
@@ -172,6 +181,32 @@ async def create_workload(
         raise KueueHold(Hold(Reason.WORKLOAD_REJECTED, message)) from rejected
     if created:
         link.latest[job.uid] = workload
+
+
+async def _queue_tolerations(
+    kube: Kube, link: KueueLink, namespace: str, queue: str
+) -> list[dict[str, Any]]:
+    """The tolerations of every ResourceFlavor the queue's ClusterQueue may admit with.
+
+    The pods get their flavor's tolerations at admission; the Workload's pod sets must carry
+    them from the start, because Kueue judges a node's taints by the pod sets alone (a
+    tainted node the pod sets do not tolerate counts as unhealthy the moment its pods end,
+    so a whole-gang restart would cost the admission). Nothing when the queue is unknown:
+    Kueue then says so in the Workload's condition.
+    """
+    local = await kube.get_custom(kueue.GROUP, VERSION, "localqueues", queue, namespace)
+    cluster_queue = ((local or {}).get("spec") or {}).get("clusterQueue")
+    if not cluster_queue:
+        return []
+    found = await kube.get_custom(kueue.GROUP, VERSION, "clusterqueues", str(cluster_queue))
+    groups = ((found or {}).get("spec") or {}).get("resourceGroups") or []
+    flavors = sorted({str(f["name"]) for g in groups for f in g.get("flavors") or []})
+    tolerations: list[dict[str, Any]] = []
+    for name in flavors:
+        with contextlib.suppress(LookupError):  # a flavor not created yet admits nothing
+            flavor = await link.flavor(kube, name)
+            add_tolerations(tolerations, (flavor.get("spec") or {}).get("tolerations") or [])
+    return tolerations
 
 
 async def admit(

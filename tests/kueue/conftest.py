@@ -25,6 +25,9 @@ from kueue_support import Kubectl, KueueEnv
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
+# The operator's cluster-test harness (the operator as a subprocess, kubectl helpers) serves the
+# Kueue tests too.
+sys.path.insert(0, str(ROOT / "tests" / "operator"))
 TEST_LABEL = "meshrun.dev/kueue-test"
 # Namespaces of an earlier session that died without its teardown hold Workloads, and with them
 # quota; older than this, they are removed before a new session starts.
