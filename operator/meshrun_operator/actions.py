@@ -17,6 +17,7 @@ from meshrun_operator.context import OperatorContext
 from meshrun_operator.evaluation import Evaluation
 from meshrun_operator.kueue_link import admit, create_workload, patch_status
 from meshrun_operator.lifecycle import Decision
+from meshrun_operator.netpolicy import build_network_policy
 from meshrun_operator.phases import Event
 from meshrun_operator.vocabulary import EventType, Reason
 
@@ -52,6 +53,8 @@ async def _create_children(
     notes: list[Event] = []
     attempt = decision.state.attempt
     await ctx.kube.create(build_service(job))
+    if ctx.network_policy is not None:
+        await ctx.kube.create(build_network_policy(job, ctx.network_policy.operator))
     podgroup = build_podgroup(job, ev.settings)
     if podgroup is not None:
         try:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from meshrun_operator import metrics
 from meshrun_operator.kube import Kube
+from meshrun_operator.netpolicy import PolicyOptions
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
 
@@ -44,6 +45,8 @@ class OperatorContext:
     """Kueue's Workloads and the operator's writes to them; None when run with --no-kueue."""
     node_labels: Any = None
     """kopf's index of node labels (the topology domains status.placement shows), or None."""
+    network_policy: PolicyOptions | None = None
+    """The NetworkPolicy each job gets (netpolicy.py); None: none (--no-network-policy)."""
 
     def forget(self, uid: str) -> None:
         """Drop everything kept about a deleted job."""

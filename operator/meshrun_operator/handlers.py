@@ -15,10 +15,16 @@ from typing import Any
 
 import kopf
 
-from meshrun_operator import names
+from meshrun_operator import metrics, names
 from meshrun_operator.context import OperatorContext, plain
 from meshrun_operator.observe import PodView, node_ready, pod_view
+from meshrun_operator.leader import Elector
 from meshrun_operator.resync import Resyncer, Stalled
+
+
+def always() -> bool:
+    """Without leader election, this operator always acts."""
+    return True
 
 
 class OperatorMemo(kopf.Memo):
@@ -30,6 +36,10 @@ class OperatorMemo(kopf.Memo):
     """The resync loop (set by the startup handler)."""
     task: asyncio.Task[None]
     """The task running the loop."""
+    elector: Elector | None
+    """The leader election (set before kopf starts), or None: this operator always acts."""
+    lead_task: asyncio.Task[None]
+    """The task renewing the lease (with leader election)."""
 
 
 def register(
@@ -78,8 +88,17 @@ def register(
         """Start the resync loop with kopf's live indexes (kopf hands them to startup handlers
         already created, and fills them before any other handler runs)."""
         nodes = kwargs["meshrun_nodes"] if watch_nodes else None
-        memo.resync = Resyncer(memo.ctx, kwargs["meshrun_pods"], nodes)
+        elector: Elector | None = memo.get("elector")
+        leading = elector.leading if elector is not None else always
+        memo.resync = Resyncer(memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading)
         memo.task = asyncio.create_task(memo.resync.run(), name="meshrun-resync")
+        if elector is None:
+            metrics.LEADER.set(1)
+        else:
+            # Every index stays warm on a standby; only its writes are refused.
+            memo.ctx.kube.may_write = elector.leading
+            run = elector.run(memo.resync.leadership_changed)
+            memo.lead_task = asyncio.create_task(run, name="meshrun-lease")
 
     @kopf.on.cleanup(id="stop-resync", registry=registry)
     async def stop_resync(memo: OperatorMemo, **_: Any) -> None:
@@ -89,6 +108,13 @@ def register(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await memo.ctx.progress.close()
+        lead: asyncio.Task[None] | None = memo.get("lead_task")
+        elector: Elector | None = memo.get("elector")
+        if lead is not None and elector is not None:
+            lead.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lead
+            await elector.release()  # a standby takes over at once
 
     @kopf.on.probe(id="resync", registry=registry)
     def resync_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:

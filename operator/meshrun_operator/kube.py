@@ -4,7 +4,7 @@ The kubernetes client is synchronous, so calls run in a dedicated thread pool; a
 created with one ``asyncio.gather`` instead of one after another (Kubeflow #2361: serial pod
 creation made large jobs slow to launch). Every request is counted for /metrics and the scale
 benchmark, and every request has a timeout (``ApiTimeout``): a stuck API server costs a reconcile
-one timeout, never a thread forever.
+one timeout, never a thread forever. While another operator leads (leader.py), no write is sent.
 """
 
 from __future__ import annotations
@@ -14,15 +14,14 @@ import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from kubernetes import client, config
+from kubernetes import client
 from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError
 
 from meshrun_operator import metrics, names
+from meshrun_operator.apiclient import NO_ANSWER, WRITES, ApiTimeout, NotLeader
 from meshrun_operator.conditions import format_time
 
 T = TypeVar("T")
@@ -32,32 +31,13 @@ EVENT_MESSAGE_MAX = 1000
 """Event messages are cut to this length (the API server limits event notes to 1 KiB)."""
 
 CUSTOM_KINDS = {
+    "NetworkPolicy": {"networking.k8s.io/v1": ("networking.k8s.io", "v1", "networkpolicies")},
     "PodGroup": {
         "scheduling.volcano.sh/v1beta1": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
         "scheduling.x-k8s.io/v1alpha1": ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
     },
     "Workload": {"kueue.x-k8s.io/v1beta2": ("kueue.x-k8s.io", "v1beta2", "workloads")},
 }
-
-
-@dataclass(frozen=True)
-class ApiTimeout:
-    """How long one API request may take (the kubernetes client's ``_request_timeout``)."""
-
-    connect: float = 10.0
-    """Seconds to open a connection (TCP and TLS)."""
-    read: float = 30.0
-    """Seconds to wait for the answer (between two reads of it)."""
-
-    @classmethod
-    def of(cls, seconds: float) -> ApiTimeout:
-        """``seconds`` to read, and at most 10 s of it to connect."""
-        return cls(connect=min(10.0, seconds), read=seconds)
-
-
-NO_ANSWER = (HTTPError, OSError)
-"""What a request raises when the API server did not answer (a timeout, a refused or dropped
-connection), as opposed to an ApiException, which is its answer."""
 
 
 class StaleJob(Exception):
@@ -70,18 +50,6 @@ class ChildRejected(Exception):
     def __init__(self, kind: str, name: str, message: str) -> None:
         super().__init__(f"{kind} {name} rejected by the API server: {message}")
         self.kind, self.name, self.message = kind, name, message
-
-
-def load_api_client(workers: int) -> client.ApiClient:
-    """In-cluster config when running in a pod, else KUBECONFIG / ~/.kube/config."""
-    configuration = client.Configuration()
-    try:
-        config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
-    # One HTTP connection per worker thread, or urllib3 discards the surplus connections.
-    configuration.connection_pool_maxsize = workers
-    return client.ApiClient(configuration)
 
 
 def _reason(error: ApiException) -> str:
@@ -103,12 +71,16 @@ class Kube:
         self.custom = client.CustomObjectsApi(api)
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="meshrun-api")
         self.timeout = timeout or ApiTimeout()
+        self.may_write: Callable[[], bool] = lambda: True
+        """False while another operator holds the lease: every write raises NotLeader."""
 
     async def _call(
         self, verb: str, resource: str, fn: Callable[..., T], *args: Any, **kwargs: Any
     ) -> T:
+        if verb in WRITES and not self.may_write():
+            raise NotLeader(f"{verb} {resource} not sent: this operator is not the leader")
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
-        kwargs.setdefault("_request_timeout", (self.timeout.connect, self.timeout.read))
+        kwargs.setdefault("_request_timeout", self.timeout.request)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, lambda: fn(*args, **kwargs))
 

@@ -1,8 +1,9 @@
 """``meshrun operator``: run the kopf operator with explicit settings.
 
-Every kopf setting that matters is set here rather than left to kopf's defaults: peering,
-watch timeouts, and the finalizer, progress and diff-base keys under ``meshrun.dev`` (not
-``kopf.zalando.org``), so that ``kubectl get ptj -o yaml`` shows one vocabulary.
+Every kopf setting that matters is set here rather than left to kopf's defaults: no kopf
+peering (leader election is a Lease of the operator's own, leader.py), watch timeouts, and the
+finalizer, progress and diff-base keys under ``meshrun.dev`` (not ``kopf.zalando.org``), so that
+``kubectl get ptj -o yaml`` shows one vocabulary.
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ import kopf
 from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 
-from meshrun_operator import kueue_watch, names
+from meshrun_operator import kueue_watch, leader, names, netpolicy
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.handlers import OperatorMemo, register
-from meshrun_operator.kube import ApiTimeout, Kube, load_api_client
+from meshrun_operator.apiclient import ApiTimeout, load_api_client
+from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_link import KueueLink
+from meshrun_operator.leader import LeaderOptions
+from meshrun_operator.netpolicy import PolicyOptions
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
 
@@ -38,8 +42,10 @@ class Options:
     """Port of the Prometheus /metrics endpoint (0 disables it)."""
     health_port: int
     """Port of kopf's /healthz liveness endpoint (0 disables it)."""
-    peering: str | None
-    """KopfPeering name for active/standby replicas; None runs standalone."""
+    leader: LeaderOptions | None
+    """Leader election among replicas (a Lease); None: this operator always acts."""
+    network_policy: PolicyOptions | None
+    """The per-job NetworkPolicy; None: none is created."""
     resync_seconds: float
     """Interval of the periodic resync of every job."""
     workers: int
@@ -77,11 +83,6 @@ def parse_args(argv: list[str]) -> Options:
     )
     parser.add_argument(
         "--health-port", type=int, default=8081, help="/healthz port (default 8081, 0 disables)"
-    )
-    parser.add_argument(
-        "--peering",
-        metavar="NAME",
-        help="KopfPeering object for leader election (default: standalone)",
     )
     parser.add_argument(
         "--resync-seconds",
@@ -130,6 +131,8 @@ def parse_args(argv: list[str]) -> Options:
         help="no Kueue Workloads (for RBAC without them); jobs with a queue name then wait",
     )
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+    leader.add_arguments(parser)
+    netpolicy.add_arguments(parser)
     args = parser.parse_args(argv)
     for flag in ("metrics_port", "health_port"):
         value = getattr(args, flag)
@@ -150,7 +153,8 @@ def parse_args(argv: list[str]) -> Options:
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port,
         health_port=args.health_port,
-        peering=args.peering,
+        leader=leader.from_args(args, parser),
+        network_policy=netpolicy.from_args(args, parser),
         resync_seconds=args.resync_seconds,
         workers=args.workers,
         api_timeout_seconds=args.api_timeout_seconds,
@@ -176,10 +180,9 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
         prefix=names.PROGRESS_PREFIX, key=names.DIFFBASE_KEY
     )
-    settings.peering.standalone = options.peering is None
-    settings.peering.name = options.peering or "meshrun"
-    settings.peering.clusterwide = not options.namespaces
-    settings.peering.mandatory = options.peering is not None
+    # kopf's peering pauses the watches of every operator but the one of highest priority, and
+    # lets equal priorities run side by side; the Lease (leader.py) decides who acts instead.
+    settings.peering.standalone = True
     # The API server ends a watch after server_timeout; the client gives it a margin more,
     # so a silently dead connection is noticed within ~5 minutes, not never.
     settings.watching.server_timeout = 270
@@ -225,11 +228,14 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     ctx = OperatorContext(
         kube=Kube(api, options.workers, ApiTimeout.of(options.api_timeout_seconds)),
+        network_policy=options.network_policy,
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
         progress=ProgressReader(enabled=options.progress_http),
         kueue=KueueLink() if options.kueue else None,
     )
+    timeout = ApiTimeout.of(options.api_timeout_seconds)
+    elector = options.leader.elector(api, timeout) if options.leader else None
     registry = kopf.OperatorRegistry()
     register(registry, watch_nodes=options.watch_nodes, stall_seconds=options.stall_seconds)
     kueue_watch.register(registry, with_kueue=options.kueue, watch_nodes=options.watch_nodes)
@@ -241,9 +247,8 @@ def main(argv: list[str] | None = None) -> int:
         settings=kopf_settings(options),
         clusterwide=not options.namespaces,
         namespaces=options.namespaces,
-        standalone=options.peering is None,
-        peering_name=options.peering,
+        standalone=True,
         liveness_endpoint=liveness,
-        memo=OperatorMemo(ctx=ctx),
+        memo=OperatorMemo(ctx=ctx, elector=elector),
     )
     return 0

@@ -28,6 +28,11 @@ API_REQUESTS = Counter(
     ["verb", "resource"],
 )
 
+LEADER = Gauge(
+    "meshrun_operator_leader",
+    "1 while this operator holds the leader lease and acts (always 1 without leader election)",
+)
+
 
 class PhaseBook:
     """The phase of every known job, so the gauge can be recomputed without a list call."""

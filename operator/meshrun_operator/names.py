@@ -58,6 +58,11 @@ def pod_name(job: str, index: int) -> str:
     return f"{job}-{index}"
 
 
+def network_policy_name(job: str) -> str:
+    """The NetworkPolicy that admits only the job's own pods (and the operator on 9400)."""
+    return job
+
+
 def podgroup_name(job: str) -> str:
     """The PodGroup that asks volcano or the coscheduling plugin to gang-schedule the job."""
     return job

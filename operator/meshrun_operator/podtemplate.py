@@ -36,10 +36,13 @@ def trainer_container(template_spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def restricted_security(pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
-    """Pod Security Standards "restricted" defaults, only where the template set none.
+    """Pod Security Standards "restricted" defaults, only where the template set none, and no
+    service account token unless the template asks (``automountServiceAccountToken: true``):
+    a trainer has no business with the API server, and a token in every pod is one to steal.
 
     https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted
     """
+    pod_spec.setdefault("automountServiceAccountToken", False)
     pod_security = pod_spec.setdefault("securityContext", {})
     pod_security.setdefault("runAsNonRoot", True)
     pod_security.setdefault("seccompProfile", {"type": "RuntimeDefault"})

@@ -23,8 +23,9 @@ from typing import Any
 
 from meshrun_operator import metrics
 from meshrun_operator.actions import StillTerminating
+from meshrun_operator.apiclient import NO_ANSWER, NotLeader
 from meshrun_operator.context import OperatorContext
-from meshrun_operator.kube import NO_ANSWER, StaleJob
+from meshrun_operator.kube import StaleJob
 from meshrun_operator.reconcile import reconcile
 
 logger = logging.getLogger("meshrun.operator")
@@ -82,6 +83,14 @@ class Resyncer:
         self.dirty.discard(uid)
         self.waiting_since.pop(uid, None)
         self.ctx.forget(uid)
+
+    def leadership_changed(self, leading: bool) -> None:
+        """Leader: look at every job at once. Standby: stop whatever is in flight."""
+        if leading:
+            self.poke_all()
+        else:
+            self.stop_all()
+            self.wake.set()
 
     def stop_all(self) -> None:
         """Cancel every reconcile in flight (leadership lost, or shutting down)."""
@@ -142,6 +151,9 @@ class Resyncer:
                 logger.debug("job %s: %s", uid, stale)
             except StillTerminating as waiting:
                 logger.debug("job %s: %s", uid, waiting)
+            except NotLeader as standby:
+                # Leadership was lost mid-reconcile: the new leader carries on.
+                logger.info("job %s: %s", uid, standby)
             except NO_ANSWER as error:
                 # The API server did not answer in time: not completed, still waiting.
                 metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()

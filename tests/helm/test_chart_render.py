@@ -28,6 +28,12 @@ def rules_of(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
     return [rule for obj in find(objects, kind) for rule in obj["rules"]]
 
 
+def is_aggregated(role: dict[str, Any]) -> bool:
+    """One of the ClusterRoles for users (aggregated into edit, admin, view), not the operator."""
+    labels = role["metadata"].get("labels") or {}
+    return any(key.startswith("rbac.authorization.k8s.io/aggregate-to-") for key in labels)
+
+
 def deployment(values: dict[str, Any] | None = None) -> dict[str, Any]:
     (found,) = find(render(values), "Deployment")
     return found
@@ -104,12 +110,15 @@ def test_rendered_flags_parse_to_the_values() -> None:
     assert options.watch_nodes is False and options.progress_http is False
     assert options.resync_seconds == 0.5 and options.workers == 8
     assert options.health_port == 9091 and options.metrics_port == 8080
-    assert options.peering is None  # one replica, standalone: Recreate never runs two
+    # Leader election by default: a second replica, or an old pod, never acts with the leader.
+    assert options.leader is not None and options.leader.namespace == "meshrun-system"
+    assert options.network_policy is not None and options.network_policy.operator is not None
+    assert options.network_policy.operator.namespace == "meshrun-system"
 
 
 def test_cluster_wide_mode_binds_the_job_rules_cluster_wide() -> None:
     objects = render()
-    assert find(objects, "Role") == [] and find(objects, "RoleBinding") == []
+    assert find(objects, "Role", "-jobs") == [] and find(objects, "RoleBinding", "-jobs") == []
     (jobs,) = find(objects, "ClusterRole", "-jobs")
     pods = [r for r in jobs["rules"] if r["resources"] == ["pods"]]
     assert pods and set(pods[0]["verbs"]) == {"list", "watch", "get", "create", "delete"}
@@ -118,15 +127,17 @@ def test_cluster_wide_mode_binds_the_job_rules_cluster_wide() -> None:
 
 def test_namespaced_mode_grants_jobs_rules_only_in_listed_namespaces() -> None:
     objects = render(NAMESPACED)
-    roles = find(objects, "Role")
+    roles = find(objects, "Role", "-jobs")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["team-a", "team-b"]
-    bindings = find(objects, "RoleBinding")
+    bindings = find(objects, "RoleBinding", "-jobs")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["team-a", "team-b"]
     for binding in bindings:
         (subject,) = binding["subjects"]
         assert subject["namespace"] == "meshrun-system"
     # What is granted cluster-wide is read-only and on cluster-scoped objects only.
-    cluster_rules = rules_of(objects, "ClusterRole")
+    cluster_rules = [
+        rule for role in find(objects, "ClusterRole", "-cluster") for rule in role["rules"]
+    ]
     assert {res for r in cluster_rules for res in r["resources"]} == {
         "customresourcedefinitions",
         "nodes",
@@ -138,11 +149,16 @@ def test_namespaced_mode_grants_jobs_rules_only_in_listed_namespaces() -> None:
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
 def test_no_rule_reaches_secrets_or_wildcards(values: dict[str, Any]) -> None:
     objects = render(values)
-    for rule in rules_of(objects, "ClusterRole") + rules_of(objects, "Role"):
+    operator_roles = [r for r in find(objects, "ClusterRole") if not is_aggregated(r)]
+    for rule in [rule for role in operator_roles for rule in role["rules"]] + rules_of(
+        objects, "Role"
+    ):
         assert not FORBIDDEN_RESOURCES & set(rule["resources"]), rule
         assert "*" not in rule["apiGroups"], rule
-        finalizers = rule["resources"] == ["paralleltrainingjobs/finalizers"]
-        assert set(rule["verbs"]) <= ({"update"} if finalizers else USED_VERBS), rule
+        # update: the finalizers subresource (owner references) and the leader's own Lease.
+        named_lease = rule["resources"] == ["leases"] and rule.get("resourceNames")
+        updates = rule["resources"] == ["paralleltrainingjobs/finalizers"] or named_lease
+        assert set(rule["verbs"]) <= (USED_VERBS | {"update"} if updates else USED_VERBS), rule
 
 
 def test_optional_permissions_follow_their_values() -> None:
@@ -182,7 +198,8 @@ def test_server_side_dry_run_accepts_every_object(
     expected = {"serviceaccount", "deployment.apps", "service"}
     assert expected <= set(kinds), out
     roles = [k for k in kinds if k.startswith("role.rbac")]
-    assert len(roles) == (2 if mode == "namespaced" else 0), out
+    # The jobs' Role per served namespace, and the leader's in the release namespace.
+    assert len(roles) == (3 if mode == "namespaced" else 1), out
 
 
 def test_kind_e2e_jobs_pass_the_api_servers_validation(

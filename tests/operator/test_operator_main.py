@@ -18,6 +18,9 @@ pytestmark = pytest.mark.unit
         (["--resync-seconds", "0"], "--resync-seconds"),
         (["--workers", "-1"], "--workers"),
         (["--no-such-flag"], "--no-such-flag"),
+        (["--api-timeout-seconds", "0"], "--api-timeout-seconds"),
+        (["--leader-election", "--lease-renew-deadline-seconds", "20"], "--lease-"),
+        (["--operator-labels", "app"], "--operator-labels"),
     ],
 )
 def test_bad_options_exit_2_naming_the_flag(
@@ -42,10 +45,13 @@ def test_kopf_keys_live_under_meshrun_dev() -> None:
     assert settings.persistence.finalizer == "meshrun.dev/finalizer"
     assert isinstance(settings.persistence.progress_storage, kopf.AnnotationsProgressStorage)
     assert settings.persistence.progress_storage.prefix == "meshrun.dev"
-    assert settings.peering.standalone and not settings.peering.clusterwide
-    peered = kopf_settings(parse_args(["--peering", "meshrun"]))
-    assert not peered.peering.standalone and peered.peering.mandatory
-    assert peered.peering.name == "meshrun" and peered.peering.clusterwide
+    # No kopf peering, with or without leader election: the Lease decides who acts.
+    assert settings.peering.standalone
+    elected = parse_args(["--leader-election", "--leader-election-namespace", "ops"])
+    assert kopf_settings(elected).peering.standalone
+    assert elected.leader is not None and elected.leader.namespace == "ops"
+    assert elected.leader.lease == "meshrun-operator"
+    assert parse_args([]).leader is None
 
 
 def test_kopf_requests_are_bounded_and_only_the_operators_pods_are_watched() -> None:

@@ -34,6 +34,13 @@ bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
+{{- if .Values.networkPolicy.enabled }}
+# Tenancy: one NetworkPolicy per job (only its own pods, and the operator on 9400, get in),
+# created once and garbage-collected with the job.
+- apiGroups: [networking.k8s.io]
+  resources: [networkpolicies]
+  verbs: [create]
+{{- end }}
 {{- if .Values.rbac.podGroups }}
 # Gang scheduling: a PodGroup per job for volcano or scheduler-plugins coscheduling.
 - apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
@@ -63,4 +70,16 @@ bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these
   resources: [nodes]
   verbs: [list, watch]
 {{- end }}
+{{- end }}
+
+{{/* Leader election: the Lease in the release namespace (read, created once, renewed). */}}
+{{- define "meshrun.leaderRules" -}}
+# Leader election: only the holder of this Lease acts. create cannot be limited to a name.
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  verbs: [create]
+- apiGroups: [coordination.k8s.io]
+  resources: [leases]
+  resourceNames: [{{ include "meshrun.fullname" . }}]
+  verbs: [get, update]
 {{- end }}
