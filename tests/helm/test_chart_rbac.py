@@ -173,6 +173,11 @@ def test_namespaced_token_cannot_read_secrets_or_touch_other_namespaces(
         ("create", "services", jobs_ns),
         ("create", "events", jobs_ns),
         ("watch", "nodes", None),
+        # Kueue (operator.kueue, the default): the job's Workload and what admits it.
+        ("create", "workloads.kueue.x-k8s.io", jobs_ns),
+        ("patch", "workloads.kueue.x-k8s.io/status", jobs_ns),
+        ("get", "localqueues.kueue.x-k8s.io", jobs_ns),
+        ("get", "resourceflavors.kueue.x-k8s.io", None),
     ]
     denied = [
         ("get", "secrets", jobs_ns),
@@ -192,6 +197,10 @@ def test_namespaced_token_cannot_read_secrets_or_touch_other_namespaces(
         ("delete", "namespaces", None),
         ("delete", "nodes", None),
         ("create", "customresourcedefinitions.apiextensions.k8s.io", None),
+        ("delete", "workloads.kueue.x-k8s.io", jobs_ns),
+        ("create", "workloads.kueue.x-k8s.io", other_ns),
+        ("update", "clusterqueues.kueue.x-k8s.io", None),
+        ("list", "localqueues.kueue.x-k8s.io", None),
     ]
     assert [a for a in allowed if not can_i(kubectl, user, *a)] == []
     assert [d for d in denied if can_i(kubectl, user, *d)] == []

@@ -22,6 +22,8 @@ NAMESPACED = {"watchNamespaces": ["team-a", "team-b"]}
 FORBIDDEN_RESOURCES = {"secrets", "configmaps", "serviceaccounts", "roles", "rolebindings", "*"}
 # No update (the operator patches), no escalate/bind/impersonate, no wildcard.
 USED_VERBS = {"get", "list", "watch", "create", "patch", "delete"}
+# Kueue's cluster-scoped objects the operator reads (operator.kueue, the default).
+KUEUE_CLUSTER_READS = {"clusterqueues", "resourceflavors", "workloadpriorityclasses"}
 
 
 def rules_of(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
@@ -142,8 +144,9 @@ def test_namespaced_mode_grants_jobs_rules_only_in_listed_namespaces() -> None:
         "customresourcedefinitions",
         "nodes",
         "namespaces",
+        *KUEUE_CLUSTER_READS,
     }
-    assert {verb for r in cluster_rules for verb in r["verbs"]} == {"list", "watch"}
+    assert {verb for r in cluster_rules for verb in r["verbs"]} == {"list", "watch", "get"}
 
 
 @pytest.mark.parametrize("values", [{}, NAMESPACED], ids=["cluster-wide", "namespaced"])
@@ -240,3 +243,29 @@ def test_operator_pod_meets_pod_security_restricted(
     weakened = manifest.replace("runAsNonRoot: true", "runAsNonRoot: false")
     bad = kubectl("apply", "--dry-run=server", "-f", "-", input=weakened)
     assert 'would violate PodSecurity "restricted:latest"' in bad.stderr
+
+
+def test_kueue_permissions_and_flag_follow_operator_kueue() -> None:
+    def kueue_grants(objects: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+        return {
+            (kind, resource, verb)
+            for kind in ("ClusterRole", "Role")
+            for rule in rules_of(objects, kind)
+            if "kueue.x-k8s.io" in rule["apiGroups"]
+            for resource in rule["resources"]
+            for verb in rule["verbs"]
+        }
+
+    jobs = {("workloads", "list"), ("workloads", "watch"), ("workloads", "create")}
+    jobs |= {("workloads/status", "patch"), ("localqueues", "get")}
+    expected = {("Role", res, verb) for res, verb in jobs}
+    expected |= {("ClusterRole", res, "get") for res in KUEUE_CLUSTER_READS}
+    assert kueue_grants(render(NAMESPACED)) == expected
+    off = {**NAMESPACED, "operator": {"kueue": False}}
+    assert kueue_grants(render(off)) == set()
+    (on_args, off_args) = (
+        deployment(values)["spec"]["template"]["spec"]["containers"][0]["args"]
+        for values in (NAMESPACED, off)
+    )
+    assert "--no-kueue" in off_args and "--no-kueue" not in on_args
+    assert parse_args(off_args).kueue is False and parse_args(on_args).kueue is True

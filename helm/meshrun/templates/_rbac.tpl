@@ -41,6 +41,20 @@ bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these
   resources: [networkpolicies]
   verbs: [create]
 {{- end }}
+{{- if .Values.operator.kueue }}
+# Kueue: one Workload per job with a queue name, created once (garbage-collected with the
+# job), watched for Kueue's verdict; its status patched (PodsReady, the release after an
+# eviction, Finished); the job's LocalQueue read for the flavors its pods must tolerate.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads]
+  verbs: [list, watch, create]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [workloads/status]
+  verbs: [patch]
+- apiGroups: [kueue.x-k8s.io]
+  resources: [localqueues]
+  verbs: [get]
+{{- end }}
 {{- if .Values.rbac.podGroups }}
 # Gang scheduling: a PodGroup per job for volcano or scheduler-plugins coscheduling.
 - apiGroups: [scheduling.volcano.sh, scheduling.x-k8s.io]
@@ -63,6 +77,13 @@ bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these
 - apiGroups: [""]
   resources: [namespaces]
   verbs: [list, watch]
+{{- end }}
+{{- if .Values.operator.kueue }}
+# Kueue: a job's priority (WorkloadPriorityClass), its queue's flavors (ClusterQueue) and the
+# admitted flavors' node labels and tolerations (ResourceFlavor). Read-only.
+- apiGroups: [kueue.x-k8s.io]
+  resources: [clusterqueues, resourceflavors, workloadpriorityclasses]
+  verbs: [get]
 {{- end }}
 {{- if .Values.operator.watchNodes }}
 # Node health: pods on a NotReady or deleted node are replaced instead of hanging (Kubeflow #2072).
