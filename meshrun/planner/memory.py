@@ -22,8 +22,9 @@ al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the fp32 log
 s*b*V/t and the final norm's tensors, and at the start of backward the fp32 gradients of the
 log-probabilities and of the logits (2*s*b*V/t). Under pipelining ZeRO-3 keeps a stage's parameters
 gathered for the whole step (no all-gather per micro-batch), so its weights count whole, as
-under ZeRO-2. The estimate ignores the CUDA context, allocator fragmentation and ZeRO-3's
-gathered layer.
+under ZeRO-2; otherwise ZeRO-3 adds its largest unit (a block, the embedding or the head, as
+FSDP2 wraps them) gathered whole with its unsharded gradient. The estimate ignores the CUDA
+context and allocator fragmentation.
 """
 
 from __future__ import annotations
@@ -52,10 +53,13 @@ class MemoryEstimate:
     """Activations kept for backward, for the micro-batches in flight."""
     accelerator_bytes: int
     """Memory of one accelerator; 0 when unknown (no fit check)."""
+    gathered: int = 0
+    """ZeRO-3: the largest unit (a block, the embedding or the head) gathered whole while it
+    computes, with its gradient before the reduce-scatter."""
 
     @property
     def total(self) -> int:
-        return self.params + self.grads + self.optimizer + self.activations
+        return self.params + self.grads + self.optimizer + self.activations + self.gathered
 
     @property
     def fits(self) -> bool:
@@ -141,6 +145,10 @@ def estimate_memory(
     # they are gone before full recomputation rebuilds the last layer, so the larger counts.
     head_grads = 2 * 4 * tokens * model.vocab // t
     gathered_stage = layout.pp > 1  # ZeRO-3 does not reshard between micro-batches
+    gathered = 0
+    if layout.zero_stage >= 3 and n > 1 and not gathered_stage:
+        unit = max(model.layer_parameters(), model.vocab * model.hidden + model.hidden)
+        gathered = -(-unit // t) * (weight_b + grad_b)
     best: MemoryEstimate | None = None
     for rank in range(layout.pp):
         count = layers_on[rank] * model.layer_parameters()
@@ -163,7 +171,7 @@ def estimate_memory(
         if rank == layout.pp - 1:
             activations += head_act + max(head_grads - recompute, 0)
         estimate = MemoryEstimate(
-            params, grads, optim, activations, job.resources.accelerator_bytes
+            params, grads, optim, activations, job.resources.accelerator_bytes, gathered
         )
         if best is None or estimate.total > best.total:
             best = estimate

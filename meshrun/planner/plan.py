@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.layout import Layout, Stage
+from meshrun.namerules import check_job_name
 from meshrun.planner.auto import Choice, choose_auto, fit_degrees, search_hybrid
 from meshrun.planner.explain import describe, warn
 from meshrun.planner.layout import explicit_degrees
@@ -69,6 +70,7 @@ class Plan:
                 "grads": m.grads,
                 "optimizer": m.optimizer,
                 "activations": m.activations,
+                "gathered": m.gathered,
                 "total": m.total,
             },
             "acceleratorBytes": m.accelerator_bytes,
@@ -150,6 +152,7 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     when the job cannot be done.
     """
     job = read_spec(spec)
+    check_job_name(name, job.resources.num_nodes)
     check_spec(job)
     choice = _choose(job)
     reasons = [*choice.reasons, *describe(job, choice.strategy, choice.layout)]

@@ -54,7 +54,8 @@ def render(plan: Plan) -> RenderableType:
     memory = Table(
         box=box.SIMPLE_HEAD, title="Memory per accelerator (estimate)", title_justify="left"
     )
-    for column in ("params", "grads", "optimizer", "activations", "total", "limit", "fits"):
+    columns = ("params", "grads", "optimizer", "activations", "gathered", "total", "limit", "fits")
+    for column in columns:
         memory.add_column(column, justify="right")
     limit = gib(mem.accelerator_bytes) if mem.accelerator_bytes else "unchecked"
     memory.add_row(
@@ -62,6 +63,7 @@ def render(plan: Plan) -> RenderableType:
         gib(mem.grads),
         gib(mem.optimizer),
         gib(mem.activations),
+        gib(mem.gathered),
         gib(mem.total),
         limit,
         Text("yes", "green") if mem.fits else Text("NO", "bold red"),

@@ -73,6 +73,7 @@ def test_json_output_has_the_issue_shape(capsys: pytest.CaptureFixture[str]) -> 
         "grads",
         "optimizer",
         "activations",
+        "gathered",
         "total",
     }
     assert data["pods"][1] == {"index": 1, "name": "demo-3d-cpu-1", "ranks": [4, 5, 6, 7]}

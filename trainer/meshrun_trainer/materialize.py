@@ -29,7 +29,8 @@ from typing import Protocol
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 INIT_STD = 0.02
 """GPT-2 / Llama reference initialisation standard deviation."""
@@ -55,9 +56,18 @@ class WeightSource(Protocol):
 
 def local_shard(full: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
     """This rank's part of ``full`` laid out as ``like``: ``full`` itself for a plain tensor,
-    the local shard for a DTensor (sliced here, no communication: every rank has ``full``)."""
+    the local shard for a DTensor (sliced here, no communication: every rank has ``full``).
+
+    Plain Shard/Replicate placements give a box of ``full``, returned as a view (no copy);
+    others (FSDP2 over TP: strided shards) go through distribute_tensor."""
     if not isinstance(like, DTensor):
         return full
+    if all(isinstance(p, Shard | Replicate) for p in like.placements):
+        shape, offset = compute_local_shape_and_global_offset(
+            full.shape, like.device_mesh, like.placements
+        )
+        box = tuple(slice(o, o + n) for o, n in zip(offset, shape, strict=True))
+        return full[box]
     placed = distribute_tensor(full, like.device_mesh, like.placements, src_data_rank=None)
     return placed.to_local()
 
@@ -104,7 +114,8 @@ class SeededInit(FullTensorSource):
         if name.endswith(".bias"):
             return torch.zeros(shape)
         generator = torch.Generator().manual_seed(_name_seed(self.seed, name))
-        return torch.randn(shape, generator=generator) * INIT_STD
+        # In place: one full-size tensor at a time, not randn's and its scaled copy.
+        return torch.empty(shape).normal_(0.0, INIT_STD, generator=generator)
 
 
 def parameter_targets(parts: Iterable[nn.Module]) -> dict[str, torch.Tensor]:

@@ -130,12 +130,16 @@ def apply_tensor_parallel(model: Transformer, mesh: Mesh, loss_parallel: bool = 
 
 
 def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> None:
-    """FSDP2 per transformer block, then the root (embeddings, norm, head).
+    """FSDP2 units: the input embedding, each transformer block, the final norm with the head,
+    then the root (torchtitan's units; a tied embedding and head stay together in the root).
 
-    ZeRO-0 in a hybrid replicates: HSDP on (dp, dp_shard) with dp_shard of size 1. Under
-    pipelining, parameters are not resharded after each micro-batch's forward (torchtitan's
-    default): a stage's blocks would otherwise be gathered again for every micro-batch; the
-    schedule reshards them once, after the last backward of the optimizer step.
+    ZeRO-3 gathers a unit only while it computes, so its peak holds one unit (the embedding, a
+    block or the head) gathered, not the embedding and the head together for the whole step.
+    The head's unit is not resharded after forward: backward needs it at once. ZeRO-0 in a
+    hybrid replicates: HSDP on (dp, dp_shard) with dp_shard of size 1. Under pipelining,
+    parameters are not resharded after each micro-batch's forward (torchtitan's default): a
+    stage's blocks would otherwise be gathered again for every micro-batch; the schedule
+    reshards them once, after the last backward of the optimizer step.
     """
     kind = data_parallel_kind(layout)
     replicate = kind == "hsdp-replicate"
@@ -145,9 +149,21 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
         param_dtype=torch.bfloat16 if bf16 else None,
         reduce_dtype=torch.float32 if bf16 else None,
     )
+
+    def shard(modules: nn.Module | list[nn.Module], reshard_after_forward: bool) -> None:
+        fully_shard(
+            modules, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy
+        )
+
+    separate = not model.shape.tie_embeddings
+    if separate and model.tok_embeddings is not None:
+        shard(model.tok_embeddings, reshard)
     for block in model.layers.values():
-        fully_shard(block, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
-    fully_shard(model, mesh=dp_mesh, reshard_after_forward=reshard, mp_policy=policy)
+        shard(block, reshard)
+    head: list[nn.Module] = [m for m in (model.norm, model.output) if m is not None]
+    if separate and head:
+        shard(head, False)
+    shard(model, reshard)
 
 
 def build_parts(
