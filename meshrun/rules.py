@@ -16,6 +16,7 @@ from __future__ import annotations
 from meshrun.errors import Rule, SpecError
 from meshrun.inputrules import INPUT_RULES, check_inputs_spec
 from meshrun.layout import Layout
+from meshrun.namerules import NAME_RULES, check_queue_name
 from meshrun.presets import ModelShape
 from meshrun.spec import BYTE_VOCAB, JobSpec
 
@@ -122,6 +123,7 @@ ALL_RULES = (
     ROTARY,
     CORPUS_VOCAB,
     *INPUT_RULES,
+    *NAME_RULES,
 )
 """The rules the CRD also states as CEL."""
 
@@ -159,6 +161,7 @@ def check_spec(job: JobSpec) -> None:
         raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
     check_model(job.shape)
     check_inputs_spec(job)
+    check_queue_name(job)
     if t.data is None:
         check_data(job.dataset, job.shape)
 

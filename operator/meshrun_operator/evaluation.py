@@ -11,7 +11,6 @@ from meshrun.inputs import plan_checked
 from meshrun.planner import Plan
 from meshrun.spec import JobSpec
 from meshrun.specread import read_spec
-from meshrun_operator import names
 from meshrun_operator.state import InvalidSpec
 
 
@@ -33,7 +32,6 @@ def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
     """Read and plan a spec; any problem becomes an Evaluation with ``error`` set."""
     try:
         settings = read_spec(spec)
-        names.check_job_name(name, settings.resources.num_nodes)
         plan = plan_checked(settings, name)  # the job's files too, where visible here
     except SpecError as error:
         return Evaluation(spec=spec, error=error)

@@ -6,13 +6,20 @@ key two different ways (dask-kubernetes once built a lock key twice and leaked l
 
 from __future__ import annotations
 
-import re
-
 from meshrun.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from meshrun.envcontract import METRICS_PORT, RENDEZVOUS_PORT
-from meshrun.errors import SpecError
+from meshrun.namerules import pod_name
 
-__all__ = ["API_VERSION", "GROUP", "KIND", "METRICS_PORT", "PLURAL", "RENDEZVOUS_PORT", "VERSION"]
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "KIND",
+    "METRICS_PORT",
+    "PLURAL",
+    "RENDEZVOUS_PORT",
+    "VERSION",
+    "pod_name",
+]
 
 # Labels on every child: which job, which pod, which pipeline stage, which attempt.
 LABEL_JOB = f"{GROUP}/job-name"
@@ -42,20 +49,13 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 
 TRAINER_CONTAINER = "trainer"
 
-# RFC 1123 DNS label: pod hostnames and Service names must match it and fit in 63 characters
-# (https://kubernetes.io/docs/concepts/overview/working-with-objects/names/).
-DNS_LABEL_MAX = 63
-_DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+# Pod names, their hostnames and label values are DNS labels of at most 63 characters; the rules
+# that keep every name derived from a job's name within that are meshrun.namerules'.
 
 
 def service_name(job: str) -> str:
     """The headless Service of a job: its name is the pods' DNS subdomain."""
     return job
-
-
-def pod_name(job: str, index: int) -> str:
-    """Pod ``index`` of a job; the same name in every attempt so DNS stays stable."""
-    return f"{job}-{index}"
 
 
 def network_policy_name(job: str) -> str:
@@ -71,28 +71,6 @@ def podgroup_name(job: str) -> str:
 def master_addr(job: str, namespace: str) -> str:
     """DNS name of pod 0 through the headless Service: ``<pod>.<service>.<namespace>.svc``."""
     return f"{pod_name(job, 0)}.{service_name(job)}.{namespace}.svc"
-
-
-def check_job_name(job: str, num_pods: int) -> None:
-    """Raise SpecError when a child name derived from ``job`` would not be a valid DNS label.
-
-    The pod name doubles as its hostname, so the longest one, ``<job>-<num_pods - 1>``, must
-    fit in 63 characters; the Service name must also start with a letter (RFC 1035).
-    """
-    if not _DNS_1035.match(job):
-        raise SpecError(
-            "metadata.name",
-            f"{job!r} must be a DNS-1035 label (lower-case letters, digits and '-', "
-            "starting with a letter) because it names the job's headless Service",
-        )
-    longest = pod_name(job, max(num_pods - 1, 0))
-    if len(longest) > DNS_LABEL_MAX:
-        limit = DNS_LABEL_MAX - len(str(max(num_pods - 1, 0))) - 1
-        raise SpecError(
-            "metadata.name",
-            f"{job!r} is {len(job)} characters; with {num_pods} pods it must be at most "
-            f"{limit} so the pod hostname {longest[:20]}... fits in {DNS_LABEL_MAX}",
-        )
 
 
 def selector(job: str) -> str:

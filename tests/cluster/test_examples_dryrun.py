@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from meshrun import inputrules, rules
+from meshrun import inputrules, namerules, rules
 from meshrun.api import with_defaults
 from meshrun.errors import SpecError
 from meshrun.planner import plan_job
@@ -175,6 +175,9 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
         {"training": {"dataset": "corpus", "data": {"format": "tokens", "path": "/t.bin"}}},
     ),
     (inputrules.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
+    (namerules.JOB_NAME, {"metadata": {"name": "9lives"}}),
+    (namerules.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
+    (namerules.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),
 ]
 
 
@@ -188,6 +191,9 @@ def test_the_api_server_and_the_planner_refuse_alike(
 ) -> None:
     job = base_job()
     for section, change in changes.items():
+        if section == "metadata":
+            job["metadata"].update(change)
+            continue
         for key, value in change.items():
             if value is None:
                 job["spec"][section].pop(key, None)
@@ -197,7 +203,7 @@ def test_the_api_server_and_the_planner_refuse_alike(
     assert result.returncode != 0, f"the API server accepted {changes}"
     assert rule.message in " ".join(result.stderr.split()), result.stderr
     with pytest.raises(SpecError):
-        plan_job(job["spec"], "refused")
+        plan_job(job["spec"], job["metadata"]["name"])
 
 
 def test_the_issue_example_is_refused_by_the_api_server(kubectl: Kubectl, ns: str) -> None:

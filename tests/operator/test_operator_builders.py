@@ -17,8 +17,6 @@ from meshrun_operator.builders import (
 from meshrun_operator.lifecycle import evaluate
 from operator_factories import make_job
 
-from meshrun.errors import SpecError
-
 pytestmark = pytest.mark.unit
 
 JOB = JobRef(name="job", namespace="ns", uid="uid-1")
@@ -181,15 +179,6 @@ def test_podgroup_only_for_gang_schedulers() -> None:
 )
 def test_compress_ranks(ranks: list[int], text: str) -> None:
     assert compress_ranks(ranks) == text
-
-
-def test_job_names_must_leave_room_for_the_pod_index() -> None:
-    names.check_job_name("a" * 61, 10)  # "a...a-9" is 63 characters
-    with pytest.raises(SpecError) as error:
-        names.check_job_name("a" * 61, 11)  # "a...a-10" is 64
-    assert error.value.field == "metadata.name" and "at most 60" in error.value.rule
-    with pytest.raises(SpecError, match="DNS-1035"):
-        names.check_job_name("9lives", 1)
 
 
 def test_master_addr_is_pod_zero_through_the_headless_service() -> None:
