@@ -70,6 +70,8 @@ class Resources:
     """``nvidia.com/gpu``, or ``cpu`` for CPU-only pods."""
     accelerator_memory_gib: int | None = field(metadata=crd_key("acceleratorMemoryGiB"))
     """Memory of one accelerator for the fit check; None: 80 for GPUs, unchecked for CPUs."""
+    shared_memory_gib: int | None = field(metadata=crd_key("sharedMemoryGiB"))
+    """Size limit of each pod's memory-backed /dev/shm; None: no limit of its own."""
     interconnect: Interconnect
     """The links, which the auto strategy weighs."""
 

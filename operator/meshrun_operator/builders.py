@@ -19,9 +19,11 @@ from meshrun_operator import names
 from meshrun_operator.children import JobRef, child_metadata, pod_ranks, pod_stage
 from meshrun_operator.podtemplate import (
     CHECKPOINT_MOUNT,
+    NCCL_DEFAULTS,
     checkpoint_volume,
     merge_env,
     restricted_security,
+    shared_memory,
     stage_affinity,
     trainer_container,
 )
@@ -129,6 +131,7 @@ def build_pod(
     merge_env(container, env)
     accelerator = settings.resources.accelerator
     if accelerator != CPU:
+        merge_env(container, NCCL_DEFAULTS)  # the template's own NCCL settings win
         resources = container.setdefault("resources", {})
         count = str(settings.resources.num_proc_per_node)
         resources.setdefault("limits", {})[accelerator] = count
@@ -137,6 +140,7 @@ def build_pod(
     if not any(p.get("name") == "metrics" for p in ports):
         ports.append({"name": "metrics", "containerPort": names.METRICS_PORT})
     checkpoint_volume(settings.training.checkpoint.volume, pod_spec, container)
+    shared_memory(pod_spec, container, settings.resources.shared_memory_gib)
     restricted_security(pod_spec, container)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 

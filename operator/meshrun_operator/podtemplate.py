@@ -73,6 +73,36 @@ def stage_affinity(pod_spec: dict[str, Any], job: str, stage: int, topology_key:
     )
 
 
+SHM_VOLUME = "meshrun-shm"
+NCCL_DEFAULTS = {
+    # A failed or timed-out collective tears the process down (the pod fails and the operator
+    # restarts the gang) instead of leaving every rank blocked.
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    # The flight recorder keeps the last collectives of each rank and writes them when the
+    # watchdog times out, next to the checkpoints (so they outlive the pod on a volume):
+    # /checkpoints/nccl-flight-recorder-rank-<rank>, read with torch's fr_trace tool.
+    "TORCH_FR_BUFFER_SIZE": "2000",
+    "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
+    "TORCH_FR_DUMP_TEMP_FILE": f"{CHECKPOINT_MOUNT}/nccl-flight-recorder-rank-",
+}
+"""Variables a GPU pod gets unless its template sets them (docs/operator.md, "NCCL")."""
+
+
+def shared_memory(
+    pod_spec: dict[str, Any], container: dict[str, Any], size_gib: int | None
+) -> None:
+    """A memory-backed emptyDir on /dev/shm (``size_gib`` its limit), unless the template
+    mounts something there itself."""
+    mounts = container.setdefault("volumeMounts", [])
+    if any(m.get("mountPath") == "/dev/shm" for m in mounts):
+        return
+    source: dict[str, Any] = {"medium": "Memory"}
+    if size_gib is not None:
+        source["sizeLimit"] = f"{size_gib}Gi"
+    pod_spec.setdefault("volumes", []).append({"name": SHM_VOLUME, "emptyDir": source})
+    mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
+
+
 def checkpoint_volume(
     claim: str | None, pod_spec: dict[str, Any], container: dict[str, Any]
 ) -> None:
