@@ -91,7 +91,9 @@ def warn(job: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
         warnings.append("spec.strategy.zeroStage has no effect with dataParallel 1.")
     if layout.pp > 1 and layout.zero_stage >= 2:
         warnings.append(
-            "ZeRO-2/3 with pipeline parallelism reduce-scatters gradients every micro-batch."
+            "ZeRO-2/3 with pipeline parallelism keeps each stage's parameters gathered through "
+            "the step (no all-gather per micro-batch), so ZeRO-3 saves no more than ZeRO-2, and "
+            "reduce-scatters gradients once per gradient-accumulation step."
         )
     limit = memory.accelerator_bytes
     if limit and 0.9 * limit < memory.total <= limit:
