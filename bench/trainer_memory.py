@@ -108,8 +108,10 @@ def main() -> None:
             "\n  between forward and backward; peak states = max(params, step params) + grads +"
             "\n  optimizer, compared with the formula. FSDP2 with reshard_after_forward=False"
             "\n  (our ZeRO-2) holds whole parameters only within the step and reshards them after"
-            "\n  backward, so at rest it holds 16psi/N like ZeRO-3. ZeRO-1 optimizer shares differ"
-            "\n  by rank: ZeroRedundancyOptimizer assigns whole tensors to ranks."
+            "\n  backward, so at rest it holds 16psi/N like ZeRO-3. ZeRO-3 keeps the final norm and"
+            "\n  the head (one FSDP unit) gathered from forward to backward, which needs them at"
+            "\n  once (the planner's 'gathered' term). ZeRO-1 optimizer shares differ by rank:"
+            "\n  ZeroRedundancyOptimizer assigns whole tensors to ranks."
         )
     dist.destroy_process_group()
 
