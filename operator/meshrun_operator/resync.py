@@ -10,6 +10,10 @@ finalizer, cleans up after a deletion.
 Each reconcile runs as a task of its own: the loop never waits for one, so a job whose reconcile
 is slow (a trainer's /progress that dribbles, an API call that waits for its timeout) delays
 only itself. A job changing while its reconcile runs is reconciled again once that one ends.
+
+A job that ended (Succeeded or Failed) is left out of the periodic pass: nothing about it
+changes with time but its TTL, so it is looked at (and its spec read and planned) only when it
+or its pods change, when its TTL runs out, or again after a reconcile of it failed.
 """
 
 from __future__ import annotations
@@ -19,14 +23,17 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from meshrun_operator import metrics
 from meshrun_operator.actions import StillTerminating
 from meshrun_operator.apiclient import NO_ANSWER, NotLeader
+from meshrun_operator.conditions import parse_time
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.kube import StaleJob
 from meshrun_operator.reconcile import reconcile
+from meshrun_operator.vocabulary import Phase
 
 logger = logging.getLogger("meshrun.operator")
 
@@ -61,6 +68,8 @@ class Resyncer:
         """The reconcile in flight of each job that has one."""
         self.waiting_since: dict[str, float] = {}
         """When each job became due for a reconcile that has not completed yet (monotonic)."""
+        self.failed: set[str] = set()
+        """Jobs whose last reconcile raised: the periodic pass retries them even if ended."""
         self.wake = asyncio.Event()
         self.limit = asyncio.Semaphore(concurrency)
         self.node_ready: dict[str, bool] = {}
@@ -82,6 +91,7 @@ class Resyncer:
         self.jobs.pop(uid, None)
         self.dirty.discard(uid)
         self.waiting_since.pop(uid, None)
+        self.failed.discard(uid)
         self.ctx.forget(uid)
 
     def leadership_changed(self, leading: bool) -> None:
@@ -112,7 +122,11 @@ class Resyncer:
                     self.stop_all()
                     continue
                 if now - last_full >= self.ctx.resync_seconds:
-                    due, last_full = set(self.jobs), now
+                    wall = datetime.now(UTC)
+                    periodic = {
+                        uid for uid, body in self.jobs.items() if self._periodic(uid, body, wall)
+                    }
+                    due, last_full = periodic | (self.dirty & set(self.jobs)), now
                 else:
                     due = self.dirty & set(self.jobs)
                 self.dirty.clear()
@@ -124,6 +138,19 @@ class Resyncer:
                         self._start(uid)
         finally:
             self.stop_all()
+
+    def _periodic(self, uid: str, body: dict[str, Any], now: datetime) -> bool:
+        """Whether the periodic pass looks at the job: not when it ended, unless its TTL ran
+        out or its last reconcile failed."""
+        status = body.get("status") or {}
+        if status.get("phase") not in (Phase.SUCCEEDED, Phase.FAILED) or uid in self.failed:
+            return True
+        policy = (body.get("spec") or {}).get("runPolicy") or {}
+        ttl = policy.get("ttlSecondsAfterFinished")
+        if not isinstance(ttl, int):
+            return False
+        done = parse_time(status.get("completionTime"))
+        return done is None or now >= done + timedelta(seconds=ttl)
 
     def _start(self, uid: str) -> None:
         task = asyncio.create_task(self.one(uid), name=f"reconcile {uid}")
@@ -158,10 +185,14 @@ class Resyncer:
                 # The API server did not answer in time: not completed, still waiting.
                 metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
                 logger.warning("reconcile of job %s: no answer from the API server: %s", uid, error)
+                self.failed.add(uid)
                 return
             except Exception as error:  # one job's trouble must not stop the loop
                 metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
                 logger.exception("reconcile of job %s failed; retrying at the next resync", uid)
+                self.failed.add(uid)
+            else:
+                self.failed.discard(uid)
         # Completed, or refused by an answer of the API server (restarting would not help).
         self.waiting_since.pop(uid, None)
 

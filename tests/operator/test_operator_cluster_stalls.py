@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import socket
 import threading
 import time
@@ -20,7 +21,7 @@ from pathlib import Path
 import pytest
 from api_proxy import ApiProxy
 from meshrun_operator import names
-from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
+from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
@@ -88,6 +89,12 @@ def health_code(port: int) -> int:
         return 0
 
 
+def reconciles(operator: OperatorProcess) -> float:
+    """Reconciles the operator completed so far."""
+    found = re.search(r"^meshrun_operator_reconcile_seconds_count (\S+)$", operator.metrics(), re.M)
+    return float(found.group(1)) if found else 0.0
+
+
 def one_pod_per_index(cluster: Cluster, job: str, count: int) -> None:
     pods = cluster.live_pods(job)
     assert sorted(p["metadata"]["name"] for p in pods) == [f"{job}-{i}" for i in range(count)]
@@ -153,6 +160,11 @@ def test_a_trainer_whose_progress_dribbles_delays_no_other_job(
             assert status["restarts"] == 0
             one_pod_per_index(cluster, job, 2)
         assert health_code(operator.health_port) == 200
+        # Ended jobs leave the periodic pass: no reconcile (no re-planning) while nothing changes.
+        wait_seconds(1)
+        before = reconciles(operator)
+        wait_seconds(2.5)  # five resync periods
+        assert reconciles(operator) == before
         assert_cleaned_up(cluster, "slow", "quick")
     finally:
         operator.stop()

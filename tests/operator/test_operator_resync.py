@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -73,3 +74,21 @@ def test_only_an_api_server_that_does_not_answer_counts_as_a_stall(
         assert ("a" not in loop.waiting_since) is completes
 
     asyncio.run(scenario())
+
+
+def test_ended_jobs_leave_the_periodic_pass_until_their_ttl_or_a_failed_reconcile() -> None:
+    loop = Resyncer(OperatorContext(kube=None), None, None)  # type: ignore[arg-type]
+    now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+
+    def ended(phase: str, ttl: int | None = None, done: str = "2026-01-01T11:59:00Z") -> Any:
+        body = job("a")
+        body["status"] = {"phase": phase, "completionTime": done}
+        body["spec"] = {"runPolicy": {} if ttl is None else {"ttlSecondsAfterFinished": ttl}}
+        return body
+
+    assert loop._periodic("a", ended("Running"), now)  # deadlines and backoff need the clock
+    assert not loop._periodic("a", ended("Succeeded"), now)  # only events wake it
+    assert not loop._periodic("a", ended("Failed", ttl=120), now)  # TTL not yet run out
+    assert loop._periodic("a", ended("Failed", ttl=60), now)  # ran out: delete it now
+    loop.failed.add("a")
+    assert loop._periodic("a", ended("Succeeded"), now)  # its cleanup failed: try again
