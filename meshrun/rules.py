@@ -17,6 +17,7 @@ from meshrun.errors import Rule, SpecError
 from meshrun.inputrules import INPUT_RULES, check_inputs_spec
 from meshrun.layout import Layout
 from meshrun.namerules import NAME_RULES, check_queue_name
+from meshrun.policyspec import POLICY_RULES, check_policy
 from meshrun.presets import ModelShape
 from meshrun.spec import BYTE_VOCAB, JobSpec
 
@@ -124,6 +125,7 @@ ALL_RULES = (
     CORPUS_VOCAB,
     *INPUT_RULES,
     *NAME_RULES,
+    *POLICY_RULES,
 )
 """The rules the CRD also states as CEL."""
 
@@ -162,6 +164,7 @@ def check_spec(job: JobSpec) -> None:
     check_model(job.shape)
     check_inputs_spec(job)
     check_queue_name(job)
+    check_policy(job.run_policy.pod_failure_policy)
     if t.data is None:
         check_data(job.dataset, job.shape)
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from meshrun.policyspec import PodFailurePolicy
 from meshrun.presets import ModelShape
 from meshrun.userspec import Data, Export, HuggingFace, LRSchedule, Optimizer
 
@@ -211,6 +212,9 @@ class RunPolicy:
     """Which pods to delete when the job finishes: None, Running (unfinished ones) or All."""
     suspend: bool
     """True: no pods exist (Kueue admission or a user pause); False: run."""
+    pod_failure_policy: PodFailurePolicy | None
+    """Which failures fail the job, restart it, or restart it uncounted; None: the built-in
+    table (docs/operator.md)."""
 
 
 @dataclass(frozen=True, kw_only=True)

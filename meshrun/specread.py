@@ -69,15 +69,31 @@ def _value(hint: Any, raw: Any) -> Any:
         return float(raw)  # the schema's "number" also admits 1
     if typing.get_origin(hint) is list and typing.get_args(hint) == (float,) and raw is not None:
         return [float(item) for item in raw]
+    item = list_section(hint)
+    if item is not None:
+        return None if raw is None else [read_section(item, entry) for entry in raw]
     return copy.deepcopy(raw)
 
 
 def optional_section(hint: Any) -> type | None:
     """The dataclass of an optional section (``Data | None``), else None."""
+    if typing.get_origin(hint) is list:
+        return None
     members = [m for m in typing.get_args(hint) if m is not type(None)]
     if len(members) == 1 and isinstance(members[0], type) and dataclasses.is_dataclass(members[0]):
         return members[0]
     return None
+
+
+def list_section(hint: Any) -> type | None:
+    """The dataclass of a list of sections (``list[Rule] | None``), else None."""
+    members = [hint]
+    if typing.get_origin(hint) is not list:
+        members = [m for m in typing.get_args(hint) if m is not type(None)]
+    if len(members) != 1 or typing.get_origin(members[0]) is not list:
+        return None
+    (item,) = typing.get_args(members[0])
+    return item if isinstance(item, type) and dataclasses.is_dataclass(item) else None
 
 
 def resolve_model(model: Model) -> ModelShape:

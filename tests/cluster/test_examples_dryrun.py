@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from meshrun import inputrules, namerules, rules
+from meshrun import inputrules, namerules, policyspec, rules
 from meshrun.api import with_defaults
 from meshrun.errors import SpecError
 from meshrun.planner import plan_job
@@ -178,6 +178,28 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
     (namerules.JOB_NAME, {"metadata": {"name": "9lives"}}),
     (namerules.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
     (namerules.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),
+    (
+        policyspec.ONE_PATTERN,
+        {
+            "runPolicy": {
+                "podFailurePolicy": {
+                    "rules": [{"action": "Ignore", "onReasons": ["X"]}, {"action": "FailJob"}]
+                }
+            }
+        },
+    ),
+    (
+        policyspec.NO_ZERO_IN,
+        {
+            "runPolicy": {
+                "podFailurePolicy": {
+                    "rules": [
+                        {"action": "Ignore", "onExitCodes": {"operator": "In", "values": [0, 3]}}
+                    ]
+                }
+            }
+        },
+    ),
 ]
 
 
@@ -198,7 +220,7 @@ def test_the_api_server_and_the_planner_refuse_alike(
             if value is None:
                 job["spec"][section].pop(key, None)
             else:
-                job["spec"][section][key] = value
+                job["spec"].setdefault(section, {})[key] = value
     result = dry_run(kubectl, ns, job)
     assert result.returncode != 0, f"the API server accepted {changes}"
     assert rule.message in " ".join(result.stderr.split()), result.stderr

@@ -11,7 +11,7 @@ import pytest
 from meshrun import api
 from meshrun.errors import SpecError
 from meshrun.spec import JobSpec
-from meshrun.specread import crd_key_of, optional_section, read_spec
+from meshrun.specread import crd_key_of, list_section, optional_section, read_spec
 
 pytestmark = pytest.mark.unit
 
@@ -36,6 +36,10 @@ def sections(
         if isinstance(section, type):
             sub = schema["properties"][crd_key_of(field)]
             found += sections(section, sub, f"{path}.{crd_key_of(field)}")
+        item = list_section(hint)
+        if item is not None:
+            sub = schema["properties"][crd_key_of(field)]["items"]
+            found += sections(item, sub, f"{path}.{crd_key_of(field)}[]")
     return found
 
 
