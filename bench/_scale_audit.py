@@ -70,13 +70,26 @@ class AuditLog:
 
     def __init__(self, path: Path) -> None:
         self.path = path
+        self.inode = path.stat().st_ino if path.exists() else 0
         self.offset = path.stat().st_size if path.exists() else 0
         self.seen: set[str] = set()
         self.requests: list[Request] = []
 
     def read(self) -> None:
-        """Take in what the API server appended since the last read (whole lines only)."""
-        with self.path.open("rb") as log:
+        """Take in what the API server appended since the last read (whole lines only).
+
+        The API server rotates its audit log at 100 MB (audit-<time>.log beside it): the rest of
+        the rotated file is read first, then the new file from its start.
+        """
+        if self.path.stat().st_ino != self.inode:
+            for rotated in sorted(self.path.parent.glob("audit-*.log")):
+                if rotated.stat().st_ino == self.inode:
+                    self._take(rotated)
+            self.inode, self.offset = self.path.stat().st_ino, 0
+        self._take(self.path)
+
+    def _take(self, path: Path) -> None:
+        with path.open("rb") as log:
             log.seek(self.offset)
             data = log.read()
         end = data.rfind(b"\n") + 1
