@@ -1,11 +1,19 @@
-"""Carrying out a decision's side effects through the API door: deletes, then creates."""
+"""Carrying out a decision's side effects through the API door: deletes, then creates.
+
+Every create and delete is recorded as expected before it is sent (expectations.py), so the
+next pass does not repeat it while the watch has not shown it yet. A name held by someone else's
+child (an earlier job of the same name, an orphan) is never taken for the job's own.
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 from kubernetes.client.exceptions import ApiException
 
 from meshrun.envcontract import pod_env
 from meshrun_operator import metrics, names
+from meshrun_operator.answers import Refused
 from meshrun_operator.builders import (
     CHECKPOINT_MOUNT,
     JobRef,
@@ -18,7 +26,9 @@ from meshrun_operator.evaluation import Evaluation
 from meshrun_operator.kueue_link import admit, create_workload, patch_status
 from meshrun_operator.lifecycle import Decision
 from meshrun_operator.netpolicy import build_network_policy
+from meshrun_operator.observe import Observed, Refusal
 from meshrun_operator.phases import Event
+from meshrun_operator.specedits import Running
 from meshrun_operator.vocabulary import EventType, Reason
 
 
@@ -26,15 +36,36 @@ class StillTerminating(Exception):
     """A pod of the previous attempt still holds a name the new attempt needs: try later."""
 
 
+class CreationRefused(Exception):
+    """The API server refused some of the children (quota, PodSecurity, 5xx): the decision's
+    status is re-decided with the refusal (``Observed.refused``)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"{refusal.reason}: {refusal.message}")
+        self.refusal = refusal
+
+
 async def execute(
-    ctx: OperatorContext, job: JobRef, ev: Evaluation, decision: Decision
+    ctx: OperatorContext,
+    job: JobRef,
+    ev: Evaluation,
+    decision: Decision,
+    observed: Observed | None = None,
 ) -> list[Event]:
-    """Delete, create, delete the job; returns Events about what could not be done as asked."""
+    """Delete, create, delete the job; returns Events about what could not be done as asked.
+
+    Pods are built from ``decision.build`` (the running attempt's plan) when it is set, else
+    from ``ev``; ``observed`` gives the uids of the pods to delete (their expectations).
+    """
     notes: list[Event] = []
     link, kueue = ctx.kueue, decision.kueue  # link: None when run with --no-kueue
-    if decision.delete_pods:
-        await ctx.kube.delete_pods(job.namespace, decision.delete_pods, decision.force_delete)
-        metrics.PODS_DELETED.labels(force=str(decision.force_delete)).inc(len(decision.delete_pods))
+    uids = {p.name: p.uid for p in (*observed.pods, *observed.foreign)} if observed else {}
+    for pods, force in ((decision.delete_pods, False), (decision.force_delete_pods, True)):
+        if pods:
+            ctx.expectations.expect_deletes(job.uid, (uids.get(p, "") for p in pods))
+            await ctx.kube.delete_pods(job.namespace, pods, force, uids)
+            metrics.PODS_DELETED.labels(force=str(force)).inc(len(pods))
+    ev = decision.build or ev
     if link is not None and kueue is not None and kueue.create is not None:
         await create_workload(ctx.kube, link, job, ev, kueue.create)
     if decision.create_pods:
@@ -52,7 +83,7 @@ async def _create_children(
     assert ev.settings is not None and ev.plan is not None
     notes: list[Event] = []
     attempt = decision.state.attempt
-    await ctx.kube.create(build_service(job))
+    await _create_service(ctx, job)
     if ctx.network_policy is not None:
         await ctx.kube.create(build_network_policy(job, ctx.network_policy.operator))
     podgroup = build_podgroup(job, ev.settings)
@@ -84,16 +115,54 @@ async def _create_children(
     if admitted is not None and ctx.kueue is not None:
         # Where Kueue admitted the gang: flavors, topology domains, Kueue's keys.
         pods = await admit(ctx.kube, ctx.kueue, admitted, ev, pods)
-    created = await ctx.kube.create_all(pods)
-    metrics.PODS_CREATED.inc(sum(created))
-    for pod, was_created in zip(pods, created, strict=True):
-        if was_created:
-            continue
-        existing = await ctx.kube.pod_attempt(job.namespace, pod["metadata"]["name"])
-        if existing != attempt:
-            # A pod of the previous attempt still holds the name: wait, and do not record
-            # this attempt as started (the status write is skipped by the exception).
-            raise StillTerminating(
-                f"pod {pod['metadata']['name']} of attempt {existing} is still terminating"
-            )
+    names_sent = [pod["metadata"]["name"] for pod in pods]
+    ctx.expectations.expect_creates(job.uid, attempt, names_sent)
+    results = await ctx.kube.create_all(pods)
+    metrics.PODS_CREATED.inc(sum(1 for r in results if r is True))
+    ctx.attempts[job.uid] = Running(attempt, decision.state.attempt_generation, ev)
+    refused: list[tuple[int, Refused]] = []
+    for index, name, result in zip(decision.create_pods, names_sent, results, strict=True):
+        if isinstance(result, Refused):
+            ctx.expectations.not_created(job.uid, name)
+            refused.append((index, result))
+    for name, result in zip(names_sent, results, strict=True):
+        if result is False:
+            await _name_taken(ctx, job, "Pod", name, attempt)
+    if refused:
+        raise CreationRefused(_refusal(refused))
     return notes
+
+
+def _refusal(refused: Sequence[tuple[int, Refused]]) -> Refusal:
+    first = refused[0][1]
+    return Refusal(tuple(index for index, _ in refused), first.reason, first.message)
+
+
+async def _create_service(ctx: OperatorContext, job: JobRef) -> None:
+    """The headless Service, or the wait until a Service of another owner gives its name up."""
+    try:
+        created = await ctx.kube.create(build_service(job))
+    except Refused as refused:
+        raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
+    if not created:
+        await _name_taken(ctx, job, "Service", names.service_name(job.name), None)
+
+
+async def _name_taken(
+    ctx: OperatorContext, job: JobRef, kind: str, name: str, attempt: int | None
+) -> None:
+    """A create found the name taken: fine when the job's own child of this attempt holds it;
+    an orphan Service is replaced; otherwise wait (StillTerminating) until the holder is gone.
+    The status write is skipped by the exception, so the attempt is not recorded as started."""
+    holder = await ctx.kube.holder(kind, job.namespace, name)
+    ours = holder is not None and holder.controller == job.uid and not holder.deleting
+    if ours and holder is not None and attempt in (None, holder.attempt):
+        return
+    if kind == "Pod":
+        ctx.expectations.not_created(job.uid, name)
+    if holder is None:
+        raise StillTerminating(f"{kind} {name} went away while it was being created")
+    if kind == "Service" and holder.controller is None:
+        await ctx.kube.delete_service(job.namespace, name)
+    whose = "an orphan" if holder.controller is None else f"owner {holder.controller}"
+    raise StillTerminating(f"{kind} {name} ({whose}, attempt {holder.attempt}) holds the name")

@@ -9,10 +9,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from meshrun_operator import metrics
+from meshrun_operator.expectations import Expectations, Tombstones
 from meshrun_operator.kube import Kube
 from meshrun_operator.netpolicy import PolicyOptions
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
+from meshrun_operator.specedits import Running
 
 if TYPE_CHECKING:
     from meshrun_operator.kueue_link import KueueLink
@@ -34,6 +36,12 @@ class OperatorContext:
     """Phase of every job for the jobs-by-phase gauge."""
     locks: dict[str, asyncio.Lock] = field(default_factory=dict)
     """One lock per job uid: two reconciles of one job never overlap."""
+    tombstones: Tombstones = field(default_factory=Tombstones)
+    """The last state of pods deleted since their job's last reconcile (from the watch)."""
+    attempts: dict[str, Running] = field(default_factory=dict)
+    """By uid, the evaluated spec the job's current attempt's pods were built from."""
+    expectations: Expectations = field(init=False)
+    """Creates and deletes sent but not yet seen by the watch (expectations.py)."""
     latest: dict[str, dict[str, Any]] = field(default_factory=dict)
     """The job as our last patch left it, by uid: the watch may deliver a body older than our
     own last write, and deciding on it would undo that write."""
@@ -48,10 +56,16 @@ class OperatorContext:
     network_policy: PolicyOptions | None = None
     """The NetworkPolicy each job gets (netpolicy.py); None: none (--no-network-policy)."""
 
+    def __post_init__(self) -> None:
+        self.expectations = Expectations(self.tuning.expectations_timeout_seconds)
+
     def forget(self, uid: str) -> None:
         """Drop everything kept about a deleted job."""
         self.phases.set(uid, None)
         self.locks.pop(uid, None)
+        self.expectations.forget(uid)
+        self.tombstones.forget(uid)
+        self.attempts.pop(uid, None)
         self.latest.pop(uid, None)
         self.unwritten.pop(uid, None)
         if self.kueue is not None:

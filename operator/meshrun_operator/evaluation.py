@@ -21,7 +21,8 @@ class Evaluation:
     spec: Mapping[str, Any]
     """The spec as the job holds it."""
     settings: JobSpec | None = None
-    """The typed, defaulted spec (meshrun.spec); None when the spec is invalid."""
+    """The typed, defaulted spec (meshrun.spec); None when it cannot be read (it is kept when
+    only a later rule refuses the spec: a running attempt goes on under its policy)."""
     plan: Plan | None = None
     """The planner's layout; None when the spec is invalid."""
     error: SpecError | None = None
@@ -30,20 +31,22 @@ class Evaluation:
 
 def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
     """Read and plan a spec; any problem becomes an Evaluation with ``error`` set."""
+    settings = None
     try:
         settings = read_spec(spec)
         plan = plan_checked(settings, name)  # the job's files too, where visible here
     except SpecError as error:
-        return Evaluation(spec=spec, error=error)
+        return Evaluation(spec=spec, settings=settings, error=error)
     except (ValueError, TypeError, KeyError) as error:
         # A planner bug must not crash the reconcile loop; it surfaces in the Invalid condition.
-        return Evaluation(spec=spec, error=SpecError("spec", f"could not be planned: {error!r}"))
+        failed = SpecError("spec", f"could not be planned: {error!r}")
+        return Evaluation(spec=spec, settings=settings, error=failed)
     return Evaluation(spec=spec, settings=settings, plan=plan)
 
 
 def refused(ev: Evaluation, error: SpecError) -> Evaluation:
     """The same spec, judged invalid by someone after the planner (the API server)."""
-    return Evaluation(spec=ev.spec, error=error)
+    return Evaluation(spec=ev.spec, settings=ev.settings, error=error)
 
 
 def still_refused(ev: Evaluation, known: InvalidSpec | None, generation: object) -> Evaluation:

@@ -1,8 +1,10 @@
 """Failure classification: which pod failures restart the gang and which fail the job at once.
 
 Kubeflow's operator retried permanent errors forever and ignored backoffLimit (#2044, #2045);
-here every failure is either retryable (a restart, counted against backoffLimit) or permanent
-(the job fails immediately with the reason). The table is documented in docs/operator.md.
+here every failure is retryable (a restart, counted against backoffLimit), permanent (the job
+fails immediately with the reason) or ignored (a disruption: the gang restarts without counting
+it). The table is documented in docs/operator.md; spec.runPolicy.podFailurePolicy overrides it
+(failurepolicy.py).
 """
 
 from __future__ import annotations
@@ -10,14 +12,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import Enum
 
+from meshrun_operator import vocabulary as words
 from meshrun_operator.vocabulary import Reason
 
 
 class FailureClass(Enum):
-    """Whether a failure is worth a whole-gang restart."""
+    """Whether a failure is worth a whole-gang restart, and whether the restart counts."""
 
     RETRYABLE = "Retryable"
+    """Restart the gang, counted against backoffLimit (podFailurePolicy action RestartJob)."""
     PERMANENT = "Permanent"
+    """Fail the job at once (FailJob)."""
+    IGNORED = "Ignored"
+    """Restart the gang without counting it (Ignore): disruptions are not failures."""
 
 
 @dataclass(frozen=True)
@@ -32,10 +39,15 @@ class Failure:
     """One sentence for people."""
 
 
-# Pod-level reasons (pod.status.reason) that mean the node or the cluster took the pod away.
-RETRYABLE_POD_REASONS = {
+# Pod-level reasons (pod.status.reason) that mean the cluster took the pod away on purpose:
+# disruptions, not failures of the job.
+DISRUPTION_POD_REASONS = {
     "Evicted": "the kubelet evicted the pod (node pressure)",
     "Preempted": "a higher-priority pod preempted it",
+}
+
+# Pod-level reasons (pod.status.reason) that mean the node took the pod away.
+RETRYABLE_POD_REASONS = {
     "Terminated": "the node shut down",
     "Shutdown": "the node shut down",
     "NodeLost": "its node stopped reporting",
@@ -78,6 +90,8 @@ def classify(
     Order matters: the pod-level reason (eviction) beats the exit code the eviction caused,
     and OOMKilled is retryable even though its 137 would be anyway.
     """
+    if pod_reason in DISRUPTION_POD_REASONS:
+        return Failure(FailureClass.IGNORED, pod_reason, DISRUPTION_POD_REASONS[pod_reason])
     if pod_reason in RETRYABLE_POD_REASONS:
         return Failure(FailureClass.RETRYABLE, pod_reason, RETRYABLE_POD_REASONS[pod_reason])
     if container_reason == "OOMKilled":
@@ -110,8 +124,52 @@ def classify(
     )
 
 
-def node_lost(node: str, ready: bool | None) -> Failure:
-    """A pod whose node is NotReady (``ready`` False) or gone (``ready`` None)."""
-    state = "was deleted" if ready is None else "is NotReady"
+def node_lost(node: str, ready: bool | None, seconds: float = 0) -> Failure:
+    """A pod whose node is NotReady (``ready`` False) for ``seconds`` or gone (``ready`` None)."""
+    state = "was deleted" if ready is None else f"has been NotReady for {seconds:.0f}s"
     message = Reason.NODE_LOST.message(node=node, state=state)
     return Failure(FailureClass.RETRYABLE, Reason.NODE_LOST, message)
+
+
+def disruption(reason: str, message: str) -> Failure:
+    """A restart that is not the job's fault (a preemption, an eviction, a drain, a queue
+    taking its quota back): the gang restarts and backoffLimit is not charged.
+
+    ``Draft.failure(disruption(...), None, settings, current)`` restarts a gang this way.
+    """
+    return Failure(FailureClass.IGNORED, reason, message)
+
+
+def deleted(target: str | None) -> Failure:
+    """A pod of the running attempt deleted by someone else: a disruption when the pod was a
+    disruption target (``target``: its DisruptionTarget reason), else PodDeleted (counted)."""
+    if target is not None:
+        return disruption(Reason.DISRUPTED, Reason.DISRUPTED.message(why=target))
+    return Failure(FailureClass.RETRYABLE, Reason.POD_DELETED, words.DELETED_BY_SOMEONE)
+
+
+# Waiting reasons of a container that will not start without a change (an image that cannot be
+# pulled, a missing Secret or ConfigMap, runAsNonRoot with a root image, ...).
+CANNOT_START = frozenset(
+    {
+        "ErrImagePull",
+        "ImagePullBackOff",
+        "ErrImageNeverPull",
+        "InvalidImageName",
+        "RegistryUnavailable",
+        "SignatureValidationFailed",
+        "CreateContainerConfigError",
+        "CreateContainerError",
+        "PreStartHookError",
+        "RunContainerError",
+    }
+)
+HOPELESS = frozenset({"InvalidImageName"})
+"""Waiting reasons no wait can cure: given up at once."""
+
+
+def cannot_start(reason: str, message: str, seconds: float) -> Failure:
+    """A pod whose container has waited ``seconds`` in a reason of CANNOT_START: permanent
+    unless spec.runPolicy.podFailurePolicy says otherwise (a restart pulls the same image)."""
+    text = words.CANNOT_START.format(why=message, seconds=f"{seconds:.0f}")
+    return Failure(FailureClass.PERMANENT, reason, text)

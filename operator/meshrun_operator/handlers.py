@@ -17,8 +17,8 @@ import kopf
 
 from meshrun_operator import metrics, names
 from meshrun_operator.context import OperatorContext, plain
-from meshrun_operator.observe import PodView, node_ready, pod_view
 from meshrun_operator.leader import Elector
+from meshrun_operator.observe import NodeView, PodView, node_ready, node_view, pod_view
 from meshrun_operator.resync import Resyncer, Stalled
 
 
@@ -65,8 +65,8 @@ def register(
     if watch_nodes:
 
         @kopf.index("v1", "nodes", id="meshrun_nodes", registry=registry)
-        def meshrun_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, bool]:
-            return {str(name): node_ready(plain(body))}
+        def meshrun_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeView]:
+            return {str(name): node_view(plain(body))}
 
         @kopf.on.event("v1", "nodes", id="node-changed", registry=registry)
         async def node_changed(
@@ -132,7 +132,12 @@ def register(
     @kopf.on.event(
         "v1", "pods", id="pod-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
     )
-    async def pod_changed(memo: OperatorMemo, body: kopf.Body, **_: Any) -> None:
+    async def pod_changed(memo: OperatorMemo, body: kopf.Body, type: str, **_: Any) -> None:
+        if type == "DELETED":
+            # The pods index forgets a deleted pod; its last state decides what its deletion
+            # meant (a DisruptionTarget makes it a disruption, not a failure).
+            memo.resync.poke(memo.ctx.tombstones.record(plain(body)))
+            return
         owners = body.get("metadata", {}).get("ownerReferences") or []
         memo.resync.poke(next((o.get("uid") for o in owners if o.get("controller")), None))
 

@@ -21,6 +21,7 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
 from meshrun_operator import metrics, names
+from meshrun_operator.answers import ChildRejected, Holder, Refused
 from meshrun_operator.apiclient import NO_ANSWER, WRITES, ApiTimeout, NotLeader
 from meshrun_operator.conditions import format_time
 
@@ -42,14 +43,6 @@ CUSTOM_KINDS = {
 
 class StaleJob(Exception):
     """A patch lost the race with another write to the job (optimistic concurrency)."""
-
-
-class ChildRejected(Exception):
-    """The API server refused a child object as invalid (HTTP 400/422): the spec is at fault."""
-
-    def __init__(self, kind: str, name: str, message: str) -> None:
-        super().__init__(f"{kind} {name} rejected by the API server: {message}")
-        self.kind, self.name, self.message = kind, name, message
 
 
 def _reason(error: ApiException) -> str:
@@ -110,41 +103,70 @@ class Kube:
                 return False
             if error.status in (400, 422):
                 raise ChildRejected(kind, name, _reason(error)) from error
+            if error.status in (403, 429) or (error.status or 0) >= 500:
+                raise Refused(kind, name, int(error.status), _reason(error)) from error
             raise
         return True
 
-    async def create_all(self, objs: Iterable[Mapping[str, Any]]) -> list[bool]:
-        """Create many objects concurrently; the first error is raised after all finished."""
+    async def create_all(self, objs: Iterable[Mapping[str, Any]]) -> list[bool | Refused]:
+        """Create many objects concurrently: True (created), False (the name exists) or the
+        Refused of each; any other error is raised once all finished."""
         results = await asyncio.gather(*(self.create(o) for o in objs), return_exceptions=True)
         for result in results:
-            if isinstance(result, BaseException):
+            if isinstance(result, BaseException) and not isinstance(result, Refused):
                 raise result
-        return [bool(r) for r in results]
+        return [r if isinstance(r, Refused) else bool(r) for r in results]
 
-    async def pod_attempt(self, namespace: str, name: str) -> int | None:
-        """The attempt label of an existing pod (None when it is gone)."""
+    async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
+        """Who holds the name of a Pod or Service that already exists (None when it is gone)."""
+        read = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_service
         try:
-            pod = await self._call("get", "pods", self.core.read_namespaced_pod, name, namespace)
+            found: Any = await self._call("get", f"{kind.lower()}s", read, name, namespace)
         except ApiException as error:
             if error.status == 404:
                 return None
             raise
-        labels = (pod.metadata.labels if pod.metadata else None) or {}
-        return int(labels.get(names.LABEL_ATTEMPT, "-1"))
+        meta = found.metadata
+        owners = (meta.owner_references if meta else None) or []
+        controller = next((o.uid for o in owners if o.controller), None)
+        labels = (meta.labels if meta else None) or {}
+        attempt = int(labels.get(names.LABEL_ATTEMPT, "-1"))
+        return Holder(controller, attempt, bool(meta and meta.deletion_timestamp))
 
-    async def delete_pods(self, namespace: str, pods: Iterable[str], force: bool) -> None:
-        """Delete pods concurrently; grace period 0 when ``force`` (their node is gone)."""
-        body = client.V1DeleteOptions(
-            grace_period_seconds=0 if force else None, propagation_policy="Background"
-        )
+    async def delete_service(self, namespace: str, name: str) -> None:
+        """Delete a Service (an orphan that holds the name of the job's own)."""
+        try:
+            await self._call(
+                "delete", "services", self.core.delete_namespaced_service, name, namespace
+            )
+        except ApiException as error:
+            if error.status != 404:
+                raise
+
+    async def delete_pods(
+        self,
+        namespace: str,
+        pods: Iterable[str],
+        force: bool,
+        uids: Mapping[str, str] | None = None,
+    ) -> None:
+        """Delete pods concurrently; grace period 0 when ``force`` (their node is gone). With
+        the pod's uid in ``uids`` the delete is preconditioned on it, so a newer pod that took
+        the name meanwhile is never deleted in its place (409: nothing to do)."""
 
         async def one(name: str) -> None:
+            uid = (uids or {}).get(name)
+            body = client.V1DeleteOptions(
+                grace_period_seconds=0 if force else None,
+                propagation_policy="Background",
+                preconditions=client.V1Preconditions(uid=uid) if uid else None,
+            )
             try:
                 await self._call(
                     "delete", "pods", self.core.delete_namespaced_pod, name, namespace, body=body
                 )
             except ApiException as error:
-                if error.status != 404:
+                if error.status not in (404, 409):
                     raise
 
         await asyncio.gather(*(one(p) for p in pods))

@@ -20,11 +20,12 @@ from typing import Any
 from kubernetes.client.exceptions import ApiException
 
 from meshrun_operator import kueue, names
+from meshrun_operator.answers import ChildRejected
 from meshrun_operator.builders import build_pod
 from meshrun_operator.children import JobRef, owner_reference
 from meshrun_operator.context import newest
 from meshrun_operator.evaluation import Evaluation
-from meshrun_operator.kube import ChildRejected, Kube
+from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_admission import (
     AdmissionError,
     add_tolerations,

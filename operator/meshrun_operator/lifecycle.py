@@ -13,18 +13,18 @@ so two gangs never hold GPUs at once and the stable pod names (DNS) never clash.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from meshrun.errors import SpecError
 from meshrun.planner import Plan
 from meshrun.spec import JobSpec
-from meshrun_operator import kueue_flow, names
+from meshrun_operator import creation, kueue_flow, specedits, troubles
 from meshrun_operator import vocabulary as words
-from meshrun_operator.conditions import format_time
 from meshrun_operator.evaluation import Evaluation, evaluate, still_refused
-from meshrun_operator.failures import Failure, FailureClass, classify, node_lost
+from meshrun_operator.failurepolicy import judge
+from meshrun_operator.failures import Failure, FailureClass
 from meshrun_operator.kueue_state import KueueActions, QueueRef
 from meshrun_operator.observe import Observed, PodView
 from meshrun_operator.phases import Draft, Event, Tuning
@@ -52,15 +52,18 @@ class Decision:
     create_pods: tuple[int, ...] = ()
     """Pod indices to create for ``state.attempt`` (with the Service and PodGroup)."""
     delete_pods: tuple[str, ...] = ()
-    """Pod names to delete."""
-    force_delete: bool = False
-    """Delete with grace period 0 (pods on a lost node never confirm a graceful delete)."""
+    """Pod names to delete gracefully."""
+    force_delete_pods: tuple[str, ...] = ()
+    """Pod names to delete with grace period 0 (on a lost node no kubelet confirms a graceful
+    delete)."""
     delete_job: bool = False
     """ttlSecondsAfterFinished has passed: delete the job itself."""
     events: tuple[Event, ...] = ()
     """Kubernetes Events to post on the job."""
     invalid: bool = False
     """The spec is invalid: no pods, the Invalid condition names the field."""
+    build: Evaluation | None = None
+    """The evaluated spec the attempt's pods are built from (the attempt's, while it runs)."""
     kueue: KueueActions | None = None
     """The job's Kueue Workload: create it, place the new pods by its admission, patch it."""
 
@@ -71,8 +74,10 @@ def decide(
     now: datetime,
     tuning: Tuning | None = None,
     evaluation: Evaluation | None = None,
+    running: specedits.Running | None = None,
 ) -> Decision:
-    """Everything the operator should do about ``job`` given what it observes at ``now``."""
+    """Everything the operator should do about ``job`` given what it observes at ``now``;
+    ``running``: the evaluated spec the current attempt's pods were built from, if known."""
     metadata = job.get("metadata") or {}
     name = str(metadata.get("name", ""))
     generation = metadata.get("generation")
@@ -80,27 +85,34 @@ def decide(
     state = JobState.from_job(job)
     draft = Draft(job.get("status") or {}, state, now, tuning or Tuning(), name)
     draft.derived["observedGeneration"] = generation
-    ev = still_refused(ev, state.invalid_spec, generation)
-    if ev.error is not None or ev.settings is None or ev.plan is None:
-        error = ev.error or SpecError("spec", "could not be evaluated")
-        known = generation if isinstance(generation, int) else None
-        draft.invalid(error, known, observed.pods)
+    current = still_refused(ev, state.invalid_spec, generation)
+    draft.generation = known = generation if isinstance(generation, int) else None
+    ev = specedits.choose(draft, current, running, observed)
+    if ev.error is not None or ev.settings is None:
+        draft.invalid(ev.error or SpecError("spec", "could not be evaluated"), known, observed.pods)
     else:
-        summary = ev.plan.status_summary()
-        draft.derived["plan"] = summary
-        # Printer columns (kubectl get ptj) read these top-level copies.
-        draft.derived.update(
-            strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
-        )
+        if ev.plan is not None:
+            summary = ev.plan.status_summary()
+            draft.derived["plan"] = summary
+            # Printer columns (kubectl get ptj) read these top-level copies.
+            draft.derived.update(
+                strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
+            )
         _run(draft, ev.settings, ev.plan, observed, kueue_flow.queue_of(ev.settings, metadata))
+        if ev.plan is None and draft.create:
+            # The running attempt's pods cannot be rebuilt under a spec that is refused.
+            draft.create.clear()
+            draft.invalid(current.error or SpecError("spec", "no plan"), known, observed.pods)
     kueue_flow.report(draft, observed)
     draft.announce_phase()
+    force = troubles.force_deletes(observed, draft.delete, draft.tuning, draft.now)
     return Decision(
         status=draft.status(),
         state=draft.state,
         create_pods=tuple(draft.create),
-        delete_pods=tuple(dict.fromkeys(draft.delete)),
-        force_delete=draft.force,
+        delete_pods=tuple(n for n in dict.fromkeys(draft.delete) if n not in force),
+        force_delete_pods=tuple(sorted(force)),
+        build=ev if ev.plan is not None else None,
         delete_job=draft.delete_job,
         events=tuple(draft.events),
         invalid=draft.is_invalid,
@@ -109,13 +121,19 @@ def decide(
 
 
 def _run(
-    draft: Draft, settings: JobSpec, plan: Plan, observed: Observed, queue: QueueRef | None
+    draft: Draft,
+    settings: JobSpec,
+    plan: Plan | None,
+    observed: Observed,
+    queue: QueueRef | None,
 ) -> None:
     state, now = draft.state, draft.now
     draft.revalidated()
     current = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
-    stale = [p for p in observed.pods if p.attempt != draft.attempt or p.deleting]
-    draft.derived["placement"] = placement(plan, current, observed.domains)
+    # Pods of the attempt that someone else deletes end the attempt (troubles.first_failure).
+    stale = [p for p in observed.pods if p.attempt != draft.attempt]
+    if plan is not None:  # else the attempt's placement, as the status has it
+        draft.derived["placement"] = placement(plan, current, observed.domains)
     policy = settings.run_policy
 
     if draft.old_phase is not None and draft.old_phase.finished:
@@ -139,11 +157,12 @@ def _run(
         return
     if current and state.attempt_start_time is None:
         draft.pods_seen()
-    if state.next_attempt_time is not None and now < state.next_attempt_time:
-        draft.waiting(words.BACKING_OFF.format(until=format_time(state.next_attempt_time)))
-        return
 
-    found = _first_failure(current, observed.nodes)
+    failures = settings.run_policy.pod_failure_policy
+    start = state.attempt_start_time
+    found = troubles.first_failure(
+        draft.attempt, current, observed, failures, draft.tuning, now, start
+    )
     if found is not None:
         draft.failure(found[0], found[1], settings, current)
         return
@@ -155,7 +174,7 @@ def _run(
             draft.derived["progress"] = {**(draft.derived.get("progress") or {}), **final}
         draft.succeed(policy, current)
         return
-    if _create_or_wait(draft, settings, current):
+    if creation.create_or_wait(draft, settings, current, observed):
         return
     reported = observed.progress
     if reported is None and pod0 is not None:
@@ -164,45 +183,6 @@ def _run(
         draft.derived["progress"] = progress_status(reported)
         state.last_step_change = step_change(state.last_step_change, reported, draft.attempt, now)
     _schedule_and_run(draft, settings, current)
-
-
-def _first_failure(
-    current: list[PodView], nodes: Mapping[str, bool] | None
-) -> tuple[Failure, PodView] | None:
-    """The first lost or failed pod of the attempt (node loss first: it needs a force delete)."""
-    finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
-    if nodes is not None:
-        for pod in current:
-            if pod.node and pod.phase not in finished and not nodes.get(pod.node, False):
-                return node_lost(pod.node, nodes.get(pod.node)), pod
-    for pod in sorted(current, key=lambda p: p.index):
-        if pod.phase == PodPhase.FAILED:
-            failure = classify(pod.exit_code, pod.container_reason, pod.pod_reason)
-            error = (pod.summary or {}).get("error")
-            if isinstance(error, str) and error:
-                # The trainer's own last words (termination message) say more than an exit code.
-                failure = replace(failure, message=f"{failure.message}; trainer: {error[:300]}")
-            return failure, pod
-    return None
-
-
-def _create_or_wait(draft: Draft, settings: JobSpec, current: list[PodView]) -> bool:
-    """Create the attempt's missing pods, or notice pods that vanished; True when handled."""
-    present = {p.index for p in current}
-    missing = [i for i in range(settings.resources.num_nodes) if i not in present]
-    if not missing:
-        return False
-    attempt_start = draft.state.attempt_start_time
-    if attempt_start is None:
-        draft.creating(missing)
-        return True
-    if draft.now - attempt_start > timedelta(seconds=draft.tuning.missing_pod_grace_seconds):
-        message = Reason.POD_DELETED.message(pod=names.pod_name(draft.name, missing[0]))
-        vanished = Failure(FailureClass.RETRYABLE, Reason.POD_DELETED, message)
-        draft.failure(vanished, None, settings, current)
-        return True
-    draft.waiting(words.WAITING_FOR_NEW_PODS.format(count=len(missing)))
-    return True
 
 
 def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -> None:
@@ -244,4 +224,5 @@ def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -
         step = seen.step if seen is not None and seen.attempt == draft.attempt else None
         message = Reason.PROGRESS_DEADLINE_EXCEEDED.message(deadline=deadline, step=step)
         hang = Failure(FailureClass.RETRYABLE, Reason.PROGRESS_DEADLINE_EXCEEDED, message)
-        draft.failure(hang, None, settings, current)
+        judged = judge(hang, None, settings.run_policy.pod_failure_policy)
+        draft.failure(judged, None, settings, current)

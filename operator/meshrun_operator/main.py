@@ -18,9 +18,9 @@ from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 
 from meshrun_operator import kueue_watch, leader, names, netpolicy
+from meshrun_operator.apiclient import ApiTimeout, load_api_client
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.handlers import OperatorMemo, register
-from meshrun_operator.apiclient import ApiTimeout, load_api_client
 from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_link import KueueLink
 from meshrun_operator.leader import LeaderOptions
@@ -102,6 +102,27 @@ def parse_args(argv: list[str]) -> Options:
         default=300.0,
         help="longest restart delay (default 300)",
     )
+    parser.add_argument(
+        "--node-toleration-seconds",
+        type=float,
+        default=300.0,
+        help="how long a node may be NotReady before its pods are given up (default 300, "
+        "Kubernetes' not-ready toleration)",
+    )
+    parser.add_argument(
+        "--start-failure-seconds",
+        type=float,
+        default=120.0,
+        help="how long a container may wait in ErrImagePull, CreateContainerConfigError and "
+        "the like before its pod counts as failed (default 120)",
+    )
+    parser.add_argument(
+        "--expectations-timeout-seconds",
+        type=float,
+        default=60.0,
+        help="how long a create or delete may stay unseen by the watch before it counts as "
+        "lost (default 60)",
+    )
     parser.add_argument("--workers", type=int, default=32, help="concurrent API calls (default 32)")
     parser.add_argument(
         "--api-timeout-seconds",
@@ -142,6 +163,9 @@ def parse_args(argv: list[str]) -> Options:
         "resync_seconds",
         "backoff_base_seconds",
         "backoff_max_seconds",
+        "node_toleration_seconds",
+        "start_failure_seconds",
+        "expectations_timeout_seconds",
         "workers",
         "api_timeout_seconds",
         "stall_seconds",
@@ -162,6 +186,9 @@ def parse_args(argv: list[str]) -> Options:
         tuning=Tuning(
             backoff_base_seconds=args.backoff_base_seconds,
             backoff_max_seconds=args.backoff_max_seconds,
+            node_toleration_seconds=args.node_toleration_seconds,
+            start_failure_seconds=args.start_failure_seconds,
+            expectations_timeout_seconds=args.expectations_timeout_seconds,
         ),
         watch_nodes=not args.no_watch_nodes,
         progress_http=not args.no_progress_http,

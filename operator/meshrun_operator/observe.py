@@ -9,9 +9,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from meshrun_operator import names
+from meshrun_operator.conditions import parse_time
 from meshrun_operator.kueue_state import KueueView
 from meshrun_operator.vocabulary import PodPhase
 
@@ -59,6 +61,20 @@ class PodView:
     owner_uid: str | None = None
     """uid of the controlling owner (a job deleted and re-created under the same name has a
     new uid, and its predecessor's pods must not count)."""
+    uid: str = ""
+    """metadata.uid (deletions are expected and remembered by it)."""
+    started_at: datetime | None = None
+    """status.startTime: when the kubelet took the pod on."""
+    waiting: tuple[str, str] | None = None
+    """(reason, message) of the first container waiting for another reason than being
+    created (ErrImagePull, CreateContainerConfigError, ...)."""
+    conditions: tuple[tuple[str, str], ...] = ()
+    """(type, status) of the pod's conditions."""
+    disruption: str | None = None
+    """Why the pod is a disruption target (its DisruptionTarget condition is True): the
+    condition's reason and message (PreemptionByScheduler, EvictionByEvictionAPI, ...)."""
+    exit_codes: tuple[tuple[str, int], ...] = ()
+    """(container, exit code) of every terminated container, init containers first."""
 
 
 def parse_progress(text: str | None) -> dict[str, Any] | None:
@@ -109,12 +125,48 @@ def _trainer_terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
     return terminated if isinstance(terminated, Mapping) else None
 
 
+# Waiting reasons of a container that is merely on its way (not stuck).
+STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def _containers(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _waiting(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    for container in _containers(status):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason and reason not in STARTING:
+            message = f"container {container.get('name')}: {waiting.get('message') or reason}"
+            return str(reason), message
+    return None
+
+
+def _exit_codes(status: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    codes = []
+    for container in _containers(status):
+        code = ((container.get("state") or {}).get("terminated") or {}).get("exitCode")
+        if isinstance(code, int):
+            codes.append((str(container.get("name")), code))
+    return tuple(codes)
+
+
+def _disruption(conditions: list[Mapping[str, Any]]) -> str | None:
+    for condition in conditions:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            reason = condition.get("reason") or "DisruptionTarget"
+            return f"{reason}: {condition.get('message')}" if condition.get("message") else reason
+    return None
+
+
 def pod_view(body: Mapping[str, Any]) -> PodView:
     """Reduce a pod object (as the API server returns it) to a PodView."""
     metadata = body.get("metadata") or {}
     labels = metadata.get("labels") or {}
     status = body.get("status") or {}
     terminated = _trainer_terminated(status)
+    conditions = status.get("conditions") or []
     exit_code = terminated.get("exitCode") if terminated else None
     annotations = metadata.get("annotations") or {}
     return PodView(
@@ -134,15 +186,49 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
             (o.get("uid") for o in metadata.get("ownerReferences") or [] if o.get("controller")),
             None,
         ),
+        uid=str(metadata.get("uid") or ""),
+        started_at=parse_time(status.get("startTime")),
+        waiting=_waiting(status),
+        conditions=tuple((str(c.get("type")), str(c.get("status"))) for c in conditions),
+        disruption=_disruption(conditions),
+        exit_codes=_exit_codes(status),
     )
 
 
 def node_ready(body: Mapping[str, Any]) -> bool:
     """True when the node's Ready condition is True and it is not marked unschedulable-gone."""
+    return node_view(body).ready
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node's readiness, and since when."""
+
+    ready: bool
+    """The Ready condition is True."""
+    since: datetime | None
+    """The Ready condition's lastTransitionTime (None when the node reports no Ready yet)."""
+
+
+def node_view(body: Mapping[str, Any]) -> NodeView:
+    """Reduce a node object to its readiness and the time it last changed."""
     for condition in (body.get("status") or {}).get("conditions") or []:
         if condition.get("type") == "Ready":
-            return bool(condition.get("status") == "True")
-    return False
+            since = parse_time(condition.get("lastTransitionTime"))
+            return NodeView(ready=condition.get("status") == "True", since=since)
+    return NodeView(ready=False, since=None)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Creates the API server refused in one pass: which pods, and why."""
+
+    indices: tuple[int, ...]
+    """Pod indices not created (empty when only the Service was refused)."""
+    reason: str
+    """QuotaExceeded, PodSecurity, Forbidden, TooManyRequests or ServerError."""
+    message: str
+    """The API server's own words."""
 
 
 @dataclass(frozen=True)
@@ -150,9 +236,20 @@ class Observed:
     """Everything observed about one job's children at one moment."""
 
     pods: tuple[PodView, ...]
-    """Pods labelled with the job's name, in any attempt."""
+    """The job's own pods (its uid is their controller's), in any attempt."""
     nodes: Mapping[str, bool] | None
     """Node name -> Ready, or None when the operator cannot see nodes (then no node checks)."""
+    not_ready_since: Mapping[str, datetime] = field(default_factory=dict)
+    """NotReady nodes of ``nodes`` -> since when (a node missing here went NotReady now)."""
+    foreign: tuple[PodView, ...] = ()
+    """Pods labelled with the job's name but not its own: an earlier job's of the same name
+    (another controller uid) or orphans (none). They hold the names the job's pods need."""
+    gone: tuple[PodView, ...] = ()
+    """The last state of the job's own pods deleted since the last pass (from the watch)."""
+    expected: frozenset[str] = frozenset()
+    """Pods created but not yet seen by the watch (the create is in flight)."""
+    refused: Refusal | None = None
+    """Children the API server refused to create in this pass (quota, PodSecurity, 5xx)."""
     progress: Mapping[str, Any] | None = None
     """Progress read from the trainer's /progress endpoint, preferred over the annotation."""
     kueue: KueueView | None = None

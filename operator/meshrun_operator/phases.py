@@ -33,9 +33,15 @@ class Tuning:
     """Delay before the first retry; doubles with every further retry."""
     backoff_max_seconds: float = 300.0
     """Upper bound of the retry delay."""
-    missing_pod_grace_seconds: float = 10.0
-    """How long a just-created pod may be missing from the watch cache before it counts as
-    deleted (the cache lags the create call by milliseconds to seconds)."""
+    expectations_timeout_seconds: float = 60.0
+    """How long a create or delete may stay unseen by the watch before it is taken as lost
+    (until then a just-created pod missing from the watch cache is in flight, not missing)."""
+    node_toleration_seconds: float = 300.0
+    """How long a node may be NotReady before its pods are given up (Kubernetes' default
+    not-ready toleration); a shorter blip kills nothing."""
+    start_failure_seconds: float = 120.0
+    """How long a container may wait in a reason that needs a change to clear (ErrImagePull,
+    CreateContainerConfigError, ...) before the pod counts as failed."""
 
     def backoff(self, retries: int) -> float:
         """Exponential backoff: base * 2^(retries-1), capped (retries counts from 1)."""
@@ -74,6 +80,7 @@ class Draft:
         self.now = now.replace(microsecond=0)
         self.tuning = tuning
         self.name = job_name
+        self.generation: int | None = None
         self.create: list[int] = []
         self.delete: list[str] = []
         self.force = False
@@ -161,9 +168,13 @@ class Draft:
         self.state.active_since = self.state.active_since or self.now
 
     def creating(self, indices: list[int]) -> None:
-        """Create the attempt's missing pods and start its clocks."""
+        """Create the attempt's missing pods; the attempt's first creation starts its clocks and
+        fixes the spec generation it runs."""
         self.create.extend(indices)
-        self.state.attempt_start_time, self.state.next_attempt_time = self.now, None
+        if self.state.attempt_start_time is None:
+            self.state.attempt_start_time = self.now
+            self.state.attempt_generation = self.generation
+        self.state.next_attempt_time = None
         self.state.active_since = self.state.active_since or self.now
         message = Reason.PODS_CREATED.message(count=len(indices), attempt=self.attempt)
         self.add_event(EventType.NORMAL, Reason.PODS_CREATED, message)
@@ -241,14 +252,23 @@ class Draft:
             message = words.PERMANENT_FAILURE.format(failure=described)
             self.fail(failure.reason, message, policy, current)
             return
+        if failure.kind is FailureClass.IGNORED:
+            # A disruption: the gang restarts, and backoffLimit is not charged.
+            self.state.disruptions += 1
+            self._restart(failure, described, 1, current)
+            return
         if restarts >= policy.backoff_limit:
             limit = policy.backoff_limit
             message = Reason.BACKOFF_LIMIT_EXCEEDED.message(failure=described, limit=limit)
             self.fail(Reason.BACKOFF_LIMIT_EXCEEDED, message, policy, current)
             return
-        self.force = self.force or failure.reason == Reason.NODE_LOST
         self.state.restarts = restarts + 1
-        self._next_attempt(restarts + 1, current)
+        self._restart(failure, described, restarts + 1, current)
+
+    def _restart(
+        self, failure: Failure, described: str, retries: int, current: list[PodView]
+    ) -> None:
+        self._next_attempt(retries, current)
         restarting = words.RESTARTING_GANG.format(failure=described)
         self.state.phase, self.state.message = Phase.RESTARTING, restarting
         self.condition(ConditionType.RESTARTING, True, failure.reason, described)

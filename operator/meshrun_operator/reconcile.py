@@ -18,15 +18,16 @@ from typing import Any
 
 from meshrun.errors import SpecError
 from meshrun_operator import metrics
-from meshrun_operator.actions import execute
+from meshrun_operator.actions import CreationRefused, execute
+from meshrun_operator.answers import ChildRejected
 from meshrun_operator.children import JobRef
 from meshrun_operator.context import OperatorContext, newest, plain, with_unwritten, without_none
 from meshrun_operator.evaluation import POD_TEMPLATE, evaluate, refused
-from meshrun_operator.kube import ChildRejected, StaleJob
+from meshrun_operator.kube import StaleJob
 from meshrun_operator.kueue_link import KueueHold
 from meshrun_operator.kueue_link import observe as observe_kueue
 from meshrun_operator.lifecycle import Decision, decide
-from meshrun_operator.observe import Observed
+from meshrun_operator.observing import observe
 from meshrun_operator.phases import Event
 from meshrun_operator.state import JobState
 
@@ -65,32 +66,24 @@ async def reconcile(
     return decision
 
 
-def _observe(body: Mapping[str, Any], pods_index: Any, nodes_index: Any) -> Observed:
-    meta = body["metadata"]
-    key = (meta["namespace"], meta["name"])
-    store = pods_index.get(key, []) if pods_index is not None else []
-    pods = tuple(p for p in store if p.owner_uid in (meta.get("uid"), None))
-    nodes = None
-    if nodes_index is not None:
-        # Only the job's own nodes: a node missing from the index has been deleted.
-        used = {p.node for p in pods if p.node}
-        nodes = {name: any(nodes_index[name]) for name in used if name in nodes_index}
-    return Observed(pods=pods, nodes=nodes)
-
-
 async def _act(
     ctx: OperatorContext, job: JobRef, job_body: dict[str, Any], pods_index: Any, nodes_index: Any
 ) -> tuple[Decision, list[Event]]:
     """One observe-decide-act round on ``job_body``; the decision and Events about the acts."""
-    observed = _observe(job_body, pods_index, nodes_index)
+    observed = observe(job_body, pods_index, nodes_index, ctx.expectations, ctx.tombstones)
     pod0 = next((p for p in observed.pods if p.index == 0), None)
     observed = replace(observed, progress=await ctx.progress.read(pod0))
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
     ev = evaluate(job_body.get("spec") or {}, job.name)
     now = datetime.now(UTC)
-    decision = decide(job_body, observed, now, ctx.tuning, ev)
+    running = ctx.attempts.get(job.uid)
+    decision = decide(job_body, observed, now, ctx.tuning, ev, running)
     try:
-        notes = await execute(ctx, job, ev, decision)
+        notes = await execute(ctx, job, ev, decision, observed)
+    except CreationRefused as refusal:
+        # Quota, PodSecurity or a 5xx: the job says so and retries later (nothing to redo).
+        observed = replace(observed, refused=refusal.refusal)
+        decision, notes = decide(job_body, observed, now, ctx.tuning, ev, running), []
     except ChildRejected as rejected:
         # The API server refused a pod built from the user's podTemplate: a spec error.
         ev = refused(ev, SpecError(POD_TEMPLATE, rejected.message))
@@ -103,6 +96,7 @@ async def _act(
         observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
         decision = decide(job_body, observed, now, ctx.tuning, ev)
         notes = await execute(ctx, job, ev, decision)
+    ctx.tombstones.drop(job.uid, (p.uid for p in observed.gone))
     return decision, notes
 
 

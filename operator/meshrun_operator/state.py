@@ -73,6 +73,11 @@ class JobState:
     """The current attempt (0 first); every pod is labelled with it."""
     restarts: int = 0
     """Whole-gang restarts so far (counted against backoffLimit)."""
+    disruptions: int = 0
+    """Whole-gang restarts not counted against backoffLimit (preemption, eviction, drain,
+    podFailurePolicy Ignore)."""
+    attempt_generation: int | None = None
+    """The spec generation the current attempt's pods were built from."""
     message: str = ""
     """What the job is doing or waiting for, in one sentence."""
     start_time: datetime | None = None
@@ -101,6 +106,8 @@ class JobState:
             "phase": None if self.phase is None else self.phase.value,
             "attempt": self.attempt,
             "restarts": self.restarts,
+            "disruptions": self.disruptions,
+            "attemptGeneration": self.attempt_generation,
             "message": self.message,
             "startTime": _time(self.start_time),
             "completionTime": _time(self.completion_time),
@@ -154,6 +161,7 @@ OWNED_KEYS = frozenset(
         "activeSince",
         "nextAttemptTime",
         "gangRetries",
+        "disruptions",
         "lastFailure",
         "lastStepChange",
         "invalidSpec",
@@ -168,6 +176,8 @@ def _read(state: JobState, source: Mapping[str, Any], legacy: bool) -> None:
     state.active_since = parse_time(source.get("activeSince"))
     state.next_attempt_time = parse_time(source.get("nextAttemptTime"))
     state.gang_retries = _int(source.get("gangRetries")) or 0
+    state.disruptions = _int(source.get("disruptions")) or 0
+    state.attempt_generation = _int(source.get("attemptGeneration"))
     state.last_failure = _last_failure(source.get("lastFailure"))
     if legacy:
         state.last_step_change = _step_change(

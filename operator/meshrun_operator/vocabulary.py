@@ -50,6 +50,10 @@ class ConditionType(StrEnum):
     SCHEDULED = "Scheduled"
     RUNNING = "Running"
     RESTARTING = "Restarting"
+    CREATION_REFUSED = "CreationRefused"
+    """The API server refused some of the attempt's children (quota, PodSecurity, 5xx)."""
+    SPEC_UPDATE = "SpecUpdate"
+    """True while the running attempt uses another spec than the current one."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -138,12 +142,35 @@ class Reason(StrEnum):
         "ProgressDeadlineExceeded",
         "no new training step for {deadline}s (last step: {step}); the trainer looks hung",
     )
+    DISRUPTED = "Disrupted", "the pod was taken away on purpose ({why})"
+    # Children the API server refused (condition CreationRefused; the rest of the reasons are
+    # refusal kinds: QuotaExceeded, PodSecurity, Forbidden, TooManyRequests, ServerError)
+    CREATED = "Created", "every child of attempt {attempt} was created"
+    # Spec edits while an attempt runs (condition SpecUpdate)
+    NEXT_ATTEMPT = (
+        "NextAttempt",
+        "spec generation {generation} takes effect at the next attempt; attempt {attempt} runs "
+        "generation {running} (runPolicy applies at once)",
+    )
+    REFUSED_WHILE_RUNNING = (
+        "RefusedWhileRunning",
+        "{error}; attempt {attempt} keeps running the plan it started with, and no new "
+        "attempt starts until the spec is fixed",
+    )
+    APPLIED = "Applied", "attempt {attempt} runs spec generation {generation}"
 
 
 # status.message while the job waits or changes phase (no condition carries these).
 WAITING_FOR_OLD_PODS = "waiting for {count} pod(s) of an earlier attempt to go away"
 BACKING_OFF = "backing off until {until}"
 WAITING_FOR_NEW_PODS = "waiting for {count} new pod(s) to appear"
+WAITING_FOR_PREDECESSOR = (
+    "waiting for {count} pod(s) of an earlier job named {job} to go away (they hold the names)"
+)
+CREATION_REFUSED = "the API server refused {what}: {why}; retrying at {until}"
+DELETED_BY_SOMEONE = "the pod was deleted while the attempt ran"
+CANNOT_START = "{why}; the pod cannot start (waited {seconds}s)"
+NODE_NOT_READY = "node {node} is NotReady; its pods are given up at {until} unless it recovers"
 NOT_SCHEDULED = "{count} pod(s) not scheduled yet"
 PODS_STARTING = "pods are starting"
 JOB_SUSPENDED = "the job is suspended"

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from meshrun_operator import names
-from operator_harness import Cluster, Kubectl, OperatorProcess
+from operator_harness import Cluster, Kubectl, OperatorProcess, fake_node
+from waiting import wait_for
 
 
 def release_jobs(kubectl: Kubectl, namespace: str) -> None:
@@ -37,6 +39,21 @@ def cluster(kubectl: Kubectl, namespace: str, crds_installed: list[str]) -> Iter
     """kubectl helpers for the test's namespace (with the CRD installed)."""
     yield Cluster(kubectl, namespace)
     release_jobs(kubectl, namespace)
+
+
+@pytest.fixture
+def private_node(kubectl: Kubectl, cluster: Cluster) -> Iterator[str]:
+    """A tainted KWOK node of this test alone, so breaking it disturbs nobody else."""
+    name = f"test-node-{uuid.uuid4().hex[:8]}"
+    cluster.apply(fake_node(name))
+    ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
+    wait_for(
+        lambda: kubectl("get", "node", name, "-o", ready).stdout.strip() == "True",
+        60,
+        f"node {name} Ready",
+    )
+    yield name
+    kubectl("delete", "node", name, "--wait=false", check=False)
 
 
 @pytest.fixture

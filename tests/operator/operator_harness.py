@@ -32,6 +32,8 @@ FAST_FLAGS = [
     "1",
     "--backoff-max-seconds",
     "2",
+    "--node-toleration-seconds",
+    "3",
     "--no-progress-http",
 ]
 

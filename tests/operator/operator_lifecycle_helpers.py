@@ -11,7 +11,12 @@ from meshrun_operator.observe import Observed
 from meshrun_operator.vocabulary import ConditionType
 from operator_factories import at, make_job, observe
 
-TUNING = Tuning(backoff_base_seconds=10, backoff_max_seconds=60, missing_pod_grace_seconds=5)
+TUNING = Tuning(
+    backoff_base_seconds=10,
+    backoff_max_seconds=60,
+    node_toleration_seconds=30,
+    start_failure_seconds=60,
+)
 
 
 def advance(job: dict[str, Any], decision: Decision) -> dict[str, Any]:

@@ -5,17 +5,13 @@ from __future__ import annotations
 import json
 import re
 import time
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from meshrun_operator import names
 from operator_harness import (
     Cluster,
-    Kubectl,
     OperatorProcess,
-    fake_node,
     http_get,
     job_manifest,
     on_node,
@@ -24,21 +20,6 @@ from operator_harness import (
 from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
-
-
-@pytest.fixture
-def private_node(kubectl: Kubectl, cluster: Cluster) -> Iterator[str]:
-    """A tainted KWOK node of this test alone, so breaking it disturbs nobody else."""
-    name = f"test-node-{uuid.uuid4().hex[:8]}"
-    cluster.apply(fake_node(name))
-    ready = "jsonpath={.status.conditions[?(@.type=='Ready')].status}"
-    wait_for(
-        lambda: kubectl("get", "node", name, "-o", ready).stdout.strip() == "True",
-        60,
-        f"node {name} Ready",
-    )
-    yield name
-    kubectl("delete", "node", name, "--wait=false", check=False)
 
 
 def test_operator_killed_mid_creation_leaves_no_duplicates_or_orphans(

@@ -21,15 +21,17 @@ bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these
 - apiGroups: [meshrun.dev]
   resources: [paralleltrainingjobs/finalizers]
   verbs: [update]
-# Gang pods: watched through a kopf index, created together, read when a name is still held by a
-# pod of the previous attempt, deleted for a whole-gang restart. No update or patch.
+# Gang pods: watched through a kopf index, created together, read when a name is still held (by a
+# pod of the previous attempt or of an earlier job of the same name), deleted for a whole-gang
+# restart (force-deleted on a lost node) and when orphaned. No update or patch.
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, get, create, delete]
-# Rendezvous: one headless Service per job, created once and garbage-collected with the job.
+# Rendezvous: one headless Service per job, created once and garbage-collected with the job;
+# read when its name is taken (an earlier job's still terminating), deleted when orphaned.
 - apiGroups: [""]
   resources: [services]
-  verbs: [create]
+  verbs: [get, create, delete]
 # Events on jobs: the reconciler's and kopf's (warnings and errors) for `kubectl describe`.
 - apiGroups: [""]
   resources: [events]

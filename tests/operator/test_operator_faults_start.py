@@ -1,0 +1,86 @@
+"""On the real node: pods that never start end the job within the start timeout.
+
+A real kubelet reports ErrImagePull / ImagePullBackOff for an image that exists nowhere, and
+CreateContainerConfigError for a root image under the restricted security context the operator
+gives every pod (runAsNonRoot). Neither job sits in "pods are starting" holding its node: each
+fails with the waiting reason in its Failed condition and a Warning Event, and its pods go.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from faults_support import deleted_leaves_nothing
+from operator_harness import Cluster, OperatorProcess, job_manifest
+from waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
+
+REAL_NODE = "meshrun.dev/real-node"
+BASE_IMAGE = "meshrun.local/debian:bookworm"  # hack/realnode/images.sh: imported, runs as root
+START_FAILURE_SECONDS = 5
+
+
+def on_real_node(name: str, image: str, pull: str) -> dict[str, Any]:
+    return job_manifest(
+        name,
+        image=image,
+        resources={"numNodes": 1, "numProcPerNode": 1, "accelerator": "cpu"},
+        training={"steps": 10, "globalBatchSize": 2, "microBatchSize": 2},
+        podTemplate={
+            "spec": {
+                "nodeSelector": {REAL_NODE: "true"},
+                "tolerations": [
+                    {"key": REAL_NODE, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
+                ],
+                "terminationGracePeriodSeconds": 1,
+                "containers": [{"name": "trainer", "imagePullPolicy": pull}],
+            }
+        },
+    )
+
+
+def test_pods_that_never_start_end_the_job_with_the_reason(
+    cluster: Cluster,
+    real_node: str,
+    kubeconfig: str,
+    namespace: str,
+    crds_installed: list[str],
+    tmp_path: Path,
+) -> None:
+    flags = ["--start-failure-seconds", str(START_FAILURE_SECONDS)]
+    operator = OperatorProcess(kubeconfig, namespace, tmp_path, flags).start()
+    try:
+        cluster.apply(on_real_node("nopull", "meshrun.local/absent:1", "IfNotPresent"))
+        cluster.apply(on_real_node("rootimage", BASE_IMAGE, "Never"))
+        expected = {
+            "nopull": ({"ErrImagePull", "ImagePullBackOff"}, "meshrun.local/absent"),
+            "rootimage": ({"CreateContainerConfigError"}, "runAsNonRoot"),
+        }
+        for job, (reasons, words) in expected.items():
+            status = cluster.wait_phase(job, "Failed", timeout=120)
+            assert status["restarts"] == 0 and status["attempt"] == 0
+            failed = cluster.condition(job, "Failed")
+            # The real kubelet's waiting reason and words reach the condition.
+            assert failed["reason"] in reasons, failed
+            assert f"{job}-0" in failed["message"] and "cannot start" in failed["message"]
+            assert words in failed["message"], failed["message"]
+            assert status["lastFailure"]["pod"] == f"{job}-0"
+            warnings = [e for e in cluster.events(job) if e["type"] == "Warning"]
+            assert any(e["reason"] == "Failed" and "cannot start" in e["message"] for e in warnings)
+            # One pod, created once, and the real node's kubelet reported on it.
+            created = [e["message"] for e in cluster.events(job) if e["reason"] == "PodsCreated"]
+            assert created == ["creating 1 pod(s) for attempt 0"]
+            kubelet = {e.get("source", {}).get("host") for e in cluster.events(f"{job}-0")}
+            assert real_node in kubelet, kubelet
+            # Given up within the start timeout (and a few resyncs), not left holding the node.
+            started = datetime.fromisoformat(status["attemptStartTime"])
+            ended = datetime.fromisoformat(status["completionTime"])
+            assert (ended - started).total_seconds() <= START_FAILURE_SECONDS + 30
+            wait_for(lambda job=job: not cluster.live_pods(job), 60, f"the pods of {job} gone")
+            deleted_leaves_nothing(cluster, job)
+    finally:
+        operator.stop()
