@@ -83,7 +83,6 @@ class Draft:
         self.generation: int | None = None
         self.create: list[int] = []
         self.delete: list[str] = []
-        self.force = False
         self.delete_job = False
         self.events: list[Event] = []
         self.is_invalid = False
