@@ -22,31 +22,10 @@ from meshrun_operator.failures import Failure, FailureClass
 from meshrun_operator.kueue_state import KueueActions
 from meshrun_operator.observe import PodView
 from meshrun_operator.state import InvalidSpec, JobState, LastFailure
+from meshrun_operator.tuning import Tuning
 from meshrun_operator.vocabulary import ConditionType, EventType, Phase, PodPhase, Reason
 
-
-@dataclass(frozen=True)
-class Tuning:
-    """Operator-wide timing knobs (command-line flags), not part of any job spec."""
-
-    backoff_base_seconds: float = 10.0
-    """Delay before the first retry; doubles with every further retry."""
-    backoff_max_seconds: float = 300.0
-    """Upper bound of the retry delay."""
-    expectations_timeout_seconds: float = 60.0
-    """How long a create or delete may stay unseen by the watch before it is taken as lost
-    (until then a just-created pod missing from the watch cache is in flight, not missing)."""
-    node_toleration_seconds: float = 300.0
-    """How long a node may be NotReady before its pods are given up (Kubernetes' default
-    not-ready toleration); a shorter blip kills nothing."""
-    start_failure_seconds: float = 120.0
-    """How long a container may wait in a reason that needs a change to clear (ErrImagePull,
-    CreateContainerConfigError, ...) before the pod counts as failed."""
-
-    def backoff(self, retries: int) -> float:
-        """Exponential backoff: base * 2^(retries-1), capped (retries counts from 1)."""
-        delay = self.backoff_base_seconds * 2 ** max(retries - 1, 0)
-        return float(min(delay, self.backoff_max_seconds))
+__all__ = ["Draft", "Event", "Tuning"]
 
 
 @dataclass(frozen=True)
@@ -159,6 +138,14 @@ class Draft:
         self.state.phase, self.state.completion_time = Phase.PENDING, None
         self.state.message, self.state.invalid_spec = "", None
         self.old_phase = None
+        self._fresh_attempt(())
+
+    def _fresh_attempt(self, pods: Iterable[PodView]) -> None:
+        """The next pods start a new attempt: the current one's, if it started, are going."""
+        state = self.state
+        if state.attempt_start_time is not None or any(p.attempt == state.attempt for p in pods):
+            state.attempt += 1
+        state.start_time = state.attempt_start_time = None
 
     def pods_seen(self) -> None:
         """Pods exist but the write that recorded their creation was lost (the operator was
@@ -218,12 +205,14 @@ class Draft:
             self.delete_job = True
 
     def suspend(self, pods: Iterable[PodView]) -> None:
-        """Suspended (by a user or Kueue): no pods at all; the deadline clock stops."""
+        """Suspended (by a user or Kueue): no pods at all; the deadline clock stops, and a
+        resume starts a new attempt (the old pods may still be terminating then)."""
+        pods = list(pods)
         self._delete_all(pods)
+        self._fresh_attempt(pods)
         message = words.JOB_SUSPENDED
-        self.state.phase, self.state.start_time, self.state.message = Phase.SUSPENDED, None, message
-        self.state.active_since = self.state.attempt_start_time = None
-        self.state.next_attempt_time = None
+        self.state.phase, self.state.message = Phase.SUSPENDED, message
+        self.state.active_since = self.state.next_attempt_time = None
         self.condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, Reason.SUSPENDED.message())
         self.clear(ConditionType.RUNNING, Reason.SUSPENDED, message)
 

@@ -28,7 +28,7 @@ from meshrun_operator.failures import (
     node_lost,
 )
 from meshrun_operator.observe import Observed, PodView
-from meshrun_operator.phases import Tuning
+from meshrun_operator.tuning import Tuning
 from meshrun_operator.vocabulary import PodPhase
 
 Found = tuple[Failure, PodView]

@@ -334,3 +334,15 @@ def test_a_job_that_ended_stays_ended_whatever_its_spec_becomes() -> None:
     bad = {**job, "spec": spec_with(globalBatchSize=18)["spec"]}
     _, later = run(bad, observe(make_pod(0, phase="Succeeded"), make_pod(1, phase="Succeeded")), 9)
     assert later.status["phase"] == "Succeeded" and not later.invalid and later.events == ()
+
+
+def test_a_resume_while_the_old_pods_terminate_waits_and_counts_nothing() -> None:
+    job = running_job()
+    job["spec"]["runPolicy"] = {"suspend": True}
+    job, suspended = run(job, observe(make_pod(0), make_pod(1)), 5)
+    assert suspended.status["attempt"] == 1 and suspended.delete_pods == ("job-0", "job-1")
+    job["spec"]["runPolicy"] = {"suspend": False}
+    terminating = observe(make_pod(0, deleting=True), make_pod(1, deleting=True))
+    _, resumed = run(job, terminating, 6)
+    assert resumed.status["restarts"] == 0 and resumed.create_pods == ()
+    assert "earlier attempt" in resumed.status["message"]
