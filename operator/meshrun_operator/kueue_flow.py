@@ -103,8 +103,8 @@ def _queued(
     """No pods while Kueue holds the job: phase Suspended, the Suspended condition saying why.
 
     Pods of the attempt that ran are deleted and the next admission starts a new attempt (its
-    trainer resumes from the last checkpoint); this is not a restart, so ``restarts`` and
-    backoffLimit are untouched. Clocks stop as for a suspended job.
+    trainer resumes from the last checkpoint): a disruption (``disruptions``), not a restart,
+    so ``restarts`` and backoffLimit are untouched. Clocks stop as for a suspended job.
     """
     state = draft.state
     draft.delete.extend(p.name for p in observed.pods if not p.deleting)
@@ -112,6 +112,7 @@ def _queued(
         p.attempt == state.attempt for p in observed.pods
     ):
         state.attempt += 1
+        state.disruptions += 1
     state.start_time = state.attempt_start_time = state.next_attempt_time = None
     state.active_since = None
     state.phase, state.message = Phase.SUSPENDED, status

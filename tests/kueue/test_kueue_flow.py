@@ -201,6 +201,7 @@ def test_an_eviction_requeues_the_job_without_counting_a_restart() -> None:
     first = job.run(2, evicted, *pods())
     assert first.delete_pods == ("job-0", "job-1")
     assert first.state.restarts == 0 and first.state.attempt == 1
+    assert first.state.disruptions == 1  # counted as a disruption, not against backoffLimit
     assert first.status["phase"] == "Suspended" and first.state.last_failure is None
     suspended = job.condition("Suspended")
     assert (suspended["reason"], suspended["message"]) == ("Preempted", PREEMPTED_MSG)
@@ -211,6 +212,7 @@ def test_an_eviction_requeues_the_job_without_counting_a_restart() -> None:
     dying = pods(phase="Failed", exit_code=143, deleting=True)
     second = job.run(3, evicted, *dying)
     assert second.state.restarts == 0 and second.state.attempt == 1
+    assert second.state.disruptions == 1
     assert second.delete_pods == ()
 
     gone = job.run(4, evicted)
@@ -224,7 +226,7 @@ def test_an_eviction_requeues_the_job_without_counting_a_restart() -> None:
     job.run(5, make_workload(condition(QUOTA_RESERVED, False, "Pending", NO_QUOTA)))
     again = job.run(6, admitted())
     assert again.create_pods == (0, 1) and again.state.attempt == 1
-    assert again.state.restarts == 0
+    assert again.state.restarts == 0 and again.state.disruptions == 1
 
 
 @pytest.mark.parametrize(

@@ -260,7 +260,7 @@ def test_a_higher_priority_preempts_and_the_victim_resumes_later_without_a_resta
     wait_for(lambda: b.pods(victim) == [], 60, f"the pods of {victim} deleted")
     suspended(b, victim, "Pending", NO_QUOTA)
     status = b.status(victim)
-    assert (status["restarts"], status["attempt"]) == (0, 1), status
+    assert (status["restarts"], status["attempt"], status["disruptions"]) == (0, 1, 1), status
     assert "lastFailure" not in status, status["lastFailure"]
     requeued = condition(job_workload(b, victim), "Requeued")
     assert requeued is not None and (requeued["status"], requeued["reason"]) == (
