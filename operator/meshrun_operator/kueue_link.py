@@ -44,6 +44,9 @@ HOLD_SECONDS = 30.0
 this often."""
 FLAVOR_SECONDS = 60.0
 """ResourceFlavors change rarely: one read serves the pods of every job for this long."""
+LATEST_SECONDS = 30.0
+"""The operator's own last write of a Workload stands in for the watch this long at most (the
+watch brings it within moments; a Workload deleted meanwhile must not live on here)."""
 VERSION = kueue.API_VERSION.split("/")[1]
 
 
@@ -61,9 +64,9 @@ class KueueLink:
 
     index: Any = None
     """kopf's index of the operator's Workloads by (namespace, job name), set at startup."""
-    latest: dict[str, dict[str, Any]] = field(default_factory=dict)
+    latest: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
     """By job uid: the Workload as the operator's last create or patch left it (the watch may
-    not have brought it yet)."""
+    not have brought it yet), and when."""
     holds: dict[str, tuple[Hold, float]] = field(default_factory=dict)
     """By job uid: why its Workload could not be created, and until when that holds."""
     flavors: dict[str, tuple[dict[str, Any], float]] = field(default_factory=dict)
@@ -79,9 +82,11 @@ class KueueLink:
             for workload in self.index.get((meta["namespace"], meta["name"]), []):
                 if (workload["metadata"].get("labels") or {}).get(kueue.JOB_UID_LABEL) == uid:
                     seen = workload
-        mine = self.latest.get(uid)
-        if seen is not None and mine is not None and newest(seen, mine) is seen:
-            self.latest.pop(uid, None)  # the watch caught up
+        written = self.latest.get(uid)
+        mine = None if written is None else written[0]
+        late = written is not None and time.monotonic() - written[1] > LATEST_SECONDS
+        if mine is not None and (late or (seen is not None and newest(seen, mine) is seen)):
+            self.latest.pop(uid, None)  # the watch caught up (or the Workload is gone)
             mine = None
         found = mine if mine is not None else seen
         hold = self.holds.get(uid)
@@ -181,7 +186,7 @@ async def create_workload(
         message = Reason.WORKLOAD_REJECTED.message(workload=name, error=rejected.message)
         raise KueueHold(Hold(Reason.WORKLOAD_REJECTED, message)) from rejected
     if created:
-        link.latest[job.uid] = workload
+        link.latest[job.uid] = (workload, time.monotonic())
 
 
 async def _queue_tolerations(
@@ -244,9 +249,10 @@ async def patch_status(kube: Kube, link: KueueLink, job: JobRef, actions: KueueA
         return
     name = kueue.workload_name(job.name, job.uid)
     try:
-        link.latest[job.uid] = await kube.patch_custom_status(
+        patched = await kube.patch_custom_status(
             kueue.GROUP, VERSION, kueue.WORKLOAD_PLURAL, job.namespace, name, patch
         )
+        link.latest[job.uid] = (patched, time.monotonic())
     except ApiException as error:
         if error.status not in (404, 409):
             raise
