@@ -19,6 +19,7 @@ from meshrun_operator import metrics, names
 from meshrun_operator.context import OperatorContext, plain
 from meshrun_operator.leader import Elector
 from meshrun_operator.observe import NodeView, PodView, node_ready, node_view, pod_view
+from meshrun_operator.relist import Auditor, LiveIndex
 from meshrun_operator.resync import Resyncer, Stalled
 
 
@@ -40,14 +41,21 @@ class OperatorMemo(kopf.Memo):
     """The leader election (set before kopf starts), or None: this operator always acts."""
     lead_task: asyncio.Task[None]
     """The task renewing the lease (with leader election)."""
+    auditor: Auditor
+    """Drops what a watch gap left behind (set by the startup handler)."""
 
 
 def register(
-    registry: kopf.OperatorRegistry, watch_nodes: bool, stall_seconds: float = 300.0
+    registry: kopf.OperatorRegistry,
+    watch_nodes: bool,
+    stall_seconds: float = 300.0,
+    namespaces: tuple[str, ...] = (),
 ) -> None:
     """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global).
 
-    /healthz fails when no reconcile completed for ``stall_seconds`` while one was due.
+    /healthz fails when no reconcile completed for ``stall_seconds`` while one was due. After
+    each listing of the served ``namespaces`` (all when empty), jobs and pods deleted while a
+    watch was down are dropped (relist.py).
     """
 
     @kopf.on.login(id="login", registry=registry)
@@ -61,6 +69,19 @@ def register(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[tuple[str, str], PodView]:
         return {(str(namespace), str(labels[names.LABEL_JOB])): pod_view(plain(body))}
+
+    @kopf.index(
+        "v1",
+        "pods",
+        id="meshrun_pod_versions",
+        labels={names.LABEL_JOB: kopf.PRESENT},
+        registry=registry,
+    )
+    def meshrun_pod_versions(
+        uid: str, namespace: str | None, meta: kopf.Meta, **_: Any
+    ) -> dict[str, tuple[str, str]]:
+        """What a watch-gap audit compares with a fresh list: uid -> (version, namespace)."""
+        return {str(uid): (str(meta.get("resourceVersion", "")), str(namespace))}
 
     if watch_nodes:
 
@@ -92,6 +113,10 @@ def register(
         leading = elector.leading if elector is not None else always
         memo.resync = Resyncer(memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading)
         memo.task = asyncio.create_task(memo.resync.run(), name="meshrun-resync")
+        resync = memo.resync
+        versions = kwargs["meshrun_pod_versions"]
+        memo.auditor = Auditor(memo.ctx.kube, resync.jobs, resync.forget, versions, namespaces)
+        resync.pods_index = LiveIndex(kwargs["meshrun_pods"], memo.auditor.ghosts)
         if elector is None:
             metrics.LEADER.set(1)
         else:
@@ -108,6 +133,9 @@ def register(
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         await memo.ctx.progress.close()
+        auditor: Auditor | None = memo.get("auditor")
+        if auditor is not None:
+            await auditor.stop()
         lead: asyncio.Task[None] | None = memo.get("lead_task")
         elector: Elector | None = memo.get("elector")
         if lead is not None and elector is not None:
@@ -132,7 +160,9 @@ def register(
     @kopf.on.event(
         "v1", "pods", id="pod-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
     )
-    async def pod_changed(memo: OperatorMemo, body: kopf.Body, type: str, **_: Any) -> None:
+    async def pod_changed(memo: OperatorMemo, body: kopf.Body, type: str | None, **_: Any) -> None:
+        if type is None:  # listed (at start, or again after a watch gap)
+            memo.auditor.soon()
         if type == "DELETED":
             # The pods index forgets a deleted pod; its last state decides what its deletion
             # meant (a DisruptionTarget makes it a disruption, not a failure).
@@ -143,9 +173,11 @@ def register(
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, id="job-changed", registry=registry)
     async def job_changed(
-        memo: OperatorMemo, uid: str, type: str, body: kopf.Body, **_: Any
+        memo: OperatorMemo, uid: str, type: str | None, body: kopf.Body, **_: Any
     ) -> None:
         resync = memo.resync
+        if type is None:
+            memo.auditor.soon()
         if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
             resync.forget(uid)
             return

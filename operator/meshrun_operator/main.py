@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> int:
     timeout = ApiTimeout.of(options.api_timeout_seconds)
     elector = options.leader.elector(api, timeout) if options.leader else None
     registry = kopf.OperatorRegistry()
-    register(registry, watch_nodes=options.watch_nodes, stall_seconds=options.stall_seconds)
+    register(registry, options.watch_nodes, options.stall_seconds, options.namespaces)
     kueue_watch.register(registry, with_kueue=options.kueue, watch_nodes=options.watch_nodes)
     if options.metrics_port:
         start_http_server(options.metrics_port)

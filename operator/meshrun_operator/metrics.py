@@ -28,6 +28,11 @@ API_REQUESTS = Counter(
     ["verb", "resource"],
 )
 
+WATCH_GHOSTS = Counter(
+    "meshrun_operator_watch_ghosts_total",
+    "Jobs and pods deleted while a watch was down, dropped after the watch listed again",
+    ["kind"],
+)
 LEADER = Gauge(
     "meshrun_operator_leader",
     "1 while this operator holds the leader lease and acts (always 1 without leader election)",

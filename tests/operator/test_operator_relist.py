@@ -1,0 +1,40 @@
+"""Watch-gap audits, pure parts: which versions count as seen before a list, and the pod view
+without the pods an audit found gone."""
+
+from __future__ import annotations
+
+import pytest
+from meshrun_operator.observe import PodView
+from meshrun_operator.relist import LiveIndex, older
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize(
+    ("seen", "listed", "result"),
+    [
+        ("41", "42", True),
+        ("42", "42", True),
+        ("43", "42", False),
+        ("x", "42", False),
+        (None, "42", False),
+        ("41", "", False),
+    ],
+)
+def test_only_what_was_last_seen_before_the_list_can_be_gone(
+    seen: str | None, listed: str, result: bool
+) -> None:
+    # Seen after the list's version: created after it, so its absence from the list says nothing.
+    assert older(seen, listed) is result
+
+
+def test_the_reconciler_no_longer_sees_pods_found_gone() -> None:
+    live = PodView(name="job-0", index=0, attempt=0, phase="Running", uid="a")
+    ghost = PodView(name="job-1", index=1, attempt=0, phase="Running", uid="b")
+    index = {("ns", "job"): [live, ghost]}
+    ghosts: set[str] = set()
+    view = LiveIndex(index, ghosts)
+    assert view.get(("ns", "job"), ()) == (live, ghost)
+    ghosts.add("b")
+    assert view.get(("ns", "job"), ()) == (live,)
+    assert view.get(("ns", "other"), ()) == ()
