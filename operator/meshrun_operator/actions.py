@@ -25,7 +25,7 @@ from meshrun_operator.context import OperatorContext
 from meshrun_operator.evaluation import Evaluation
 from meshrun_operator.kueue_link import admit, create_workload, patch_status
 from meshrun_operator.lifecycle import Decision
-from meshrun_operator.netpolicy import build_network_policy
+from meshrun_operator.netpolicy import PolicyOptions, build_network_policy
 from meshrun_operator.observe import Observed, Refusal
 from meshrun_operator.phases import Event
 from meshrun_operator.specedits import Running
@@ -85,7 +85,7 @@ async def _create_children(
     attempt = decision.state.attempt
     await _create_service(ctx, job)
     if ctx.network_policy is not None:
-        await ctx.kube.create(build_network_policy(job, ctx.network_policy.operator))
+        await _create_network_policy(ctx, job, ctx.network_policy)
     podgroup = build_podgroup(job, ev.settings)
     if podgroup is not None:
         try:
@@ -146,6 +146,16 @@ async def _create_service(ctx: OperatorContext, job: JobRef) -> None:
         raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
     if not created:
         await _name_taken(ctx, job, "Service", names.service_name(job.name), None)
+
+
+async def _create_network_policy(ctx: OperatorContext, job: JobRef, options: PolicyOptions) -> None:
+    """The job's NetworkPolicy (netpolicy.py). Refused (no RBAC for it, a webhook), the job
+    waits with the reason rather than run open to every pod. A name still held by an earlier
+    job's policy selects the same pods by the same rules until the garbage collector removes it."""
+    try:
+        await ctx.kube.create(build_network_policy(job, options.operator))
+    except Refused as refused:
+        raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
 
 
 async def _name_taken(

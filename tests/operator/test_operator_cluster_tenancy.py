@@ -10,6 +10,7 @@ import pytest
 from meshrun_operator import names
 from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
 from test_operator_cluster_stalls import assert_cleaned_up, one_pod_per_index
+from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -58,3 +59,89 @@ def test_each_job_gets_its_network_policy_and_no_token_unless_asked(
     finally:
         operator.stop()
         print(f"--- operator log ---\n{operator.log_tail(40)}")
+
+
+def refuse_network_policies(namespace: str) -> list[dict[str, object]]:
+    """A ValidatingAdmissionPolicy (and its binding) that forbids NetworkPolicies in one
+    namespace, as a cluster admin's webhook or policy engine might."""
+    name = f"no-netpol-{namespace}"[:63]
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {
+                "resourceRules": [
+                    {
+                        "apiGroups": ["networking.k8s.io"],
+                        "apiVersions": ["v1"],
+                        "operations": ["CREATE"],
+                        "resources": ["networkpolicies"],
+                    }
+                ]
+            },
+            "validations": [
+                {"expression": "false", "message": "NetworkPolicies are managed centrally here",
+                 "reason": "Forbidden"}
+            ],
+        },
+    }  # fmt: skip
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    return [policy, binding]
+
+
+def test_a_refused_network_policy_holds_the_job_until_it_is_allowed(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    objects = refuse_network_policies(namespace)
+    for obj in objects:
+        cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+    try:
+        # The admission policy takes effect within a second or two of its binding.
+        probe = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy",
+                 "metadata": {"name": "probe", "namespace": namespace},
+                 "spec": {"podSelector": {}}}  # fmt: skip
+        wait_for(
+            lambda: (
+                cluster.kubectl(
+                    "create", "--dry-run=server", "-f", "-", input=json.dumps(probe), check=False
+                ).returncode
+                != 0
+            ),
+            30,
+            "the admission policy refusing NetworkPolicies",
+        )
+        cluster.apply(job_manifest("guarded"))
+        refused = wait_for(
+            lambda: (
+                (c := cluster.condition("guarded", "CreationRefused")).get("status") == "True" and c
+            ),
+            60,
+            "the job saying its NetworkPolicy was refused",
+        )
+        assert refused["reason"] == "Forbidden"
+        assert "NetworkPolicies are managed centrally here" in refused["message"]
+        assert cluster.pods("guarded") == []  # no pod runs open to every other pod
+        assert cluster.status("guarded")["phase"] == "Pending"
+    finally:
+        for obj in reversed(objects):
+            kind = str(obj["kind"]).lower()
+            cluster.kubectl("delete", kind, obj["metadata"]["name"], check=False)  # type: ignore[index]
+    cluster.wait_running_pods("guarded", 2, timeout=90)
+    status = cluster.wait_phase("guarded", "Running")
+    assert status["restarts"] == 0
+    cluster.kubectl("get", "networkpolicy", "guarded", "-n", namespace)
+    one_pod_per_index(cluster, "guarded", 2)
+    assert_cleaned_up(cluster, "guarded")
