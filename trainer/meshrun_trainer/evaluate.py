@@ -18,6 +18,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from meshrun_trainer.parallel import end_forward_only
 from meshrun_trainer.pipeline import loss_scale
 
 if TYPE_CHECKING:
@@ -87,6 +88,7 @@ def validation_loss(cfg: TrainConfig, runner: Runner, mesh: Mesh, windows: np.nd
         sums[0] += loss.double()
         if runner.is_last:
             sums[1] += int((targets != IGNORE).sum())
+    end_forward_only(runner.parts)  # FSDP2 units gathered by these forward passes
     if layout.pp > 1:
         dist.all_reduce(sums, group=mesh.group("pp"))  # only the last stage holds the sums
     if layout.dp > 1:

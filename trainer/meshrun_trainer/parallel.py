@@ -231,3 +231,16 @@ def gradient_sync(parts: list[nn.Module], layout: Layout, last: bool) -> Iterato
 def plain(tensor: torch.Tensor) -> torch.Tensor:
     """A loss as a plain tensor (a loss-parallel loss is a replicated DTensor)."""
     return tensor.full_tensor() if isinstance(tensor, DTensor) else tensor
+
+
+def end_forward_only(parts: list[nn.Module]) -> None:
+    """Call after forward passes without a backward (validation).
+
+    FSDP2 units not resharded after forward (ZeRO-2, HSDP, the head's unit, every unit under
+    pipelining) would otherwise stay gathered and keep FSDP2's per-iteration bookkeeping into
+    the next training step, whose backward then gathers a unit again after its reshard: the
+    step after that computes with weights from before the optimizer step. reset_iter_state
+    reshards every unit and clears that bookkeeping."""
+    for part in parts:
+        if isinstance(part, FSDPModule):
+            part.reset_iter_state()
