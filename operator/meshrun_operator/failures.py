@@ -9,9 +9,12 @@ it). The table is documented in docs/operator.md; spec.runPolicy.podFailurePolic
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
+from meshrun.envcontract import EXIT_CONFIG_ERROR, EXIT_NO_ACCELERATOR, PERMANENT_REASONS
 from meshrun_operator import vocabulary as words
 from meshrun_operator.vocabulary import Reason
 
@@ -67,10 +70,16 @@ EXIT_CODES: dict[int, tuple[FailureClass, str, str]] = {
         "Error",
         "generic error; torchrun exits 1 when any worker died, often a transient NCCL/gloo fault",
     ),
-    2: (
+    EXIT_CONFIG_ERROR: (
         FailureClass.PERMANENT,
-        "ConfigError",
+        PERMANENT_REASONS[EXIT_CONFIG_ERROR],
         "the trainer rejected its configuration (exit 2); a restart cannot fix it",
+    ),
+    EXIT_NO_ACCELERATOR: (
+        FailureClass.PERMANENT,
+        PERMANENT_REASONS[EXIT_NO_ACCELERATOR],
+        "the job asks for GPUs but the trainer found no usable CUDA device (exit 3); it does "
+        "not fall back to the CPU",
     ),
     126: (FailureClass.PERMANENT, "CommandNotExecutable", "the command cannot be executed"),
     127: (FailureClass.PERMANENT, "CommandNotFound", "the command was not found in the image"),
@@ -173,3 +182,17 @@ def cannot_start(reason: str, message: str, seconds: float) -> Failure:
     unless spec.runPolicy.podFailurePolicy says otherwise (a restart pulls the same image)."""
     text = words.CANNOT_START.format(why=message, seconds=f"{seconds:.0f}")
     return Failure(FailureClass.PERMANENT, reason, text)
+
+
+def from_trainer(summary: Mapping[str, Any] | None) -> Failure | None:
+    """The trainer's own verdict from its termination message, when it says a restart cannot
+    help (``{"status": "Failed", "reason": ..., "permanent": true}``, docs/env-contract.md):
+    torchrun exits 1 whatever its worker's code, so the exit code alone reads as retryable."""
+    if not summary or summary.get("permanent") is not True:
+        return None
+    reason = summary.get("reason")
+    if not isinstance(reason, str) or reason not in PERMANENT_REASONS.values():
+        return None
+    code = next(c for c, r in PERMANENT_REASONS.items() if r == reason)
+    _, _, message = EXIT_CODES[code]
+    return Failure(FailureClass.PERMANENT, reason, f"the trainer says: {message}")

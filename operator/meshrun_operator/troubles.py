@@ -22,9 +22,11 @@ from meshrun_operator.failures import (
     CANNOT_START,
     HOPELESS,
     Failure,
+    FailureClass,
     cannot_start,
     classify,
     deleted,
+    from_trainer,
     node_lost,
 )
 from meshrun_operator.observe import Observed, PodView
@@ -119,6 +121,8 @@ def _lost(
 
 def _classified(pod: PodView) -> Failure:
     failure = classify(pod.exit_code, pod.container_reason, pod.pod_reason)
+    if failure.kind == FailureClass.RETRYABLE:  # the trainer knows better than exit 1
+        failure = from_trainer(pod.summary) or failure
     error = (pod.summary or {}).get("error")
     if isinstance(error, str) and error:
         # The trainer's own last words (termination message) say more than an exit code.
