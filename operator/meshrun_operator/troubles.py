@@ -48,7 +48,7 @@ def first_failure(
     """The first thing that ends the attempt, with its pod, judged by the job's policy."""
     found = (
         _deleted(attempt, observed)
-        or _lost(current, observed, tuning, now)
+        or _lost(current, observed, tuning, now, attempt_start)
         or _failed(current)
         or _stuck(current, tuning, now, attempt_start)
     )
@@ -109,13 +109,26 @@ def force_deletes(
 
 
 def _lost(
-    current: list[PodView], observed: Observed, tuning: Tuning, now: datetime
+    current: list[PodView],
+    observed: Observed,
+    tuning: Tuning,
+    now: datetime,
+    attempt_start: datetime | None,
 ) -> Found | None:
+    """A pod of the attempt on a lost node. A pod that came to a node already NotReady gets the
+    whole toleration from its own start (as the taint manager counts it): the node's return
+    may reach the operator after the pod's binding does."""
     lost = lost_nodes(observed, tuning, now)
     finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
     for pod in sorted(current, key=lambda p: p.index):
-        if pod.node in lost and pod.phase not in finished:
-            return lost[pod.node], pod
+        if pod.node not in lost or pod.phase in finished:
+            continue
+        since = observed.not_ready_since.get(pod.node)  # None: the node was deleted
+        arrived = pod.started_at or attempt_start
+        waited = (now - max(since, arrived)).total_seconds() if since and arrived else None
+        if waited is not None and waited < tuning.node_toleration_seconds:
+            continue
+        return lost[pod.node], pod
     return None
 
 

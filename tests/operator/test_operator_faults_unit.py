@@ -182,11 +182,11 @@ def test_disruptions_restart_without_counting_and_deletions_count(how: str) -> N
 def test_a_node_blip_shorter_than_the_toleration_kills_nothing() -> None:
     job = running_job()
     pods = (make_pod(0, node="a"), make_pod(1, node="b"))
-    blip = replace(observe(*pods, nodes={"b": False}), not_ready_since={"b": at(-20)})
-    _, during = run(job, blip, 9)  # NotReady for 29 s of a 30 s toleration
+    blip = replace(observe(*pods, nodes={"b": False}), not_ready_since={"b": at(3)})
+    _, during = run(job, blip, 32)  # NotReady for 29 s of a 30 s toleration
     assert during.status["phase"] == "Running" and during.delete_pods == ()
     assert during.force_delete_pods == ()
-    _, lost = run(job, blip, 10)
+    _, lost = run(job, blip, 33)
     assert lost.status["phase"] == "Restarting" and lost.force_delete_pods == ("job-1",)
     assert lost.delete_pods == ("job-0",)
     assert "NotReady for 30s" in condition(lost, "Restarting")["message"]
@@ -346,3 +346,15 @@ def test_a_resume_while_the_old_pods_terminate_waits_and_counts_nothing() -> Non
     _, resumed = run(job, terminating, 6)
     assert resumed.status["restarts"] == 0 and resumed.create_pods == ()
     assert "earlier attempt" in resumed.status["message"]
+
+
+def test_a_pod_that_came_to_a_not_ready_node_gets_the_whole_toleration() -> None:
+    # The node went NotReady long ago; the pod was bound to it at t=20 (the node's return may
+    # reach the operator after the pod's binding). It is given up 30 s after its own start.
+    job = started_job()
+    pods = (make_pod(0, node="a", started_at=at(20)), make_pod(1, node="b", started_at=at(20)))
+    node = replace(observe(*pods, nodes={"b": False}), not_ready_since={"b": at(-100)})
+    _, fresh = run(job, node, 49)
+    assert fresh.status["phase"] == "Running" and fresh.status["restarts"] == 0
+    _, lost = run(job, node, 50)
+    assert lost.status["restarts"] == 1 and lost.force_delete_pods == ("job-1",)
