@@ -17,7 +17,7 @@ import kopf
 from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 
-from meshrun_operator import kueue_watch, leader, names, netpolicy
+from meshrun_operator import kueue, kueue_watch, leader, names, netpolicy
 from meshrun_operator.apiclient import ApiTimeout, load_api_client
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.handlers import OperatorMemo, register
@@ -30,6 +30,8 @@ from meshrun_operator.progress import ProgressReader
 
 POD_SELECTOR = ("v1", "pods")
 """kopf's selector of core/v1 pods, for their server-side label selector."""
+WORKLOAD_SELECTOR = (kueue.GROUP, kueue.WORKLOAD_PLURAL)
+"""kopf's selector of Kueue's Workloads."""
 
 
 @dataclass(frozen=True)
@@ -218,8 +220,10 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     # kopf's own short requests (listing, peering, posting) are bounded like the reconciler's.
     settings.networking.request_timeout = options.api_timeout_seconds
     settings.networking.connect_timeout = min(10.0, options.api_timeout_seconds)
-    # Only the pods the operator made are listed and watched (server-side), not every pod.
+    # Only the pods and Workloads the operator made are listed and watched (server-side), not
+    # every pod of the cluster, nor the Workloads of every other kind of job.
     settings.watching.label_selectors[POD_SELECTOR] = names.LABEL_JOB
+    settings.watching.label_selectors[WORKLOAD_SELECTOR] = names.LABEL_JOB
     # Handler logs are not turned into Events; the reconciler posts its own, one per change.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = names.MANAGED_BY

@@ -176,7 +176,10 @@ def test_a_stuck_api_server_fails_healthz_and_the_operator_recovers(
 ) -> None:
     proxy = ApiProxy(kubeconfig)
     through_proxy = proxy.kubeconfig(tmp_path / "proxied-kubeconfig")
+    # A delete that got no answer stays expected until its expectation expires (it may have
+    # been carried out): keep that short here.
     extra = ["--api-timeout-seconds", "2", "--stall-seconds", "6"]
+    extra += ["--expectations-timeout-seconds", "5"]
     operator = OperatorProcess(through_proxy, namespace, tmp_path, extra=extra).start()
     try:
         cluster.apply(job_manifest("stuck", runPolicy={"activeDeadlineSeconds": 15}))

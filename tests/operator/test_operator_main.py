@@ -59,5 +59,7 @@ def test_kopf_requests_are_bounded_and_only_the_operators_pods_are_watched() -> 
     assert settings.networking.request_timeout == 7
     assert settings.networking.connect_timeout == 7
     assert settings.watching.client_timeout is not None  # a silent watch is ended, too
-    (selector,) = settings.watching.label_selectors.values()
-    assert selector == "meshrun.dev/job-name"  # an existence selector, sent to the API server
+    # Existence selectors, sent to the API server: pods and Workloads of meshrun jobs only.
+    assert set(settings.watching.label_selectors.values()) == {"meshrun.dev/job-name"}
+    selected = {key.plural or key.any_name for key in settings.watching.label_selectors}
+    assert selected == {"pods", "workloads"}
