@@ -81,6 +81,7 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(
         before = writes(a)
         a.proc.send_signal(signal.SIGSTOP)
         took = takeover(b, time.monotonic(), "a frozen")
+        print(f"takeover after the leader froze: {took:.1f} s")
         assert took < LEASE_SECONDS + 4 * RETRY + 5, f"takeover took {took:.1f} s"
         cluster.finish("gang-1", "Failed", exit_code=1)  # b must restart the gang
         wait_for(lambda: cluster.status("gang").get("restarts") == 1, 60, "b restarting gang")
@@ -96,6 +97,7 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(
         # The leader dies without a word: a takes over within the lease duration.
         b.kill()
         took = takeover(a, time.monotonic(), "b killed")
+        print(f"takeover after the leader was killed: {took:.1f} s")
         assert took < LEASE_SECONDS + 4 * RETRY + 5, f"takeover took {took:.1f} s"
         for job in ("gang", "after"):
             for index in range(2):
@@ -110,6 +112,7 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(
         stopped = time.monotonic()
         a.stop()
         took = takeover(b, stopped, "a stopped")
+        print(f"takeover after a clean stop: {took:.1f} s")
         assert took < LEASE_SECONDS, f"takeover after a clean stop took {took:.1f} s"
         assert_cleaned_up(cluster, "gang", "after")
         assert cluster.kubectl("get", names.PLURAL, "-n", namespace, "-o", "name").stdout == ""

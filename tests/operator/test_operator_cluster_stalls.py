@@ -146,6 +146,7 @@ def test_a_trainer_whose_progress_dribbles_delays_no_other_job(
         cluster.apply(job_manifest("quick"))
         cluster.wait_running_pods("quick", 2, timeout=30)
         took = time.monotonic() - asked
+        print(f"job quick's pods Running {took:.1f} s after it was applied, behind the dribble")
         # The old loop waited for every job's reconcile: the dribble (90 s) held it all.
         assert took < 15, f"job quick's pods took {took:.1f} s behind a dribbling /progress"
         # The read was cut at its deadline, and the pod is left alone for a while after.
@@ -196,6 +197,7 @@ def test_a_stuck_api_server_fails_healthz_and_the_operator_recovers(
             "/healthz failing while no reconcile can complete",
         )
         failed_after = time.monotonic() - frozen
+        print(f"/healthz failed {failed_after:.1f} s after the API server froze")
         assert operator.proc is not None and operator.proc.poll() is None
         assert "reconcile of job" in operator.log_tail(200)  # timed out, said so, went on
         proxy.thaw()
