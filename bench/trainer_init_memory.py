@@ -139,6 +139,12 @@ def main() -> None:
                 f" {(init - base) / GIB:>12.2f} {bound / GIB:>7.2f} {step}"
             )
         worst = max(i - b for i, b in zip(rows["init"], rows["baseline"], strict=True))
+        if "step" in rows:
+            above = max(t - b for t, b in zip(rows["step"], rows["baseline"], strict=True))
+            print(
+                f"first step above the fixed overhead: at most {above / GIB:.2f} GiB, the planner "
+                f"{estimate.total / GIB:.2f} GiB (ratio {above / estimate.total:.2f})"
+            )
         verdict = "within" if worst <= bound else "ABOVE"
         print(
             f"init peak above the fixed overhead: at most {worst / GIB:.2f} GiB, {verdict} the "
@@ -150,6 +156,7 @@ def main() -> None:
             f"planner, per rank (seq {args.seq_len}, checkpointing {args.checkpointing}): "
             f"params {estimate.params / GIB:.2f}, grads {estimate.grads / GIB:.2f}, optimizer "
             f"{estimate.optimizer / GIB:.2f}, activations {estimate.activations / GIB:.2f}, "
+            f"gathered unit {estimate.gathered / GIB:.2f}, "
             f"total {estimate.total / GIB:.2f} GiB; first step: {step_note}"
         )
     dist.destroy_process_group()
