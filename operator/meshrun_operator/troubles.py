@@ -123,7 +123,9 @@ def _lost(
     for pod in sorted(current, key=lambda p: p.index):
         if pod.node not in lost or pod.phase in finished:
             continue
-        since = observed.not_ready_since.get(pod.node)  # None: the node was deleted
+        if observed.nodes is not None and pod.node not in observed.nodes:
+            return lost[pod.node], pod  # a deleted node: nothing to wait for
+        since = observed.not_ready_since.get(pod.node)
         arrived = pod.started_at or attempt_start
         waited = (now - max(since, arrived)).total_seconds() if since and arrived else None
         if waited is not None and waited < tuning.node_toleration_seconds:

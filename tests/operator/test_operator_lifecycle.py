@@ -143,7 +143,8 @@ def test_pods_on_a_lost_node_are_force_deleted_and_the_gang_restarts(
     node_state: bool | None,
 ) -> None:
     job = started_job()
-    pods = (make_pod(0, node="good"), make_pod(1, node="bad"))
+    # The pods ran before the node went NotReady: the toleration counts from the node's fall.
+    pods = tuple(make_pod(i, node=n, started_at=at(-60)) for i, n in enumerate(("good", "bad")))
     nodes = {"good": True} if node_state is None else {"good": True, "bad": False}
     observed = Observed(pods=pods, nodes=nodes, not_ready_since={"bad": at(-30)})
     _, decision = run(job, observed, 5)
@@ -269,3 +270,12 @@ def test_a_refused_pod_template_stays_invalid_until_the_spec_changes() -> None:
     job["metadata"]["generation"] = 2  # the user edited the spec: try again
     _, retried = run(job, observe(), 6)
     assert not retried.invalid and retried.create_pods == (0, 1)
+
+
+def test_a_deleted_node_is_lost_at_once_even_for_a_pod_that_just_came() -> None:
+    # The node was NotReady a moment before it was deleted; no toleration is left to give.
+    job = started_job()
+    pods = (make_pod(0, node="good", started_at=at(4)), make_pod(1, node="bad", started_at=at(4)))
+    observed = Observed(pods=pods, nodes={"good": True}, not_ready_since={"bad": at(3)})
+    _, decision = run(job, observed, 5)
+    assert decision.force_delete_pods == ("job-1",) and decision.status["phase"] == "Restarting"
