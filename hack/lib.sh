@@ -15,6 +15,19 @@ die() {
   exit 1
 }
 
+# wait_for WHAT SECONDS CMD...: run CMD every half second until it succeeds; after SECONDS, log
+# that it gave up waiting for WHAT and return 1.
+wait_for() {
+  local what=$1 limit=$2; shift 2
+  local deadline=$((SECONDS + limit))
+  until "$@" >/dev/null 2>&1; do
+    if ((SECONDS >= deadline)); then
+      log "gave up after ${limit} s waiting for $what"; return 1
+    fi
+    sleep 0.5
+  done
+}
+
 # kc ARGS...: kubectl on the calling script's cluster.
 kc() {
   local kubectl=${KUBECTL:-$(dirname "${BASH_SOURCE[0]}")/../.cluster/bin/kubectl}

@@ -41,12 +41,3 @@ stop_kueue() {
   fi
   rm -f "$KQ/kueue.pid"
 }
-
-# poll SECONDS WHAT CMD...: run CMD every half second until it succeeds or SECONDS pass.
-poll() {
-  local deadline=$((SECONDS + $1)) what=$2; shift 2
-  until "$@" >/dev/null 2>&1; do
-    ((SECONDS < deadline)) || { log "gave up waiting for $what"; return 1; }
-    sleep 0.5
-  done
-}

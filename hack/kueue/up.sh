@@ -77,7 +77,7 @@ if ((!keep)); then
   echo "$identity" >"$KQ/identity"
 fi
 ready() { curl -sf "http://127.0.0.1:$health_port/readyz"; }
-poll 120 "the Kueue manager to be ready" ready || { tail -20 "$KQ/kueue.log" >&2; die "Kueue did not start"; }
+wait_for "the Kueue manager to be ready" 120 ready || { tail -20 "$KQ/kueue.log" >&2; die "Kueue did not start"; }
 
 kc create --dry-run=client -o json -f "$MODULE_DIR/config/components/webhook/manifests.yaml" \
   | python3 "$ROOT/hack/kueue/manifests.py" webhooks "$URL" "$KQ/certs/ca.crt" \
@@ -86,5 +86,5 @@ kc create --dry-run=client -o json -f "$MODULE_DIR/config/components/webhook/man
 # ResourceFlavor webhooks (and its validation would refuse a malformed object).
 flavor='{"apiVersion":"kueue.x-k8s.io/v1beta2","kind":"ResourceFlavor","metadata":{"name":"probe"}}'
 webhook_answers() { kc create --dry-run=server -f - <<<"$flavor"; }
-poll 60 "the API server to reach Kueue's webhooks" webhook_answers
+wait_for "the API server to reach Kueue's webhooks" 60 webhook_answers
 log "Kueue $KUEUE_VERSION ready ($((SECONDS - t0)) s)"

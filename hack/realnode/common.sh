@@ -56,14 +56,3 @@ stop_daemon() {
   rm -f "$RN/pids/$name.pid"
 }
 
-# wait_for WHAT SECONDS CMD...: poll CMD every half second until it succeeds.
-wait_for() {
-  local what=$1 limit=$2; shift 2
-  local deadline=$((SECONDS + limit))
-  until "$@" >/dev/null 2>&1; do
-    if ((SECONDS >= deadline)); then
-      log "gave up after ${limit} s waiting for $what"; return 1
-    fi
-    sleep 0.5
-  done
-}
