@@ -20,6 +20,7 @@ from typing import Any
 
 import kueue_objects as ko
 import pytest
+from hostvolumes import host_path_claim
 from kueue_factories import pipeline_spec
 from kueue_support import Kubectl, KueueEnv, get_json, workload
 from meshrun_operator import kube as kube_module
@@ -194,29 +195,10 @@ def _checkpoint_claim(kubectl: Kubectl, namespace: str) -> str:
     a resumed attempt must find again)."""
     claim = "checkpoints"
     volume = f"ckpt-{namespace}"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": volume, "labels": {"meshrun.dev/kueue-test": "true"}},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "hostPath": {"path": f"/tmp/{volume}"},
-            "claimRef": {"namespace": namespace, "name": claim},
-            "persistentVolumeReclaimPolicy": "Delete",
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "resources": {"requests": {"storage": "1Gi"}},
-            "storageClassName": "",
-            "volumeName": volume,
-        },
-    }
+    labels = {"meshrun.dev/kueue-test": "true"}
+    pv, pvc = host_path_claim(
+        namespace, claim, volume, f"/tmp/{volume}", reclaim="Delete", labels=labels
+    )
     kubectl(
         "apply",
         "-f",

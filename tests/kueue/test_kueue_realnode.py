@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 import yaml
+from hostvolumes import host_path_claim
 from kueue_support import Kubectl, KueueEnv, get_json
 from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess
@@ -92,30 +93,8 @@ def _checkpoint_claim(kubectl: Kubectl, namespace: str, directory: Path) -> str:
     directory.mkdir(parents=True, exist_ok=True)
     os.chmod(directory, 0o777)  # the trainer runs as uid 1000
     claim, volume = "checkpoints", f"kueue-ckpt-{namespace[-12:]}"
-    pv = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolume",
-        "metadata": {"name": volume},
-        "spec": {
-            "capacity": {"storage": "1Gi"},
-            "accessModes": ["ReadWriteMany"],
-            "persistentVolumeReclaimPolicy": "Retain",
-            "storageClassName": "",
-            "hostPath": {"path": str(directory), "type": "Directory"},
-            "claimRef": {"namespace": namespace, "name": claim},
-        },
-    }
-    pvc = {
-        "apiVersion": "v1",
-        "kind": "PersistentVolumeClaim",
-        "metadata": {"name": claim, "namespace": namespace},
-        "spec": {
-            "accessModes": ["ReadWriteMany"],
-            "storageClassName": "",
-            "volumeName": volume,
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
+    pv, pvc = host_path_claim(namespace, claim, volume, str(directory))
+    pv["spec"]["hostPath"]["type"] = "Directory"
     kubectl(
         "apply",
         "-f",
