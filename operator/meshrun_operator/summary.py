@@ -13,29 +13,101 @@ from meshrun_operator.children import pod_ranks, pod_stage
 from meshrun_operator.observe import PodView
 from meshrun_operator.state import StepChange
 
+PER_POD_ROWS = 512
+"""Up to this many pods, status.placement has a row per pod."""
+MAX_ROWS = 512
+"""A larger job's placement has at most this many rows, so that its status stays small (an
+object is at most 1.5 MiB in etcd, and every watcher of the job receives the whole of it)."""
+
 
 def placement(
     plan: Plan, pods: Iterable[PodView], domains: Mapping[str, str] | None = None
 ) -> list[dict[str, Any]]:
     """Pod -> node -> ranks for the pods of the current attempt, in pod order, with each pod's
     pipeline stage and its node's topology domain (``domains``: node -> value of the job's
-    topologyKey), so a stage kept in one rack shows as one domain."""
-    rows = []
-    for pod in sorted(pods, key=lambda p: p.index):
-        ranks = pod_ranks(plan, pod.index)
-        row: dict[str, Any] = {
-            "pod": pod.name,
-            "node": pod.node or "",
-            "firstRank": ranks[0],
-            "lastRank": ranks[-1],
-            "stage": pod_stage(plan, pod.index),
-            "phase": pod.phase,
-        }
-        domain = (domains or {}).get(pod.node or "")
-        if domain:
-            row["domain"] = domain
-        rows.append(row)
-    return rows
+    topologyKey), so a stage kept in one rack shows as one domain.
+
+    Beyond ``PER_POD_ROWS`` pods, a row stands for a run of consecutive pods (``pods``: their
+    index range, ``count``) with the same stage, domain and phase, their node names left to
+    the pods themselves; when that still makes more than ``MAX_ROWS`` rows, runs with the same
+    stage and phase (``domains``: how many), then runs with the same phase, and at last one
+    row per phase with its count.
+    """
+    ordered = sorted(pods, key=lambda p: p.index)
+    if len(ordered) <= PER_POD_ROWS:
+        return [_pod_row(plan, pod, domains) for pod in ordered]
+    for keys in (("stage", "domain"), ("stage",), ()):
+        rows = _runs(plan, ordered, domains, keys)
+        if rows is not None:
+            return rows
+    counts: dict[str, int] = {}
+    for pod in ordered:
+        counts[pod.phase] = counts.get(pod.phase, 0) + 1
+    return [{"phase": phase, "count": count} for phase, count in sorted(counts.items())]
+
+
+def _pod_row(plan: Plan, pod: PodView, domains: Mapping[str, str] | None) -> dict[str, Any]:
+    ranks = pod_ranks(plan, pod.index)
+    row: dict[str, Any] = {
+        "pod": pod.name,
+        "node": pod.node or "",
+        "firstRank": ranks[0],
+        "lastRank": ranks[-1],
+        "stage": pod_stage(plan, pod.index),
+        "phase": pod.phase,
+    }
+    domain = (domains or {}).get(pod.node or "")
+    if domain:
+        row["domain"] = domain
+    return row
+
+
+def _runs(
+    plan: Plan,
+    pods: list[PodView],
+    domains: Mapping[str, str] | None,
+    keys: tuple[str, ...],
+) -> list[dict[str, Any]] | None:
+    """Rows of runs of consecutive pods alike in ``keys`` and phase; None past MAX_ROWS."""
+    runs: list[list[PodView]] = []
+    last: tuple[Any, ...] = ()
+    for pod in pods:
+        key = (
+            pod_stage(plan, pod.index) if "stage" in keys else None,
+            (domains or {}).get(pod.node or "") if "domain" in keys else None,
+            pod.phase,
+        )
+        if runs and key == last and pod.index == runs[-1][-1].index + 1:
+            runs[-1].append(pod)
+            continue
+        if len(runs) == MAX_ROWS:
+            return None
+        runs.append([pod])
+        last = key
+    return [_run_row(plan, run, domains, keys) for run in runs]
+
+
+def _run_row(
+    plan: Plan, run: list[PodView], domains: Mapping[str, str] | None, keys: tuple[str, ...]
+) -> dict[str, Any]:
+    first, last = run[0].index, run[-1].index
+    row: dict[str, Any] = {
+        "pods": f"{first}-{last}" if last != first else str(first),
+        "count": len(run),
+        "firstRank": pod_ranks(plan, first)[0],
+        "lastRank": pod_ranks(plan, last)[-1],
+    }
+    if "stage" in keys:
+        row["stage"] = pod_stage(plan, first)
+    if domains is not None:
+        found = {domains.get(p.node or "") for p in run} - {None, ""}
+        if "domain" in keys:
+            if found:
+                row["domain"] = found.pop()
+        else:
+            row["domains"] = len(found)
+    row["phase"] = run[0].phase
+    return row
 
 
 def step_change(
