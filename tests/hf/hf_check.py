@@ -28,6 +28,7 @@ SEQ_LEN = 32
 LAYOUTS: dict[str, dict[str, Any]] = {
     "single": {},
     "ddp2": {"dp": 2},
+    "zero2-dp2": {"dp": 2, "zero_stage": 2},
     "zero3-dp2": {"dp": 2, "zero_stage": 3},
     "tp2": {"tp": 2},
     "pp2": {"pp": 2, "micro_batches": 2, "grad_accumulation": 2},

@@ -1,5 +1,5 @@
 """Proof against transformers: tiny Llama, Qwen2 (tied embeddings, q/k/v bias) and Mistral models
-with random weights, fine-tuned on JSON Lines under DDP, ZeRO-3, TP 2, PP 2 and 3D.
+with random weights, fine-tuned on JSON Lines under DDP, ZeRO-2, ZeRO-3, TP 2, PP 2 and 3D.
 
 - step 0's validation loss equals the loss transformers computes by the documented rule
   (documents tokenized without special tokens, EOS appended, concatenated, cut into seqLen + 1
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
 SEQ_LEN = 32
 STEPS = 4
-WORLDS = {1: ["single"], 2: ["ddp2", "zero3-dp2", "tp2", "pp2"], 8: ["3d"]}
+WORLDS = {1: ["single"], 2: ["ddp2", "zero2-dp2", "zero3-dp2", "tp2", "pp2"], 8: ["3d"]}
 
 
 def rule_loss(folder: Path, validation: Path, seq_len: int = SEQ_LEN) -> float:
