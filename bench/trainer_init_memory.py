@@ -50,6 +50,12 @@ def peak_rss() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
 
 
+def resident() -> int:
+    """This process's resident memory now (not its high-water mark)."""
+    pages = int(Path("/proc/self/statm").read_text().split()[1])
+    return pages * resource.getpagesize()
+
+
 def available() -> int:
     for line in Path("/proc/meminfo").read_text().splitlines():
         if line.startswith("MemAvailable:"):
@@ -99,12 +105,14 @@ def main() -> None:
     }
     plan = plan_job(spec)
     estimate, shape = plan.memory, plan.model
-    # The planner's total, the fixed overhead and half a GiB of slack, on every rank.
-    need = WORLD * (estimate.total + max(rows["baseline"]) + GIB // 2)
+    # The planner's total, the fixed overhead and half a GiB of slack, on every rank, less what
+    # the ranks already hold (their shards are part of the total).
+    held = gathered(resident())
+    need = sum(max(0.0, estimate.total + max(rows["baseline"]) + GIB // 2 - h) for h in held)
     step_note = "not run (pass --step)"
     if args.step:
-        ok = gathered(float(available() >= need))
-        if all(ok):
+        free = gathered(float(available()))
+        if min(free) >= need:
             stream = make_stream("synthetic", shape.vocab, args.seq_len, WORLD, 0)
             inputs, targets = stream.global_batch(1)
             rows_x = replica_rows(inputs, rank, WORLD)
@@ -115,7 +123,10 @@ def main() -> None:
             rows["step"] = gathered(peak_rss())
             step_note = f"seq {args.seq_len}, micro-batch 1, checkpointing {args.checkpointing}"
         else:
-            step_note = f"skipped: needs about {need / GIB:.1f} GiB free, MemAvailable is less"
+            step_note = (
+                f"skipped: needs about {need / GIB:.1f} GiB free, MemAvailable is "
+                f"{min(free) / GIB:.1f} GiB"
+            )
     if rank == 0:
         full = shape.parameters() * 4
         layer = shape.layer_parameters() * 4
