@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from meshrun_operator import metrics
+from meshrun_operator.evaluation import Evaluations
 from meshrun_operator.expectations import Expectations, Tombstones
 from meshrun_operator.kube import Kube
 from meshrun_operator.netpolicy import PolicyOptions
@@ -55,6 +56,13 @@ class OperatorContext:
     """kopf's index of node labels (the topology domains status.placement shows), or None."""
     network_policy: PolicyOptions | None = None
     """The NetworkPolicy each job gets (netpolicy.py); None: none (--no-network-policy)."""
+    evaluations: Evaluations = field(default_factory=Evaluations)
+    """Each job's spec, read and planned once per generation."""
+    status_interval_seconds: float = 10.0
+    """A status change that only tells how a launch or a run goes is written at most this
+    often (writes.py)."""
+    deferred: dict[str, float] = field(default_factory=dict)
+    """By uid, since when (monotonic) a decided status waits to be written."""
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.tuning.expectations_timeout_seconds)
@@ -68,6 +76,8 @@ class OperatorContext:
         self.attempts.pop(uid, None)
         self.latest.pop(uid, None)
         self.unwritten.pop(uid, None)
+        self.evaluations.forget(uid)
+        self.deferred.pop(uid, None)
         if self.kueue is not None:
             self.kueue.forget(uid)
 

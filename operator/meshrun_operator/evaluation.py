@@ -1,4 +1,4 @@
-"""A job spec checked once per reconcile: read into types (CRD defaults applied), planned."""
+"""A job spec checked once per generation: read into types (CRD defaults applied), planned."""
 
 from __future__ import annotations
 
@@ -42,6 +42,32 @@ def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
         failed = SpecError("spec", f"could not be planned: {error!r}")
         return Evaluation(spec=spec, settings=settings, error=failed)
     return Evaluation(spec=spec, settings=settings, plan=plan)
+
+
+class Evaluations:
+    """Each job's spec evaluated once per generation.
+
+    Reading, checking and planning a spec takes milliseconds, and a launch reconciles its job
+    many times; the spec only changes with ``metadata.generation`` (the status has a
+    subresource of its own). Without a generation, an equal spec is the same spec.
+    """
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, tuple[tuple[str, object], Evaluation]] = {}
+
+    def of(self, uid: str, spec: Mapping[str, Any], name: str, generation: object) -> Evaluation:
+        """The job's evaluated spec (evaluated now if its generation is new)."""
+        key = (name, generation)
+        cached = self.by_uid.get(uid)
+        same = cached is not None and cached[0] == key
+        if cached is not None and same and (generation is not None or cached[1].spec == spec):
+            return cached[1]
+        ev = evaluate(spec, name)
+        self.by_uid[uid] = (key, ev)
+        return ev
+
+    def forget(self, uid: str) -> None:
+        self.by_uid.pop(uid, None)
 
 
 def refused(ev: Evaluation, error: SpecError) -> Evaluation:

@@ -65,10 +65,12 @@ def register(
     @kopf.index(
         "v1", "pods", id="meshrun_pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
     )
-    def meshrun_pods(
+    async def meshrun_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[tuple[str, str], PodView]:
-        return {(str(namespace), str(labels[names.LABEL_JOB])): pod_view(plain(body))}
+        # Coroutines run on the event loop (kopf runs a plain function on a thread each time);
+        # the view reads the body without copying it.
+        return {(str(namespace), str(labels[names.LABEL_JOB])): pod_view(body)}
 
     @kopf.index(
         "v1",
@@ -77,7 +79,7 @@ def register(
         labels={names.LABEL_JOB: kopf.PRESENT},
         registry=registry,
     )
-    def meshrun_pod_versions(
+    async def meshrun_pod_versions(
         uid: str, namespace: str | None, meta: kopf.Meta, **_: Any
     ) -> dict[str, tuple[str, str]]:
         """What a watch-gap audit compares with a fresh list: uid -> (version, namespace)."""
@@ -86,8 +88,8 @@ def register(
     if watch_nodes:
 
         @kopf.index("v1", "nodes", id="meshrun_nodes", registry=registry)
-        def meshrun_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeView]:
-            return {str(name): node_view(plain(body))}
+        async def meshrun_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeView]:
+            return {str(name): node_view(body)}
 
         @kopf.on.event("v1", "nodes", id="node-changed", registry=registry)
         async def node_changed(
@@ -96,7 +98,7 @@ def register(
             # Heartbeats modify every node every few seconds; only a change of readiness (or a
             # deletion) concerns the jobs, and then all of them are looked at.
             resync = memo.resync
-            ready = None if type == "DELETED" else node_ready(plain(body))
+            ready = None if type == "DELETED" else node_ready(body)
             if resync.node_ready.get(name, ready) != ready:
                 resync.poke_all()
             if ready is None:
@@ -166,10 +168,11 @@ def register(
         if type == "DELETED":
             # The pods index forgets a deleted pod; its last state decides what its deletion
             # meant (a DisruptionTarget makes it a disruption, not a failure).
-            memo.resync.poke(memo.ctx.tombstones.record(plain(body)))
+            memo.resync.poke(memo.ctx.tombstones.record(plain(body)), batch=True)
             return
         owners = body.get("metadata", {}).get("ownerReferences") or []
-        memo.resync.poke(next((o.get("uid") for o in owners if o.get("controller")), None))
+        owner = next((o.get("uid") for o in owners if o.get("controller")), None)
+        memo.resync.poke(owner, batch=True)
 
     @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, id="job-changed", registry=registry)
     async def job_changed(
@@ -181,5 +184,10 @@ def register(
         if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
             resync.forget(uid)
             return
+        known = resync.jobs.get(uid)
         resync.jobs[uid] = plain(body)
-        resync.poke(uid)
+        # A new job or a new spec is acted on at once; the echo of the operator's own status
+        # write (or any other change of status or metadata) joins the batch of its pods.
+        generation = body.get("metadata", {}).get("generation")
+        same = known is not None and known["metadata"].get("generation") == generation
+        resync.poke(uid, batch=same)

@@ -77,18 +77,32 @@ class Kube:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.pool, lambda: fn(*args, **kwargs))
 
+    async def _send(
+        self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
+        """A call whose answer is not needed: the client builds no model of it (a pod's answer
+        alone is hundreds of objects), the answer is read only to keep the connection. An error
+        answer still raises ApiException, with its body."""
+
+        def unread(*inner: Any, **options: Any) -> None:
+            response = fn(*inner, _preload_content=False, **options)
+            response.read()
+            response.release_conn()
+
+        await self._call(verb, resource, unread, *args, **kwargs)
+
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create ``obj``; False when it already exists. ChildRejected when it is invalid."""
         kind, meta = obj["kind"], obj["metadata"]
         ns, name = meta["namespace"], meta["name"]
         try:
             if kind == "Pod":
-                await self._call("create", "pods", self.core.create_namespaced_pod, ns, obj)
+                await self._send("create", "pods", self.core.create_namespaced_pod, ns, obj)
             elif kind == "Service":
-                await self._call("create", "services", self.core.create_namespaced_service, ns, obj)
+                await self._send("create", "services", self.core.create_namespaced_service, ns, obj)
             else:
                 group, version, plural = CUSTOM_KINDS[kind][obj["apiVersion"]]
-                await self._call(
+                await self._send(
                     "create",
                     plural,
                     self.custom.create_namespaced_custom_object,
@@ -136,7 +150,7 @@ class Kube:
     async def delete_service(self, namespace: str, name: str) -> None:
         """Delete a Service (an orphan that holds the name of the job's own)."""
         try:
-            await self._call(
+            await self._send(
                 "delete", "services", self.core.delete_namespaced_service, name, namespace
             )
         except ApiException as error:
@@ -162,7 +176,7 @@ class Kube:
                 preconditions=client.V1Preconditions(uid=uid) if uid else None,
             )
             try:
-                await self._call(
+                await self._send(
                     "delete", "pods", self.core.delete_namespaced_pod, name, namespace, body=body
                 )
             except ApiException as error:
@@ -204,7 +218,7 @@ class Kube:
             "count": 1,
         }
         try:
-            await self._call("create", "events", self.core.create_namespaced_event, namespace, body)
+            await self._send("create", "events", self.core.create_namespaced_event, namespace, body)
         except (ApiException, *NO_ANSWER) as error:
             logger.warning("could not post Event %s on %s: %s", reason, involved["name"], error)
 

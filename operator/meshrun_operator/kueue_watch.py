@@ -11,6 +11,7 @@ Workload is known before its pods are judged.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import kopf
@@ -29,8 +30,10 @@ def register(registry: kopf.OperatorRegistry, with_kueue: bool, watch_nodes: boo
     if watch_nodes:
 
         @kopf.index("v1", "nodes", id="meshrun_node_labels", registry=registry)
-        def meshrun_node_labels(name: str, labels: kopf.Labels, **_: Any) -> dict[str, Any]:
-            return {str(name): dict(labels)}
+        async def meshrun_node_labels(name: str, labels: kopf.Labels, **_: Any) -> dict[str, Any]:
+            # A coroutine runs on the event loop (kopf runs a plain function on a thread for
+            # every node heartbeat); label strings repeat across nodes, so they are interned.
+            return {str(name): {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}}
 
     if with_kueue:
 
@@ -42,7 +45,7 @@ def register(registry: kopf.OperatorRegistry, with_kueue: bool, watch_nodes: boo
             labels=mine,
             registry=registry,
         )
-        def meshrun_workloads(
+        async def meshrun_workloads(
             namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
         ) -> dict[tuple[str, str], dict[str, Any]]:
             return {(str(namespace), str(labels[names.LABEL_JOB])): plain(body)}

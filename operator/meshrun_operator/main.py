@@ -50,6 +50,8 @@ class Options:
     """The per-job NetworkPolicy; None: none is created."""
     resync_seconds: float
     """Interval of the periodic resync of every job."""
+    status_interval_seconds: float
+    """Status changes that only tell how a launch or a run goes are written this often."""
     workers: int
     """Threads (and HTTP connections) for concurrent API calls."""
     api_timeout_seconds: float
@@ -91,6 +93,13 @@ def parse_args(argv: list[str]) -> Options:
         type=float,
         default=2.0,
         help="how often each job is re-examined (default 2)",
+    )
+    parser.add_argument(
+        "--status-interval-seconds",
+        type=float,
+        default=10.0,
+        help="how often a job's placement, progress and messages are written at most; a change "
+        "of phase, condition or counter is written at once (default 10)",
     )
     parser.add_argument(
         "--backoff-base-seconds",
@@ -163,6 +172,7 @@ def parse_args(argv: list[str]) -> Options:
             parser.error(f"--{flag.replace('_', '-')}: {value} must be a port (0-65535)")
     positive = (
         "resync_seconds",
+        "status_interval_seconds",
         "backoff_base_seconds",
         "backoff_max_seconds",
         "node_toleration_seconds",
@@ -182,6 +192,7 @@ def parse_args(argv: list[str]) -> Options:
         leader=leader.from_args(args, parser),
         network_policy=netpolicy.from_args(args, parser),
         resync_seconds=args.resync_seconds,
+        status_interval_seconds=args.status_interval_seconds,
         workers=args.workers,
         api_timeout_seconds=args.api_timeout_seconds,
         stall_seconds=args.stall_seconds,
@@ -217,6 +228,10 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.watching.server_timeout = 270
     settings.watching.client_timeout = 300
     settings.watching.connect_timeout = 30
+    # Listings come in pages: one answer for every node or pod of a large cluster could take
+    # longer than a request may (then kopf lists again, forever, and fills no index), and would
+    # be held in memory all at once.
+    settings.watching.chunk_size = 500
     # kopf's own short requests (listing, peering, posting) are bounded like the reconciler's.
     settings.networking.request_timeout = options.api_timeout_seconds
     settings.networking.connect_timeout = min(10.0, options.api_timeout_seconds)
@@ -262,6 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         network_policy=options.network_policy,
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
+        status_interval_seconds=options.status_interval_seconds,
         progress=ProgressReader(enabled=options.progress_http),
         kueue=KueueLink() if options.kueue else None,
     )

@@ -8,7 +8,6 @@ rest of the status (plan, placement, progress) for the one status patch.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -51,8 +50,13 @@ class Draft:
         tuning: Tuning,
         job_name: str = "",
     ) -> None:
-        self.derived: dict[str, Any] = copy.deepcopy(dict(old_status))
-        self.conditions: list[dict[str, Any]] = self.derived.setdefault("conditions", [])
+        # Only the conditions are edited in place (every other key is replaced whole), so they
+        # alone are copied: a deep copy of a large job's status costs more than its decision.
+        self.derived: dict[str, Any] = dict(old_status)
+        self.conditions: list[dict[str, Any]] = [
+            dict(c) for c in self.derived.get("conditions") or []
+        ]
+        self.derived["conditions"] = self.conditions
         self.state = replace(state, phase=state.phase or Phase.PENDING)
         self.old_phase: Phase | None = state.phase
         # Status times have second precision; the clocks keep exactly what is written.
@@ -88,12 +92,18 @@ class Draft:
         self.events.append(Event(kind, str(reason), message))
 
     def announce_phase(self) -> None:
-        """One Event per phase transition."""
-        phase = self.state.phase
-        if phase is not None and phase != self.old_phase:
-            warn = phase in (Phase.FAILED, Phase.RESTARTING)
-            kind = EventType.WARNING if warn else EventType.NORMAL
-            self.add_event(kind, phase.value, self.state.message or phase.value)
+        """One Event per phase transition, but for a launch's routine ones: Pending (the
+        PodsCreated Event tells it) and a job's first Running (its status and Running condition
+        tell it; a gang that runs again after a restart or a resume is announced)."""
+        phase, state = self.state.phase, self.state
+        if phase is None or phase == self.old_phase or phase == Phase.PENDING:
+            return
+        first_run = phase == Phase.RUNNING and self.old_phase in (None, Phase.PENDING)
+        if first_run and state.attempt == state.restarts == state.disruptions == 0:
+            return
+        warn = phase in (Phase.FAILED, Phase.RESTARTING)
+        kind = EventType.WARNING if warn else EventType.NORMAL
+        self.add_event(kind, phase.value, self.state.message or phase.value)
 
     def _delete_all(self, pods: Iterable[PodView], unfinished_only: bool = False) -> None:
         finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)

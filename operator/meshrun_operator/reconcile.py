@@ -21,8 +21,8 @@ from meshrun_operator import metrics
 from meshrun_operator.actions import CreationRefused, execute
 from meshrun_operator.answers import ChildRejected
 from meshrun_operator.children import JobRef
-from meshrun_operator.context import OperatorContext, newest, plain, with_unwritten, without_none
-from meshrun_operator.evaluation import POD_TEMPLATE, evaluate, refused
+from meshrun_operator.context import OperatorContext, newest, with_unwritten, without_none
+from meshrun_operator.evaluation import POD_TEMPLATE, refused
 from meshrun_operator.kube import StaleJob
 from meshrun_operator.kueue_link import KueueHold
 from meshrun_operator.kueue_link import observe as observe_kueue
@@ -30,6 +30,7 @@ from meshrun_operator.lifecycle import Decision, decide
 from meshrun_operator.observing import observe
 from meshrun_operator.phases import Event
 from meshrun_operator.state import JobState
+from meshrun_operator.writes import at_once
 
 
 async def reconcile(
@@ -46,7 +47,8 @@ async def reconcile(
     lock = ctx.locks.setdefault(job.uid, asyncio.Lock())
     async with lock:
         started = time.perf_counter()
-        stored = newest(plain(body), ctx.latest.get(job.uid))
+        # ``body`` is the resync loop's own copy of the job: read, never edited.
+        stored = newest(dict(body), ctx.latest.get(job.uid))
         job_body = with_unwritten(stored, ctx.unwritten.pop(job.uid, None))
         decision, notes = await _act(ctx, job, job_body, pods_index, nodes_index)
         if decision.state.restarts > JobState.from_job(job_body).restarts:
@@ -74,7 +76,8 @@ async def _act(
     pod0 = next((p for p in observed.pods if p.index == 0), None)
     observed = replace(observed, progress=await ctx.progress.read(pod0))
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
-    ev = evaluate(job_body.get("spec") or {}, job.name)
+    spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
+    ev = ctx.evaluations.of(job.uid, spec, job.name, generation)
     now = datetime.now(UTC)
     running = ctx.attempts.get(job.uid)
     decision = decide(job_body, observed, now, ctx.tuning, ev, running)
@@ -103,12 +106,22 @@ async def _act(
 async def _write(
     ctx: OperatorContext, job: JobRef, stored: Mapping[str, Any], decision: Decision
 ) -> None:
-    """Patch the status when it differs from the stored one."""
-    if without_none(decision.status) == without_none(stored.get("status") or {}):
+    """Patch the status when it differs from the stored one: at once when the change says
+    something new, else once it waited ``status_interval_seconds`` (writes.py); until then the
+    next pass decides on it."""
+    new, old = without_none(decision.status), without_none(stored.get("status") or {})
+    if new == old:
+        ctx.deferred.pop(job.uid, None)
+        return
+    now = time.monotonic()
+    since = ctx.deferred.setdefault(job.uid, now)
+    if not at_once(old, new) and now - since < ctx.status_interval_seconds:
+        ctx.unwritten[job.uid] = (old, new)
         return
     version = str(stored["metadata"].get("resourceVersion", ""))
     latest = await ctx.kube.patch_status(job.namespace, job.name, version, decision.status)
     ctx.latest[job.uid] = latest
+    ctx.deferred.pop(job.uid, None)
 
 
 async def _post(ctx: OperatorContext, job: JobRef, events: Iterable[Event]) -> None:

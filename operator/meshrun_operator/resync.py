@@ -52,6 +52,7 @@ class Resyncer:
         nodes_index: Any,
         concurrency: int = 32,
         leading: Callable[[], bool] = lambda: True,
+        batch_seconds: float = 0.25,
     ) -> None:
         self.ctx = ctx
         self.pods_index = pods_index
@@ -64,6 +65,9 @@ class Resyncer:
         """The latest body of every job, by uid."""
         self.dirty: set[str] = set()
         """Jobs to reconcile at the next wake-up."""
+        self.batched: dict[str, float] = {}
+        """Jobs to reconcile at a time of their own (monotonic), changes batched until then."""
+        self.batch_seconds = batch_seconds
         self.running: dict[str, asyncio.Task[None]] = {}
         """The reconcile in flight of each job that has one."""
         self.waiting_since: dict[str, float] = {}
@@ -76,11 +80,16 @@ class Resyncer:
         """Last readiness seen per node: only a change concerns the jobs."""
         self.last_pass = time.monotonic()
 
-    def poke(self, uid: str | None) -> None:
-        """Reconcile ``uid`` soon."""
-        if uid:
+    def poke(self, uid: str | None, batch: bool = False) -> None:
+        """Reconcile ``uid`` now, or with ``batch`` within ``batch_seconds``: a launch's pods
+        change many times a second, and one reconcile then handles all of it."""
+        if not uid:
+            return
+        if batch:
+            self.batched.setdefault(uid, time.monotonic() + self.batch_seconds)
+        else:
             self.dirty.add(uid)
-            self.wake.set()
+        self.wake.set()
 
     def poke_all(self) -> None:
         """Reconcile every job soon."""
@@ -90,6 +99,7 @@ class Resyncer:
     def forget(self, uid: str) -> None:
         self.jobs.pop(uid, None)
         self.dirty.discard(uid)
+        self.batched.pop(uid, None)
         self.waiting_since.pop(uid, None)
         self.failed.discard(uid)
         self.ctx.forget(uid)
@@ -112,21 +122,32 @@ class Resyncer:
         last_full = 0.0
         try:
             while True:
+                now = time.monotonic()
+                wait = last_full + self.ctx.resync_seconds - now
+                if self.batched:
+                    wait = min(wait, min(self.batched.values()) - now)
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), timeout=self.ctx.resync_seconds)
+                    await asyncio.wait_for(self.wake.wait(), timeout=max(wait, 0.0))
                 self.wake.clear()
                 now = time.monotonic()
                 self.last_pass = now
                 if not self.leading():
                     self.dirty.clear()
+                    self.batched.clear()
                     self.stop_all()
                     continue
+                ripe = [uid for uid, at in self.batched.items() if at <= now]
+                for uid in ripe:
+                    del self.batched[uid]
+                self.dirty.update(ripe)
                 if now - last_full >= self.ctx.resync_seconds:
                     wall = datetime.now(UTC)
                     periodic = {
                         uid for uid, body in self.jobs.items() if self._periodic(uid, body, wall)
                     }
                     due, last_full = periodic | (self.dirty & set(self.jobs)), now
+                    for uid in periodic:
+                        self.batched.pop(uid, None)
                 else:
                     due = self.dirty & set(self.jobs)
                 self.dirty.clear()
@@ -141,10 +162,12 @@ class Resyncer:
 
     def _periodic(self, uid: str, body: dict[str, Any], now: datetime) -> bool:
         """Whether the periodic pass looks at the job: not when it ended, unless its TTL ran
-        out or its last reconcile failed."""
+        out, its last reconcile failed or a decided status waits to be written."""
         status = body.get("status") or {}
         if status.get("phase") not in (Phase.SUCCEEDED, Phase.FAILED) or uid in self.failed:
             return True
+        if uid in self.ctx.deferred:
+            return True  # a decided status still waits to be written
         policy = (body.get("spec") or {}).get("runPolicy") or {}
         ttl = policy.get("ttlSecondsAfterFinished")
         if not isinstance(ttl, int):

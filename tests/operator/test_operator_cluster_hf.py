@@ -119,7 +119,7 @@ def test_a_folder_on_a_volume_needs_the_sizes_beside_it(
     cluster.apply(hf_job("sizes", None, **sizes))
     pods = cluster.wait_running_pods("sizes", 2)
     assert env_of(pods[0])["MESHRUN_MODEL_HF_PATH"] == "/models/tiny-llama"
-    warnings = cluster.status("sizes")["plan"]["warnings"]
+    warnings = cluster.wait_phase("sizes", "Running")["plan"]["warnings"]
     assert any("/models/tiny-llama is not visible here" in w for w in warnings), warnings
 
 

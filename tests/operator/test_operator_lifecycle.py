@@ -60,11 +60,25 @@ def test_all_pods_running_makes_the_job_running_with_placement() -> None:
             "phase": "Running",
         },
     ]
-    assert "Running" in reasons(decision)
+    # A first start is routine: PodsCreated told the launch, the status tells the rest.
+    assert reasons(decision) == []
     # Steady state: nothing to do, nothing changes, no new event.
     _, steady = run(job, observe(*pods), 3)
     assert without_none(steady.status) == job["status"] | {"observedGeneration": 1}
     assert steady.events == () and steady.create_pods == () and steady.delete_pods == ()
+
+
+def test_a_gang_that_runs_again_after_a_restart_is_announced() -> None:
+    job = started_job()
+    job, _ = run(job, observe(make_pod(0), make_pod(1)), 2)
+    failed = make_pod(1, phase="Failed", exit_code=137)
+    job, restart = run(job, observe(make_pod(0), failed), 5)
+    assert "Restarting" in reasons(restart)
+    job, again = run(job, observe(), 30)  # the old pods are gone and the backoff is over
+    assert again.create_pods == (0, 1)
+    pods = (make_pod(0, attempt=1), make_pod(1, attempt=1))
+    _, recovered = run(job, observe(*pods), 31)
+    assert recovered.status["phase"] == "Running" and "Running" in reasons(recovered)
 
 
 def test_gang_waits_then_tears_down_after_the_gang_timeout() -> None:

@@ -92,3 +92,37 @@ def test_ended_jobs_leave_the_periodic_pass_until_their_ttl_or_a_failed_reconcil
     assert loop._periodic("a", ended("Failed", ttl=60), now)  # ran out: delete it now
     loop.failed.add("a")
     assert loop._periodic("a", ended("Succeeded"), now)  # its cleanup failed: try again
+
+
+def test_a_burst_of_pod_events_is_one_reconcile_and_a_new_job_is_not_kept_waiting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    done: list[tuple[str, float]] = []
+
+    async def reconcile(ctx: Any, body: dict[str, Any], pods: Any, nodes: Any) -> None:
+        done.append((body["metadata"]["uid"], asyncio.get_running_loop().time()))
+
+    monkeypatch.setattr(resync, "reconcile", reconcile)
+
+    async def scenario() -> None:
+        ctx = OperatorContext(kube=None, resync_seconds=60)  # type: ignore[arg-type]
+        loop = Resyncer(ctx, None, None, batch_seconds=0.2)
+        loop.jobs = {"launching": job("launching"), "new": job("new")}
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(0.05)
+        done.clear()  # the first pass looks at every job
+        start = asyncio.get_running_loop().time()
+        for _ in range(50):  # a launch: its pods change many times a second
+            loop.poke("launching", batch=True)
+            await asyncio.sleep(0.001)
+        loop.poke("new")  # a new job (or a new spec) is acted on at once
+        await asyncio.sleep(0.01)
+        assert [uid for uid, _ in done] == ["new"]
+        await asyncio.sleep(0.3)
+        assert [uid for uid, _ in done] == ["new", "launching"]
+        assert 0.15 <= done[1][1] - start <= 0.35
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
