@@ -47,7 +47,10 @@ def load_api_client(workers: int) -> client.ApiClient:
     try:
         config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
     except config.ConfigException:
-        config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        # KUBECONFIG as it is now: the client's own default was read when it was imported.
+        config.load_kube_config(  # type: ignore[no-untyped-call]
+            config_file=os.environ.get("KUBECONFIG") or None, client_configuration=configuration
+        )
     # One HTTP connection per worker thread, or urllib3 discards the surplus connections.
     configuration.connection_pool_maxsize = workers
     return client.ApiClient(configuration)
