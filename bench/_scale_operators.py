@@ -58,6 +58,20 @@ def http_ok(url: str) -> bool:
         return False
 
 
+def established(cluster: Cluster, crd: str, seconds: float = 300) -> None:
+    """Wait until the API server serves ``crd`` (a freshly started API server under the load of
+    thousands of new nodes may answer a first wait with an error)."""
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{crd}")
+            return
+        except subprocess.CalledProcessError as error:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"CRD {crd} not established: {error.stderr}") from error
+            time.sleep(2)
+
+
 class Operator(ABC):
     """One operator under test: its objects, its process, its user in the audit log."""
 
@@ -161,10 +175,7 @@ class Meshrun(Operator):
     def install(self) -> None:
         crd = ROOT / "crds" / "meshrun.dev_paralleltrainingjobs.yaml"
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
-        self.cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s",
-            "crd/paralleltrainingjobs.meshrun.dev",
-        )  # fmt: skip
+        established(self.cluster, "paralleltrainingjobs.meshrun.dev")
 
     def command(self, profile: Path | None) -> tuple[list[str], dict[str, str]]:
         self.metrics = free_port()
@@ -222,9 +233,7 @@ class TrainingOperator(Operator):
         crds = sorted((module / "manifests" / "base" / "crds").glob("kubeflow.org_*.yaml"))
         files = [arg for crd in crds for arg in ("-f", str(crd))]
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", *files)
-        self.cluster.kubectl(
-            "wait", "--for=condition=Established", "--timeout=60s", "crd/pytorchjobs.kubeflow.org"
-        )
+        established(self.cluster, "pytorchjobs.kubeflow.org")
         certs = self.cluster.state / "peer-certs"
         subprocess.run([str(CERTS_SH), "webhook", str(certs)], check=True)
         apply(

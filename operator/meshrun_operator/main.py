@@ -20,6 +20,7 @@ from prometheus_client import start_http_server
 from meshrun_operator import kueue, kueue_watch, leader, names, netpolicy
 from meshrun_operator.apiclient import ApiTimeout, load_api_client
 from meshrun_operator.context import OperatorContext
+from meshrun_operator.essence import NoDiffBase
 from meshrun_operator.handlers import OperatorMemo, register
 from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_link import KueueLink
@@ -217,7 +218,7 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(
         prefix=names.PROGRESS_PREFIX
     )
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(
+    settings.persistence.diffbase_storage = NoDiffBase(
         prefix=names.PROGRESS_PREFIX, key=names.DIFFBASE_KEY
     )
     # kopf's peering pauses the watches of every operator but the one of highest priority, and

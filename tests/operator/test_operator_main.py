@@ -6,6 +6,8 @@ from pathlib import Path
 
 import kopf
 import pytest
+from meshrun_operator import kueue_watch
+from meshrun_operator.handlers import register
 from meshrun_operator.main import kopf_settings, main, parse_args
 
 pytestmark = pytest.mark.unit
@@ -63,3 +65,18 @@ def test_kopf_requests_are_bounded_and_only_the_operators_pods_are_watched() -> 
     assert set(settings.watching.label_selectors.values()) == {"meshrun.dev/job-name"}
     selected = {key.plural or key.any_name for key in settings.watching.label_selectors}
     assert selected == {"pods", "workloads"}
+
+
+def test_no_essence_is_built_since_no_handler_diffs_one() -> None:
+    settings = kopf_settings(parse_args([]))
+    storage = settings.persistence.diffbase_storage
+    body = kopf.Body({"metadata": {"name": "j"}, "spec": {"a": [1]}, "status": {"b": 2}})
+    assert storage.build(body=body) == {} and storage.fetch(body=body) is None
+    # Which is right only while the operator registers no change handler, daemon or timer:
+    # those would diff the essence.
+    registry = kopf.OperatorRegistry()
+    register(registry, watch_nodes=True)
+    kueue_watch.register(registry, with_kueue=True, watch_nodes=True)
+    assert registry._watching.get_all_handlers() and registry._indexing.get_all_handlers()
+    assert not registry._changing.get_all_handlers()
+    assert not registry._spawning.get_all_handlers()
