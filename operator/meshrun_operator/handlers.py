@@ -18,7 +18,8 @@ import kopf
 from meshrun_operator import metrics, names
 from meshrun_operator.context import OperatorContext, plain
 from meshrun_operator.leader import Elector
-from meshrun_operator.observe import NodeView, PodView, node_ready, node_view, pod_view
+from meshrun_operator.nodewatch import NodeWatch
+from meshrun_operator.observe import PodView, pod_view
 from meshrun_operator.relist import Auditor, LiveIndex
 from meshrun_operator.resync import Resyncer, Stalled
 
@@ -41,6 +42,8 @@ class OperatorMemo(kopf.Memo):
     """The leader election (set before kopf starts), or None: this operator always acts."""
     lead_task: asyncio.Task[None]
     """The task renewing the lease (with leader election)."""
+    nodes: NodeWatch
+    """The node watch (unless run with --no-watch-nodes)."""
     auditor: Auditor
     """Drops what a watch gap left behind (set by the startup handler)."""
 
@@ -85,32 +88,20 @@ def register(
         """What a watch-gap audit compares with a fresh list: uid -> (version, namespace)."""
         return {str(uid): (str(meta.get("resourceVersion", "")), str(namespace))}
 
-    if watch_nodes:
-
-        @kopf.index("v1", "nodes", id="meshrun_nodes", registry=registry)
-        async def meshrun_nodes(name: str, body: kopf.Body, **_: Any) -> dict[str, NodeView]:
-            return {str(name): node_view(body)}
-
-        @kopf.on.event("v1", "nodes", id="node-changed", registry=registry)
-        async def node_changed(
-            memo: OperatorMemo, name: str, type: str, body: kopf.Body, **_: Any
-        ) -> None:
-            # Heartbeats modify every node every few seconds; only a change of readiness (or a
-            # deletion) concerns the jobs, and then all of them are looked at.
-            resync = memo.resync
-            ready = None if type == "DELETED" else node_ready(body)
-            if resync.node_ready.get(name, ready) != ready:
-                resync.poke_all()
-            if ready is None:
-                resync.node_ready.pop(name, None)
-            else:
-                resync.node_ready[name] = ready
-
     @kopf.on.startup(id="start-resync", registry=registry)
     async def start_resync(memo: OperatorMemo, **kwargs: Any) -> None:
         """Start the resync loop with kopf's live indexes (kopf hands them to startup handlers
-        already created, and fills them before any other handler runs)."""
-        nodes = kwargs["meshrun_nodes"] if watch_nodes else None
+        already created, and fills them before any other handler runs) and the node watch (the
+        loop waits for its first listing)."""
+        nodes = None
+        if watch_nodes:
+            # A node's change of readiness (or its deletion) concerns every job.
+            nodes = NodeWatch(
+                memo.ctx.kube.api, lambda: memo.resync.poke_all(), memo.ctx.kube.timeout
+            )
+            memo.ctx.node_labels = nodes.labels
+            memo.nodes = nodes
+            nodes.start()
         elector: Elector | None = memo.get("elector")
         leading = elector.leading if elector is not None else always
         memo.resync = Resyncer(memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading)
@@ -129,6 +120,9 @@ def register(
 
     @kopf.on.cleanup(id="stop-resync", registry=registry)
     async def stop_resync(memo: OperatorMemo, **_: Any) -> None:
+        nodes: NodeWatch | None = memo.get("nodes")
+        if nodes is not None:
+            nodes.stop()
         task: asyncio.Task[None] | None = memo.get("task")
         if task is not None:
             task.cancel()

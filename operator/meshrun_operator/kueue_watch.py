@@ -1,17 +1,16 @@
-"""kopf wiring for Kueue and placement: the index of the operator's Workloads, the index of
-node labels (the topology domains status.placement shows), and a Workload's change waking its
-job.
+"""kopf wiring for Kueue: the index of the operator's Workloads, and a Workload's change waking
+its job. (The nodes' labels, the topology domains status.placement shows, come from the node
+watch: nodewatch.py.)
 
 kopf watches only resources the API server serves: on a cluster without Kueue the Workload
 index stays empty and nothing waits for it, and kopf starts watching Workloads when Kueue's CRD
-appears. Both indexes are handed to the reconciler by a startup handler, like the pod index:
-kopf fills them before any job is looked at, so after an operator restart a running job's
+appears. The index is handed to the reconciler by a startup handler, like the pod index: kopf
+fills it before any job is looked at, so after an operator restart a running job's
 Workload is known before its pods are judged.
 """
 
 from __future__ import annotations
 
-import sys
 from typing import Any
 
 import kopf
@@ -23,17 +22,9 @@ from meshrun_operator.handlers import OperatorMemo
 VERSION = kueue.API_VERSION.split("/")[1]
 
 
-def register(registry: kopf.OperatorRegistry, with_kueue: bool, watch_nodes: bool) -> None:
-    """Register the Workload index (``with_kueue``) and the node label index (``watch_nodes``)."""
+def register(registry: kopf.OperatorRegistry, with_kueue: bool) -> None:
+    """Register the Workload index and its handler (``with_kueue``)."""
     mine = {names.LABEL_JOB: kopf.PRESENT}
-
-    if watch_nodes:
-
-        @kopf.index("v1", "nodes", id="meshrun_node_labels", registry=registry)
-        async def meshrun_node_labels(name: str, labels: kopf.Labels, **_: Any) -> dict[str, Any]:
-            # A coroutine runs on the event loop (kopf runs a plain function on a thread for
-            # every node heartbeat); label strings repeat across nodes, so they are interned.
-            return {str(name): {sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()}}
 
     if with_kueue:
 
@@ -65,6 +56,5 @@ def register(registry: kopf.OperatorRegistry, with_kueue: bool, watch_nodes: boo
 
     @kopf.on.startup(id="kueue-indexes", registry=registry)
     async def kueue_indexes(memo: OperatorMemo, **kwargs: Any) -> None:
-        memo.ctx.node_labels = kwargs.get("meshrun_node_labels")
         if memo.ctx.kueue is not None:
             memo.ctx.kueue.index = kwargs.get("meshrun_workloads")

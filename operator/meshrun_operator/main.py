@@ -286,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     elector = options.leader.elector(api, timeout) if options.leader else None
     registry = kopf.OperatorRegistry()
     register(registry, options.watch_nodes, options.stall_seconds, options.namespaces)
-    kueue_watch.register(registry, with_kueue=options.kueue, watch_nodes=options.watch_nodes)
+    kueue_watch.register(registry, with_kueue=options.kueue)
     if options.metrics_port:
         start_http_server(options.metrics_port)
     liveness = f"http://0.0.0.0:{options.health_port}/healthz" if options.health_port else None

@@ -58,7 +58,8 @@ class Resyncer:
         self.pods_index = pods_index
         """kopf's index of the jobs' pods (live: kopf keeps it current)."""
         self.nodes_index = nodes_index
-        """kopf's index of node readiness, or None when nodes are not watched."""
+        """The node watch (nodewatch.NodeWatch, read like kopf's index of node readiness), or
+        None when nodes are not watched."""
         self.leading = leading
         """True while this operator may act (always, without leader election)."""
         self.jobs: dict[str, dict[str, Any]] = {}
@@ -76,8 +77,6 @@ class Resyncer:
         """Jobs whose last reconcile raised: the periodic pass retries them even if ended."""
         self.wake = asyncio.Event()
         self.limit = asyncio.Semaphore(concurrency)
-        self.node_ready: dict[str, bool] = {}
-        """Last readiness seen per node: only a change concerns the jobs."""
         self.last_pass = time.monotonic()
 
     def poke(self, uid: str | None, batch: bool = False) -> None:
@@ -120,6 +119,10 @@ class Resyncer:
 
     async def run(self) -> None:
         last_full = 0.0
+        listed = getattr(self.nodes_index, "listed", None)
+        if listed is not None:
+            # Until the nodes are listed, every pod's node would look deleted.
+            await listed.wait()
         try:
             while True:
                 now = time.monotonic()

@@ -76,7 +76,7 @@ def test_no_essence_is_built_since_no_handler_diffs_one() -> None:
     # those would diff the essence.
     registry = kopf.OperatorRegistry()
     register(registry, watch_nodes=True)
-    kueue_watch.register(registry, with_kueue=True, watch_nodes=True)
+    kueue_watch.register(registry, with_kueue=True)
     assert registry._watching.get_all_handlers() and registry._indexing.get_all_handlers()
     assert not registry._changing.get_all_handlers()
     assert not registry._spawning.get_all_handlers()

@@ -1,0 +1,93 @@
+"""The operator's node watch on the real API server: a listing in pages, a node's readiness as it
+flips (and since when), its labels, its deletion; heartbeats reach no job."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+from kubernetes import config
+from meshrun_operator import nodewatch
+from meshrun_operator.apiclient import ApiTimeout
+from meshrun_operator.nodewatch import NodeWatch
+from operator_harness import Kubectl
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
+
+RACK = "topology.meshrun.dev/rack"
+
+
+def ready_patch(ready: bool, transition: str) -> str:
+    now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    condition = {
+        "type": "Ready",
+        "status": "True" if ready else "False",
+        "reason": "Test",
+        "lastHeartbeatTime": now,
+        "lastTransitionTime": transition,
+    }
+    return json.dumps({"status": {"conditions": [condition]}})
+
+
+async def until(check: Callable[[], bool], what: str, seconds: float = 30) -> None:
+    deadline = asyncio.get_running_loop().time() + seconds
+    while not check():
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"waited {seconds:.0f} s for {what}")
+        await asyncio.sleep(0.1)
+
+
+def test_the_node_watch_follows_readiness_labels_and_deletion(
+    kubeconfig: str, kubectl: Kubectl, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(nodewatch, "PAGE", 2)  # the listing comes in several pages
+    name = f"watched-{uuid.uuid4().hex[:8]}"
+    # A node no kubelet (and no KWOK controller) keeps: only this test changes its status.
+    node = {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": {RACK: "rack-7"}},
+        "spec": {"taints": [{"key": "meshrun.dev/test", "effect": "NoSchedule"}]},
+    }
+    kubectl("apply", "-f", "-", input=json.dumps(node))
+    status = ("--subresource=status", "--type=merge", "-p")
+    kubectl("patch", "node", name, *status, ready_patch(True, "2026-01-01T00:00:00Z"))
+    listed = kubectl("get", "nodes", "-o", "name").stdout.split()
+
+    async def scenario() -> None:
+        changes: list[float] = []
+        api = config.new_client_from_config(config_file=kubeconfig)
+        watch = NodeWatch(api, lambda: changes.append(1.0), ApiTimeout.of(10))
+        watch.start()
+        try:
+            await asyncio.wait_for(watch.listed.wait(), 30)
+            # Every node, though listed two at a time; the labels and readiness of each.
+            assert {f"node/{n}" for n in watch.nodes} >= set(listed)
+            assert watch.labels.get(name) == ({RACK: "rack-7"} | watch.nodes[name].labels,)
+            assert watch.labels.get("no-such-node") == ()
+            assert name in watch and watch[name][0].ready and "no-such-node" not in watch
+            # A heartbeat alone changes nothing the operator keeps: no job is told.
+            kubectl("patch", "node", name, *status, ready_patch(True, "2026-01-01T00:00:00Z"))
+            await asyncio.sleep(1)
+            assert changes == []
+            # Readiness flips: the jobs are told, and the view has the time it flipped.
+            kubectl("patch", "node", name, *status, ready_patch(False, "2026-02-03T04:05:06Z"))
+            await until(lambda: not watch[name][0].ready, "the node NotReady")
+            assert watch[name][0].since == datetime(2026, 2, 3, 4, 5, 6, tzinfo=UTC)
+            assert changes == [1.0]
+            # A new label is kept (a rack is a domain of placement).
+            kubectl("label", "node", name, f"{RACK}=rack-8", "--overwrite")
+            await until(lambda: watch.labels.get(name)[0][RACK] == "rack-8", "the new rack")
+            # Deleted: gone (counted as deleted by the jobs), and the jobs are told.
+            kubectl("delete", "node", name, "--wait=true")
+            await until(lambda: name not in watch, "the node gone")
+            assert changes == [1.0, 1.0]
+        finally:
+            watch.stop()
+            kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
+
+    asyncio.run(scenario())
