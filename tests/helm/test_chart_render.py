@@ -100,6 +100,7 @@ def test_rendered_flags_parse_to_the_values() -> None:
             "watchNodes": False,
             "progressHttp": False,
             "resyncSeconds": 0.5,
+            "statusIntervalSeconds": 3,
             "workers": 8,
             "healthPort": 9091,
         },
@@ -111,6 +112,7 @@ def test_rendered_flags_parse_to_the_values() -> None:
     assert options.namespaces == ("team-a", "team-b")
     assert options.watch_nodes is False and options.progress_http is False
     assert options.resync_seconds == 0.5 and options.workers == 8
+    assert options.status_interval_seconds == 3
     assert options.health_port == 9091 and options.metrics_port == 8080
     # Leader election by default: a second replica, or an old pod, never acts with the leader.
     assert options.leader is not None and options.leader.namespace == "meshrun-system"
