@@ -81,19 +81,13 @@ def parse_args(argv: list[str]) -> Options:
         help="serve this namespace (repeatable); default: all namespaces",
     )
     parser.add_argument(
-        "--metrics-port",
-        type=int,
-        default=8080,
-        help="Prometheus /metrics port (default 8080, 0 disables)",
+        "--metrics-port", type=int, default=8080, help="/metrics port (default 8080, 0 disables)"
     )
     parser.add_argument(
         "--health-port", type=int, default=8081, help="/healthz port (default 8081, 0 disables)"
     )
     parser.add_argument(
-        "--resync-seconds",
-        type=float,
-        default=2.0,
-        help="how often each job is re-examined (default 2)",
+        "--resync-seconds", type=float, default=2.0, help="how often each job is re-examined"
     )
     parser.add_argument(
         "--status-interval-seconds",
