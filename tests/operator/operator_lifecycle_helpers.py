@@ -9,7 +9,7 @@ from meshrun_operator.context import without_none
 from meshrun_operator.lifecycle import Decision, Tuning, decide
 from meshrun_operator.observe import Observed
 from meshrun_operator.vocabulary import ConditionType
-from operator_factories import at, make_job, observe
+from operator_factories import at, make_job, make_pod, observe
 
 TUNING = Tuning(
     backoff_base_seconds=10,
@@ -43,3 +43,15 @@ def started_job(**spec: Any) -> dict[str, Any]:
     """A job whose attempt-0 pods were created at t=0."""
     job, _ = run(make_job(**spec), observe(), 0)
     return job
+
+
+def running_job(**spec: Any) -> dict[str, Any]:
+    """A job whose attempt-0 pods (on node-0) all ran at t=2."""
+    job, _ = run(started_job(**spec), observe(make_pod(0), make_pod(1)), 2)
+    return job
+
+
+def failed(index: int, code: int, **fields: Any) -> Any:
+    return make_pod(
+        index, phase="Failed", exit_code=code, exit_codes=(("trainer", code),), **fields
+    )

@@ -1,6 +1,6 @@
 """The life cycle under faults, decision by decision: the failure policy and disruptions, lost
-nodes, pods that never start, partial and refused creation, children of another owner, and spec
-edits while an attempt runs (lifecycle.decide, no cluster)."""
+nodes, pods that never start, partial and refused creation, children of another owner
+(lifecycle.decide, no cluster). Spec edits: test_operator_specedits_unit.py."""
 
 from __future__ import annotations
 
@@ -8,14 +8,20 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from meshrun_operator.evaluation import evaluate
 from meshrun_operator.failurepolicy import judge
 from meshrun_operator.failures import Failure, FailureClass
 from meshrun_operator.lifecycle import decide
 from meshrun_operator.observe import Observed, Refusal, node_view, pod_view
-from meshrun_operator.specedits import Running
 from operator_factories import at, make_job, make_pod, observe
-from operator_lifecycle_helpers import TUNING, advance, condition, reasons, run, started_job
+from operator_lifecycle_helpers import (
+    TUNING,
+    advance,
+    condition,
+    failed,
+    run,
+    running_job,
+    started_job,
+)
 
 from meshrun.specread import read_spec
 
@@ -34,18 +40,6 @@ POLICY = {
         ]
     }
 }
-
-
-def running_job(**spec: Any) -> dict[str, Any]:
-    """A job whose attempt-0 pods (on node-0) all ran at t=2."""
-    job, _ = run(started_job(**spec), observe(make_pod(0), make_pod(1)), 2)
-    return job
-
-
-def failed(index: int, code: int, **fields: Any) -> Any:
-    return make_pod(
-        index, phase="Failed", exit_code=code, exit_codes=(("trainer", code),), **fields
-    )
 
 
 def test_pod_view_reads_what_faults_are_judged_by() -> None:
@@ -261,79 +255,6 @@ def test_pods_of_an_earlier_job_of_the_same_name_are_waited_for_and_orphans_repl
     assert "earlier job named job" in decision.status["message"]
     _, later = run(job, observe(), 1)
     assert later.create_pods == (0, 1)
-
-
-def spec_with(**training: Any) -> dict[str, Any]:
-    return make_job(training={"steps": 10, "globalBatchSize": 16, "microBatchSize": 2, **training})
-
-
-def test_an_edit_takes_effect_at_the_next_attempt_and_says_so() -> None:
-    job = running_job()
-    assert job["status"]["attemptGeneration"] == 1
-    running = Running(0, 1, evaluate(job["spec"], "job"))
-    edited = {
-        **job,
-        "spec": spec_with(steps=20)["spec"],
-        "metadata": {**job["metadata"], "generation": 2},
-    }
-    pods = observe(make_pod(0), make_pod(1))
-    decision = decide(edited, pods, at(5), TUNING, None, running)
-    assert decision.status["phase"] == "Running" and decision.delete_pods == ()
-    assert decision.status["observedGeneration"] == 2 and decision.status["attemptGeneration"] == 1
-    spec_update = condition(decision, "SpecUpdate")
-    assert spec_update["status"] == "True" and spec_update["reason"] == "NextAttempt"
-    # A pod of this attempt would be built as before: the attempt's spec and plan.
-    assert decision.build is not None and decision.build.spec == job["spec"]
-    assert decision.build.plan is running.evaluation.plan
-    # The next attempt runs generation 2, and the condition turns False.
-    edited = advance(edited, decision)
-    edited, restart = run(edited, observe(make_pod(0), failed(1, 137)), 6)
-    assert restart.status["phase"] == "Restarting"
-    _, recreated = run(edited, observe(), 20)
-    assert recreated.create_pods == (0, 1) and recreated.status["attemptGeneration"] == 2
-    assert condition(recreated, "SpecUpdate")["status"] == "False"
-
-
-def test_a_runpolicy_edit_applies_at_once() -> None:
-    job = running_job(runPolicy={"backoffLimit": 0})
-    running = Running(0, 1, evaluate(job["spec"], "job"))
-    spec = make_job(runPolicy={"backoffLimit": 2})["spec"]
-    edited = {**job, "spec": spec, "metadata": {**job["metadata"], "generation": 2}}
-    decision = decide(edited, observe(make_pod(0), failed(1, 137)), at(5), TUNING, None, running)
-    assert decision.status["phase"] == "Restarting"  # backoffLimit 2 applied, not 0
-    assert "SpecUpdate" not in {c["type"] for c in decision.status["conditions"]}
-
-
-@pytest.mark.parametrize("recorded", [1, None], ids=["edited", "stricter-operator"])
-def test_a_refused_spec_never_fails_a_running_attempt(recorded: int | None) -> None:
-    job = running_job()
-    job["status"]["attemptGeneration"] = recorded
-    bad = {**job, "spec": spec_with(globalBatchSize=18)["spec"]}  # 18 is not 8 x 2 x k
-    if recorded is not None:
-        bad["metadata"] = {**job["metadata"], "generation": 2}
-    pods = observe(make_pod(0), make_pod(1))
-    bad, decision = run(bad, pods, 5)
-    assert decision.status["phase"] == "Running" and decision.delete_pods == ()
-    assert not decision.invalid and decision.status["restarts"] == 0
-    spec_update = condition(decision, "SpecUpdate")
-    assert spec_update["reason"] == "RefusedWhileRunning"
-    assert "spec.training.globalBatchSize" in spec_update["message"]
-    assert decision.status["placement"][1]["pod"] == "job-1"  # the attempt's placement kept
-    # Only a new attempt needs a spec that passes: after a failure the job is Invalid.
-    bad, restarting = run(bad, observe(make_pod(0), failed(1, 137)), 6)
-    assert restarting.status["phase"] == "Restarting"
-    _, invalid = run(bad, observe(), 30)
-    assert invalid.invalid and invalid.status["phase"] == "Failed"
-    assert reasons(invalid) == ["InvalidSpec", "Failed"]
-
-
-def test_a_job_that_ended_stays_ended_whatever_its_spec_becomes() -> None:
-    job = running_job()
-    job, done = run(job, observe(make_pod(0, phase="Succeeded"), make_pod(1, phase="Succeeded")), 5)
-    assert done.status["phase"] == "Succeeded"
-    bad = {**job, "spec": spec_with(globalBatchSize=18)["spec"]}
-    _, later = run(bad, observe(make_pod(0, phase="Succeeded"), make_pod(1, phase="Succeeded")), 9)
-    assert later.status["phase"] == "Succeeded" and not later.invalid and later.events == ()
 
 
 def test_a_resume_while_the_old_pods_terminate_waits_and_counts_nothing() -> None:
