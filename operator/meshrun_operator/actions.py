@@ -97,6 +97,11 @@ async def _create_children(
             # for that scheduler), and the user is told why nothing will gang-schedule them.
             message = Reason.POD_GROUP_UNAVAILABLE.message(api_version=podgroup["apiVersion"])
             notes.append(Event(EventType.WARNING, Reason.POD_GROUP_UNAVAILABLE, message))
+    admitted = decision.kueue.admitted if decision.kueue is not None else None
+    domains = None
+    if admitted is None and ctx.placer is not None:
+        # Admitted by Kueue, the pods go where its admission says (its topology, its flavors).
+        domains = ctx.placer.choose(job, ev.settings, ev.plan, attempt)
     pods = []
     for index in decision.create_pods:
         env = pod_env(
@@ -110,8 +115,7 @@ async def _create_children(
             attempt=attempt,
             checkpoint_dir=CHECKPOINT_MOUNT,
         )
-        pods.append(build_pod(job, ev.settings, ev.plan, index, attempt, env))
-    admitted = decision.kueue.admitted if decision.kueue is not None else None
+        pods.append(build_pod(job, ev.settings, ev.plan, index, attempt, env, domains))
     if admitted is not None and ctx.kueue is not None:
         # Where Kueue admitted the gang: flavors, topology domains, Kueue's keys.
         pods = await admit(ctx.kube, ctx.kueue, admitted, ev, pods)

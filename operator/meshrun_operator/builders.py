@@ -8,7 +8,7 @@ are deep-copied, and the operator's settings are injected only where the user se
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshrun.envcontract import TRAINER_COMMAND
@@ -21,6 +21,7 @@ from meshrun_operator.podtemplate import (
     CHECKPOINT_MOUNT,
     NCCL_DEFAULTS,
     checkpoint_volume,
+    domain_affinity,
     merge_env,
     restricted_security,
     shared_memory,
@@ -82,9 +83,13 @@ def build_pod(
     index: int,
     attempt: int,
     env: Mapping[str, str],
+    domains: Mapping[int, Sequence[str]] | None = None,
 ) -> dict[str, Any]:
     """Pod ``index`` of attempt ``attempt``: ``numProcPerNode`` accelerators, the env contract,
-    the user's ``podTemplate`` merged in, and labels saying where it sits in the plan."""
+    the user's ``podTemplate`` merged in, and labels saying where it sits in the plan.
+
+    ``domains``: per pipeline stage, the values of ``spec.scheduling.topologyKey`` its pods
+    prefer (placer.py); without them, the pods prefer their stage's other pods' domain."""
     template = copy.deepcopy(settings.pod_template or {})
     template_meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
@@ -117,7 +122,9 @@ def build_pod(
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
     elif kind == "scheduler-plugins":
         metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
-    if scheduling.topology_key:
+    if scheduling.topology_key and domains and domains.get(stage):
+        domain_affinity(pod_spec, scheduling.topology_key, domains[stage])
+    elif scheduling.topology_key:
         stage_affinity(pod_spec, job.name, stage, scheduling.topology_key)
 
     container = trainer_container(pod_spec)

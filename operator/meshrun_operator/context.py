@@ -19,6 +19,7 @@ from meshrun_operator.specedits import Running
 
 if TYPE_CHECKING:
     from meshrun_operator.kueue_link import KueueLink
+    from meshrun_operator.placer import Placer
 
 
 @dataclass
@@ -54,6 +55,9 @@ class OperatorContext:
     """Kueue's Workloads and the operator's writes to them; None when run with --no-kueue."""
     node_labels: Any = None
     """kopf's index of node labels (the topology domains status.placement shows), or None."""
+    placer: Placer | None = None
+    """Chooses the topology domains of each job's stages (placer.py); None without the node
+    watch."""
     network_policy: PolicyOptions | None = None
     """The NetworkPolicy each job gets (netpolicy.py); None: none (--no-network-policy)."""
     evaluations: Evaluations = field(default_factory=Evaluations)
@@ -80,6 +84,8 @@ class OperatorContext:
         self.deferred.pop(uid, None)
         if self.kueue is not None:
             self.kueue.forget(uid)
+        if self.placer is not None:
+            self.placer.forget(uid)
 
 
 def plain(value: Any) -> Any:

@@ -20,6 +20,7 @@ from meshrun_operator.context import OperatorContext, plain
 from meshrun_operator.leader import Elector
 from meshrun_operator.nodewatch import NodeWatch
 from meshrun_operator.observe import PodView, pod_view
+from meshrun_operator.placer import Placer
 from meshrun_operator.relist import Auditor, LiveIndex
 from meshrun_operator.resync import Resyncer, Stalled
 
@@ -100,6 +101,7 @@ def register(
                 memo.ctx.kube.api, lambda: memo.resync.poke_all(), memo.ctx.kube.timeout
             )
             memo.ctx.node_labels = nodes.labels
+            memo.ctx.placer = Placer(nodes.nodes, kwargs["meshrun_pods"])
             memo.nodes = nodes
             nodes.start()
         elector: Elector | None = memo.get("elector")

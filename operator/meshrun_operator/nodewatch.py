@@ -1,5 +1,6 @@
-"""The nodes as the operator needs them: whether each is Ready (and since when) and its labels (the
-topology domains status.placement shows), from a list and a watch of the operator's own.
+"""The nodes as the operator needs them: whether each is Ready (and since when), its labels (the
+topology domains status.placement shows), and what placing a stage needs (its accelerators and
+whether pods may go there: placer.py), from a list and a watch of the operator's own.
 
 kopf handles every watch event with its whole machinery (a worker task, a memory and loggers per
 object, every handler in turn): for the operator's pods and jobs that is fine, for every node of
@@ -32,7 +33,7 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
 from meshrun_operator.apiclient import NO_ANSWER, ApiTimeout
-from meshrun_operator.observe import NodeView, node_view
+from meshrun_operator.observe import ACCELERATOR, NodeView, node_view, whole_quantity
 
 logger = logging.getLogger("meshrun.operator")
 
@@ -40,6 +41,9 @@ PAGE = 500
 """Nodes per page of the listing."""
 WATCH_SECONDS = 270
 """How long the API server keeps one watch open (a new one follows, from the last version)."""
+
+KEPT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
+"""Taints that keep a pod off a node unless it tolerates them (PreferNoSchedule does not)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,14 +54,30 @@ class NodeInfo:
     """Whether it is Ready, and since when."""
     labels: Mapping[str, str]
     """Its labels (interned strings)."""
+    accelerators: int = 0
+    """status.allocatable of the accelerator (nvidia.com/gpu; 0 when it has none)."""
+    unschedulable: bool = False
+    """spec.unschedulable (cordoned)."""
+    taints: tuple[tuple[str, str, str], ...] = ()
+    """(key, value, effect) of its NoSchedule and NoExecute taints (interned strings)."""
 
 
 def node_info(body: Mapping[str, Any]) -> NodeInfo:
-    """Reduce a node object to its readiness and labels."""
+    """Reduce a node object to its readiness, labels, accelerators and schedulability."""
     labels = (body.get("metadata") or {}).get("labels") or {}
+    spec = body.get("spec") or {}
+    allocatable = (body.get("status") or {}).get("allocatable") or {}
+    taints = tuple(
+        (sys.intern(str(t.get("key") or "")), sys.intern(str(t.get("value") or "")), effect)
+        for t in spec.get("taints") or []
+        if (effect := sys.intern(str(t.get("effect")))) in KEPT_EFFECTS
+    )
     return NodeInfo(
         view=node_view(body),
         labels={sys.intern(str(k)): sys.intern(str(v)) for k, v in labels.items()},
+        accelerators=whole_quantity(allocatable.get(ACCELERATOR)),
+        unschedulable=bool(spec.get("unschedulable")),
+        taints=taints,
     )
 
 

@@ -17,6 +17,9 @@ from meshrun_operator.conditions import parse_time
 from meshrun_operator.kueue_state import KueueView
 from meshrun_operator.vocabulary import PodPhase
 
+ACCELERATOR = "nvidia.com/gpu"
+"""The accelerator resource a pod's ``accelerators`` counts (spec.resources.accelerator)."""
+
 PROGRESS_KEYS = (
     "step",
     "totalSteps",
@@ -75,6 +78,8 @@ class PodView:
     condition's reason and message (PreemptionByScheduler, EvictionByEvictionAPI, ...)."""
     exit_codes: tuple[tuple[str, int], ...] = ()
     """(container, exit code) of every terminated container, init containers first."""
+    accelerators: int = 0
+    """The accelerators (nvidia.com/gpu) its containers request: what it holds on its node."""
 
 
 def parse_progress(text: str | None) -> dict[str, Any] | None:
@@ -192,7 +197,29 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         conditions=tuple((str(c.get("type")), str(c.get("status"))) for c in conditions),
         disruption=_disruption(conditions),
         exit_codes=_exit_codes(status),
+        accelerators=_accelerators(body.get("spec") or {}),
     )
+
+
+def _accelerators(spec: Mapping[str, Any]) -> int:
+    """nvidia.com/gpu requested by the pod's containers (an extended resource's request equals
+    its limit, and either may be given alone)."""
+    total = 0
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        quantity = (resources.get("requests") or {}).get(ACCELERATOR)
+        if quantity is None:
+            quantity = (resources.get("limits") or {}).get(ACCELERATOR)
+        total += whole_quantity(quantity)
+    return total
+
+
+def whole_quantity(quantity: object) -> int:
+    """An extended resource's quantity: a whole number (anything else, or none, counts as 0)."""
+    try:
+        return max(int(str(quantity)), 0) if quantity is not None else 0
+    except ValueError:
+        return 0
 
 
 def node_ready(body: Mapping[str, Any]) -> bool:

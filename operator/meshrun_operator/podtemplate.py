@@ -3,7 +3,7 @@ affinity and the checkpoint volume. Each edit fills in only what the template le
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshrun_operator import names
@@ -51,8 +51,26 @@ def restricted_security(pod_spec: dict[str, Any], container: dict[str, Any]) -> 
     security.setdefault("capabilities", {"drop": ["ALL"]})
 
 
+def domain_affinity(pod_spec: dict[str, Any], topology_key: str, domains: Sequence[str]) -> None:
+    """Prefer nodes whose ``topology_key`` is one of ``domains`` (the pod's stage's, chosen by
+    the operator: placer.py), unless the template prefers values of that key itself.
+
+    Preferred, never required: a rack that fills up meanwhile must not leave a pod Pending.
+    """
+    affinity = pod_spec.setdefault("affinity", {})
+    node_affinity = affinity.setdefault("nodeAffinity", {})
+    preferred = node_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    for term in preferred:
+        expressions = (term.get("preference") or {}).get("matchExpressions") or []
+        if any(e.get("key") == topology_key for e in expressions):
+            return
+    expression = {"key": topology_key, "operator": "In", "values": list(domains)}
+    preferred.append({"weight": 100, "preference": {"matchExpressions": [expression]}})
+
+
 def stage_affinity(pod_spec: dict[str, Any], job: str, stage: int, topology_key: str) -> None:
-    """Prefer nodes that share ``topology_key`` with the other pods of the same pipeline stage.
+    """Prefer nodes that share ``topology_key`` with the other pods of the same pipeline stage:
+    what a pod gets when the operator did not choose its stage's domains (placer.py).
 
     Preferred, not required: a required self-affinity would let the first pod of a stage pin
     the whole stage to one rack even when that rack is full.

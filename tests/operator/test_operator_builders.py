@@ -151,6 +151,55 @@ def test_scheduling_fields_and_topology_affinity() -> None:
     assert term["labelSelector"]["matchLabels"][names.LABEL_STAGE] == "0"
 
 
+PREFERRED = "preferredDuringSchedulingIgnoredDuringExecution"
+
+
+def rack_in(*racks: str, weight: int = 100) -> dict[str, Any]:
+    """A preferred node affinity term for these racks."""
+    expression = {"key": "topology.meshrun.dev/rack", "operator": "In", "values": list(racks)}
+    return {"weight": weight, "preference": {"matchExpressions": [expression]}}
+
+
+def test_chosen_domains_become_a_preferred_node_affinity() -> None:
+    spec = make_job(
+        resources={"numNodes": 4, "numProcPerNode": 8},
+        strategy={"type": "pipeline", "pipelineParallel": 2},
+        model={"preset": "1b"},
+        training={"steps": 10, "globalBatchSize": 64, "microBatchSize": 1},
+        scheduling={"topologyKey": "topology.meshrun.dev/rack"},
+    )["spec"]
+
+    def pods(template: dict[str, Any] | None = None, chosen: bool = True) -> list[dict[str, Any]]:
+        ev = evaluate({**spec, "podTemplate": template} if template else spec, "job")
+        assert ev.settings is not None and ev.plan is not None, ev.error
+        domains = {0: ("rack-3",), 1: ("rack-4", "rack-5")} if chosen else None
+        return [build_pod(JOB, ev.settings, ev.plan, i, 0, ENV, domains) for i in range(4)]
+
+    # Pods 0-1 are stage 0, pods 2-3 stage 1; no inter-pod term (the scheduler's costly part)
+    # and nothing required.
+    for pod, racks in zip(pods(), [("rack-3",)] * 2 + [("rack-4", "rack-5")] * 2, strict=True):
+        assert pod["metadata"]["labels"][names.LABEL_STAGE] == ("0" if len(racks) == 1 else "1")
+        assert pod["spec"]["affinity"] == {"nodeAffinity": {PREFERRED: [rack_in(*racks)]}}
+    # The template's own terms are kept beside the operator's.
+    own = {"weight": 5, "preference": {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}}
+    anti = {PREFERRED: [{"weight": 1, "podAffinityTerm": {"topologyKey": "kubernetes.io/os"}}]}
+    template = {"spec": {"affinity": {"nodeAffinity": {PREFERRED: [own]}, "podAntiAffinity": anti}}}
+    affinity = pods(template)[0]["spec"]["affinity"]
+    assert affinity == {
+        "nodeAffinity": {PREFERRED: [own, rack_in("rack-3")]},
+        "podAntiAffinity": anti,
+    }
+    # A template that prefers racks itself keeps its own preference alone.
+    template["spec"]["affinity"]["nodeAffinity"] = {PREFERRED: [rack_in("rack-9", weight=7)]}
+    affinity = pods(template)[0]["spec"]["affinity"]
+    assert affinity["nodeAffinity"] == {PREFERRED: [rack_in("rack-9", weight=7)]}
+    # Without chosen domains (no node watch, no room, a CPU job) the inter-pod term is there.
+    fallback = pods(chosen=False)[3]["spec"]["affinity"]
+    assert set(fallback) == {"podAffinity"}
+    term = fallback["podAffinity"][PREFERRED][0]["podAffinityTerm"]
+    assert term["labelSelector"]["matchLabels"][names.LABEL_STAGE] == "1"
+
+
 def test_podgroup_only_for_gang_schedulers() -> None:
     ev = evaluate(make_job()["spec"], "job")
     assert ev.settings is not None
