@@ -7,7 +7,10 @@ mix of pipeline jobs (2 x 16 pods in 4 stages, 2 x 8 pods in 2 stages, 4 x 4 pod
 
 - ``kube-scheduler``: no queue, no spec.scheduling.topologyKey (the pods select the pool through
   spec.podTemplate), so the default scheduler alone places them;
-- ``pod affinity``: the same with topologyKey: meshrun's preferred pod affinity per stage;
+- ``pod affinity``: the same with topologyKey, the operator run without its node watch
+  (``--no-watch-nodes``), so the pods prefer their stage's other pods (inter-pod affinity);
+- ``node affinity``: the same, the operator as it runs by default: it chooses each stage's rack
+  from the nodes' free GPUs and the pods prefer it (node affinity);
 - ``Kueue TAS``: queued through Kueue on a flavor with the block / rack / host Topology, jobs
   with topologyKey (one preferred topology request per stage; the pods go to the admitted
   hosts).
@@ -59,11 +62,14 @@ class Scenario:
     label: str
     queue: str | None
     topology: bool
+    flags: tuple[str, ...] = ()
+    """The operator's extra flags."""
 
 
 SCENARIOS = [
     Scenario("kube-scheduler", None, topology=False),
-    Scenario("pod affinity", None, topology=True),
+    Scenario("pod affinity", None, topology=True, flags=("--no-watch-nodes",)),
+    Scenario("node affinity", None, topology=True),
     Scenario("Kueue TAS", "tas", topology=True),
 ]
 TOLERATION = {"key": POOL_LABEL, "operator": "Equal", "value": POOL, "effect": "NoSchedule"}
@@ -243,38 +249,50 @@ def main() -> int:
         120,
         f"{args.nodes} Ready nodes in pool {POOL}",
     )
-    operator = None
+    operator: subprocess.Popen[bytes] | None = None
     try:
         kubectl("create", "namespace", namespace)
         objects = kueue_objects(namespace, args.nodes)
         apply(*objects)
         listing = json.loads(kubectl("get", "nodes", "-l", f"{POOL_LABEL}={POOL}", "-o", "json"))
         racks = {n["metadata"]["name"]: n["metadata"]["labels"][RACK] for n in listing["items"]}
-        health = free_port()
-        env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
-        command = [sys.executable, "-m", "meshrun", "operator", "--namespace", namespace]
-        command += ["--metrics-port", "0", "--health-port", str(health), "--resync-seconds", "0.5"]
-        command += ["--no-progress-http"]
-        log = open(Path("/tmp") / f"{namespace}-operator.log", "wb")  # noqa: SIM115
-        operator = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
-        wait(lambda: _healthy(health), 60, "the operator's /healthz")
         print(f"{args.nodes} fake nodes in racks of {RACK_NODES}; jobs (pods, stages): {MIX}")
         print("pod pairs in different racks (mean over rounds):")
         print(f"{'placement':<16}" + "".join(f"{kind:>22}" for kind in KINDS))
+        flags: tuple[str, ...] | None = None
         for scenario in SCENARIOS:
+            if scenario.flags != flags:
+                _stop(operator)
+                operator, flags = _start_operator(namespace, scenario.flags), scenario.flags
             rounds = [run_scenario(namespace, scenario, racks) for _ in range(args.rounds)]
             print(_row(scenario.label, rounds))
         bound = unavoidable()
         print(f"{bound} pipeline neighbour pairs cross wherever each stage keeps to one rack")
     finally:
-        if operator is not None:
-            operator.terminate()
-            operator.wait(timeout=30)
+        _stop(operator)
         kubectl("delete", "namespace", namespace, "--wait=false", check=False)
         for kind in ("clusterqueues", "resourceflavors", "topologies"):
             kubectl("delete", kind, "tas-bench", "--wait=false", check=False)
         kubectl("delete", "nodes", "-l", f"{POOL_LABEL}={POOL}", "--wait=false", check=False)
     return 0
+
+
+def _start_operator(namespace: str, flags: tuple[str, ...]) -> subprocess.Popen[bytes]:
+    health = free_port()
+    env = {**os.environ, "KUBECONFIG": str(KUBECONFIG)}
+    command = [sys.executable, "-m", "meshrun", "operator", "--namespace", namespace]
+    command += ["--metrics-port", "0", "--health-port", str(health), "--resync-seconds", "0.5"]
+    command += ["--no-progress-http", *flags]
+    log = open(Path("/tmp") / f"{namespace}-operator.log", "ab")  # noqa: SIM115
+    operator = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wait(lambda: _healthy(health), 60, "the operator's /healthz")
+    return operator
+
+
+def _stop(operator: subprocess.Popen[bytes] | None) -> None:
+    if operator is not None:
+        operator.terminate()
+        operator.wait(timeout=30)
 
 
 def _row(label: str, rounds: list[Counts]) -> str:

@@ -2,11 +2,11 @@
 this gathers what it decides on), so each pod can prefer its stage's domains by node affinity.
 
 With ``spec.scheduling.topologyKey`` a stage's pods should share a domain (a rack). A preferred
-inter-pod affinity says so without choosing the domain, but it is slow and hardly works: the
-scheduler scores it over every pod and node (over a second for a 128-pod job on 1,000 nodes), and
-pods created together find no peer yet to be near. The operator knows the nodes (the node
-watch) and its own pods (the pods index), so it picks the domains itself, and the pods prefer
-them by node affinity, which the scheduler checks per node in no time.
+inter-pod affinity says so without choosing the domain, but it is slow and works poorly: the
+scheduler scores it over every pod and node (its cost grows with both), and pods created
+together find no peer yet to be near. The operator knows the nodes (the node watch) and its own
+pods (the pods index), so it picks the domains itself, and the pods prefer them by node
+affinity, which the scheduler checks per node in no time.
 
 What it counts: each node's allocatable accelerators, less what the operator's pods bound there
 request (pods that ended hold nothing); and the domains promised to the stages of other jobs
