@@ -196,7 +196,7 @@ class Meshrun(Operator):
             "model": {"preset": "tiny"},
             "training": {"globalBatchSize": 64, "microBatchSize": 1},
         }
-        if pods == 128:  # 1,024 GPUs as dp 8 x pp 16 x tp 8, the 70b preset, racks preferred
+        if pods == 128:  # 1,024 GPUs as dp 8 x pp 16 x tp 8, the 70b preset, blocks preferred
             spec["strategy"] = {
                 "type": "hybrid",
                 "dataParallel": 8,
@@ -206,7 +206,9 @@ class Meshrun(Operator):
             }
             spec["model"] = {"preset": "70b"}
             spec["training"] = {"globalBatchSize": 1024, "microBatchSize": 1}
-            spec["scheduling"] = {"topologyKey": "topology.meshrun.dev/rack"}
+            # A stage is 8 pods; a block of the fake nodes is 16 (hack/kwok/nodes.py), the size of
+            # a leaf switch's group: each stage fits one, as the operator places it.
+            spec["scheduling"] = {"topologyKey": "topology.meshrun.dev/block"}
         kind = "ParallelTrainingJob"
         api_version = f"{self.group}/{self.version}"
         return {"apiVersion": api_version, "kind": kind, "metadata": {"name": name}, "spec": spec}

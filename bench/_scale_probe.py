@@ -1,9 +1,11 @@
 """``--profile``'s extra measurements: the scheduler alone, the operator's CPU, the planner.
 
 - The scheduler's share: the 128 pods meshrun built, created again by the bench in a fresh
-  namespace with no operator running, once as built (with the preferred pod affinity that keeps a
-  pipeline stage in one rack) and once without it, alternating; the audit log times each
-  binding.
+  namespace with no operator running, alternating: as built (each stage's pods prefer the domains
+  the operator chose for it, by node affinity), with the preferred inter-pod affinity the pods
+  get when the operator makes no choice (same job and stage, the same topology key) instead, and
+  with neither; the audit log times each binding, and the nodes' labels tell how many stages
+  span more than one domain.
 - Where meshrun's CPU goes in one 128-pod launch: stack samples of every thread of the operator
   (bench/_stack_sampler.py), the event loop (kopf, the handlers) apart from the API-call threads.
 - The planner's own time for the 128-pod job, in this process.
@@ -25,6 +27,8 @@ from _scale_cluster import create_namespace, delete_namespace
 from _scale_launch import Tally, follow, pod_running
 from _scale_profile import scheduler_lags
 from kubernetes import client
+from meshrun_operator import names
+from meshrun_operator.podtemplate import stage_affinity
 
 PACKAGES = (
     "meshrun_operator",
@@ -45,17 +49,51 @@ def package_of(filename: str) -> str:
     return next((p for p in PACKAGES if f"/{p}/" in filename or f"/{p}.py" in filename), "other")
 
 
-def without_pod_affinity(pod: dict[str, Any]) -> dict[str, Any]:
+def without_topology(pod: dict[str, Any]) -> dict[str, Any]:
+    """The pod without the operator's topology preference (node or inter-pod affinity)."""
     pod = copy.deepcopy(pod)
     affinity = pod["spec"].get("affinity") or {}
     affinity.pop("podAffinity", None)
+    affinity.pop("nodeAffinity", None)
     if not affinity:
         pod["spec"].pop("affinity", None)
     return pod
 
 
+def topology_key(pod: dict[str, Any]) -> str | None:
+    """The key of the node affinity the operator gave the pod, if any."""
+    node = (pod["spec"].get("affinity") or {}).get("nodeAffinity") or {}
+    for term in node.get("preferredDuringSchedulingIgnoredDuringExecution") or []:
+        for expression in term["preference"].get("matchExpressions") or []:
+            return str(expression["key"])
+    return None
+
+
+def with_pod_affinity(pod: dict[str, Any], key: str) -> dict[str, Any]:
+    """The pod with the inter-pod preference for its stage's peers instead of the node one."""
+    pod = without_topology(pod)
+    labels = pod["metadata"]["labels"]
+    stage = int(labels[names.LABEL_STAGE])
+    stage_affinity(pod["spec"], labels[names.LABEL_JOB], stage, key)
+    return pod
+
+
+def spread_stages(api: client.ApiClient, ns: str, key: str) -> int:
+    """Stages whose pods are in more than one domain of ``key``."""
+    core = client.CoreV1Api(api)
+    domain = {n.metadata.name: (n.metadata.labels or {}).get(key) for n in core.list_node().items}
+    stages: dict[str, set[str | None]] = defaultdict(set)
+    for pod in core.list_namespaced_pod(ns).items:
+        stages[pod.metadata.labels[names.LABEL_STAGE]].add(domain.get(pod.spec.node_name))
+    return sum(len(domains) > 1 for domains in stages.values())
+
+
 def replay(
-    api: client.ApiClient, audit: AuditLog, pods: list[dict[str, Any]], timeout: float
+    api: client.ApiClient,
+    audit: AuditLog,
+    pods: list[dict[str, Any]],
+    timeout: float,
+    key: str | None = None,
 ) -> dict[str, float]:
     """Create ``pods`` in a fresh namespace at once; scheduler figures from the audit log."""
     ns = f"bench-replay-{int(time.time() * 1000) % 10**8}"
@@ -72,6 +110,7 @@ def replay(
     time.sleep(1)
     figures = scheduler_lags(audit.in_namespace(ns, start, time.time()), start)
     figures["running"] = float("nan") if running is None else running
+    figures["spread"] = float("nan") if key is None else spread_stages(api, ns, key)
     stream.stop()
     delete_namespace(api, ns)
     return figures
@@ -80,15 +119,23 @@ def replay(
 def scheduler_share(
     api: client.ApiClient, audit: AuditLog, pods: list[dict[str, Any]], rounds: int = 2
 ) -> list[str]:
+    key = topology_key(pods[0])
+    if key is None:
+        return ["  not measured: the pods as built carry no node affinity (no domains chosen)"]
     variants = {
-        "as built (preferred pod affinity per stage)": pods,
-        "without the pod affinity": [without_pod_affinity(p) for p in pods],
+        "as built (node affinity, the stage's chosen domains)": pods,
+        "with the inter-pod affinity instead": [with_pod_affinity(p, key) for p in pods],
+        "with neither": [without_topology(p) for p in pods],
     }
     found: dict[str, list[dict[str, float]]] = defaultdict(list)
     for _ in range(rounds):
         for name, variant in variants.items():
-            found[name].append(replay(api, audit, variant, timeout=120))
-    lines = [f"  {len(pods)} pods created by the bench at once (16 at a time), no operator:"]
+            found[name].append(replay(api, audit, variant, timeout=120, key=key))
+    stages = len({p["metadata"]["labels"][names.LABEL_STAGE] for p in pods})
+    lines = [
+        f"  {len(pods)} pods created by the bench at once (16 at a time), no operator; stages "
+        f"over more than one {key} of {stages}:"
+    ]
     for name, results in found.items():
 
         def mean(key: str, results: list[dict[str, float]] = results) -> float:
@@ -97,7 +144,8 @@ def scheduler_share(
         lines.append(
             f"    {name}: last create +{mean('last_create'):.2f} s, last binding "
             f"+{mean('last_binding'):.2f} s, all Running +{mean('running'):.2f} s; create to "
-            f"binding median {mean('lag_median') * 1e3:.0f} ms, max {mean('lag_max') * 1e3:.0f} ms"
+            f"binding median {mean('lag_median') * 1e3:.0f} ms, max {mean('lag_max') * 1e3:.0f} "
+            f"ms; {mean('spread'):.1f} stages spread"
         )
     return lines
 
