@@ -14,9 +14,9 @@ RUN groupadd --gid 1000 meshrun && useradd --uid 1000 --gid 1000 --create-home m
 WORKDIR /opt/meshrun
 COPY pyproject.toml hack/pydeps.py ./
 
-# ---- operator: kopf + the kubernetes client, no torch; non-root, read-only-rootfs friendly ------
+# ---- operator: kopf and its aiohttp, no torch; non-root, read-only-rootfs friendly ------
 FROM base AS operator
-# The operator extra only (kopf, kubernetes, prometheus-client); the import check fails the build
+# The operator extra only (kopf, aiohttp, prometheus-client); the import check fails the build
 # if torch ever creeps in through a dependency, which would add gigabytes to a small controller.
 RUN python pydeps.py operator > requirements.txt && pip install -r requirements.txt
 COPY README.md ./

@@ -9,11 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from kubernetes.client.exceptions import ApiException
-
 from meshrun.envcontract import pod_env
 from meshrun_operator import metrics, names
 from meshrun_operator.answers import Refused
+from meshrun_operator.apiclient import ApiError
 from meshrun_operator.builders import (
     CHECKPOINT_MOUNT,
     JobRef,
@@ -90,7 +89,7 @@ async def _create_children(
     if podgroup is not None:
         try:
             await ctx.kube.create(podgroup)
-        except ApiException as error:
+        except ApiError as error:
             if error.status != 404:
                 raise
             # The gang scheduler's CRD is not installed: the pods are still created (they wait

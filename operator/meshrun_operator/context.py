@@ -97,6 +97,16 @@ def plain(value: Any) -> Any:
     return value
 
 
+def kept(body: Mapping[str, Any]) -> dict[str, Any]:
+    """A plain copy of an object as the operator keeps it: without ``metadata.managedFields``
+    (the API server's record of who set which field, often the largest part of an object),
+    which no decision reads."""
+    copy = {str(k): plain(v) for k, v in body.items() if k != "metadata"}
+    meta = body.get("metadata") or {}
+    copy["metadata"] = {str(k): plain(v) for k, v in meta.items() if k != "managedFields"}
+    return copy
+
+
 def without_none(value: Any) -> Any:
     """``value`` without the None entries of its dicts (as the API server stores a merge patch)."""
     if isinstance(value, dict):

@@ -16,8 +16,9 @@ from typing import Any
 import kopf
 
 from meshrun_operator import metrics, names
-from meshrun_operator.context import OperatorContext, plain
+from meshrun_operator.context import OperatorContext, kept
 from meshrun_operator.leader import Elector
+from meshrun_operator.login import login
 from meshrun_operator.nodewatch import NodeWatch
 from meshrun_operator.observe import PodView, pod_view
 from meshrun_operator.placer import Placer
@@ -63,8 +64,9 @@ def register(
     """
 
     @kopf.on.login(id="login", registry=registry)
-    def login(**kwargs: Any) -> Any:
-        return kopf.login_via_client(**kwargs)
+    def credentials(**_: Any) -> Any:
+        # The operator's own credentials (login.py): kopf's watches and its requests agree.
+        return login()
 
     @kopf.index(
         "v1", "pods", id="meshrun_pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
@@ -97,9 +99,7 @@ def register(
         nodes = None
         if watch_nodes:
             # A node's change of readiness (or its deletion) concerns every job.
-            nodes = NodeWatch(
-                memo.ctx.kube.api, lambda: memo.resync.poke_all(), memo.ctx.kube.timeout
-            )
+            nodes = NodeWatch(memo.ctx.kube.rest, lambda: memo.resync.poke_all())
             memo.ctx.node_labels = nodes.labels
             memo.ctx.placer = Placer(nodes.nodes, kwargs["meshrun_pods"])
             memo.nodes = nodes
@@ -141,6 +141,8 @@ def register(
             with contextlib.suppress(asyncio.CancelledError):
                 await lead
             await elector.release()  # a standby takes over at once
+            await elector.api.rest.close()
+        await memo.ctx.kube.rest.close()
 
     @kopf.on.probe(id="resync", registry=registry)
     def resync_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
@@ -164,7 +166,7 @@ def register(
         if type == "DELETED":
             # The pods index forgets a deleted pod; its last state decides what its deletion
             # meant (a DisruptionTarget makes it a disruption, not a failure).
-            memo.resync.poke(memo.ctx.tombstones.record(plain(body)), batch=True)
+            memo.resync.poke(memo.ctx.tombstones.record(kept(body)), batch=True)
             return
         owners = body.get("metadata", {}).get("ownerReferences") or []
         owner = next((o.get("uid") for o in owners if o.get("controller")), None)
@@ -181,7 +183,7 @@ def register(
             resync.forget(uid)
             return
         known = resync.jobs.get(uid)
-        resync.jobs[uid] = plain(body)
+        resync.jobs[uid] = kept(body)
         # A new job or a new spec is acted on at once; the echo of the operator's own status
         # write (or any other change of status or metadata) joins the batch of its pods.
         generation = body.get("metadata", {}).get("generation")

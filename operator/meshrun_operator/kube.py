@@ -1,31 +1,26 @@
 """The operator's only door to the API server: create, delete and patch, concurrently.
 
-The kubernetes client is synchronous, so calls run in a dedicated thread pool; a job's pods are
-created with one ``asyncio.gather`` instead of one after another (Kubeflow #2361: serial pod
-creation made large jobs slow to launch). Every request is counted for /metrics and the scale
-benchmark, and every request has a timeout (``ApiTimeout``): a stuck API server costs a reconcile
-one timeout, never a thread forever. While another operator leads (leader.py), no write is sent.
+Every call is a coroutine on the operator's own loop (rest.py), so a job's pods are created with
+one ``asyncio.gather`` instead of one after another (Kubeflow #2361: serial pod creation made large
+jobs slow to launch). Every request is counted for /metrics and the scale benchmark, and every
+request has a timeout (``ApiTimeout``): a stuck API server costs a reconcile one timeout, never a
+task forever. While another operator leads (leader.py), no write is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
-from typing import Any, TypeVar
-
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
+from typing import Any
 
 from meshrun_operator import metrics, names
 from meshrun_operator.answers import ChildRejected, Holder, Refused
-from meshrun_operator.apiclient import NO_ANSWER, WRITES, ApiTimeout, NotLeader
+from meshrun_operator.apiclient import NO_ANSWER, WRITES, ApiError, ApiTimeout, NotLeader
 from meshrun_operator.conditions import format_time
+from meshrun_operator.rest import MERGE_PATCH, Rest
 
-T = TypeVar("T")
 logger = logging.getLogger("meshrun.operator")
 
 EVENT_MESSAGE_MAX = 1000
@@ -39,86 +34,70 @@ CUSTOM_KINDS = {
     },
     "Workload": {"kueue.x-k8s.io/v1beta2": ("kueue.x-k8s.io", "v1beta2", "workloads")},
 }
+CORE_KINDS = {"Pod": "pods", "Service": "services", "Event": "events"}
 
 
 class StaleJob(Exception):
     """A patch lost the race with another write to the job (optimistic concurrency)."""
 
 
-def _reason(error: ApiException) -> str:
-    try:
-        body = json.loads(error.body or "{}")
-    except ValueError:
-        return str(error.reason)
-    return str(body.get("message") or error.reason)
+def core_path(plural: str, namespace: str | None, name: str = "") -> str:
+    """The URL path of core/v1 ``plural`` (in ``namespace``, or of every namespace)."""
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"/api/v1{where}/{plural}" + (f"/{name}" if name else "")
+
+
+def group_path(group: str, version: str, plural: str, namespace: str | None, name: str = "") -> str:
+    """The URL path of ``plural`` of an API group (in ``namespace``, or cluster-wide)."""
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"/apis/{group}/{version}{where}/{plural}" + (f"/{name}" if name else "")
+
+
+def job_path(namespace: str, name: str, sub: str = "") -> str:
+    """The URL path of one ParallelTrainingJob (``sub``: "/status")."""
+    return group_path(names.GROUP, names.VERSION, names.PLURAL, namespace, name) + sub
+
+
+def kind_path(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(resource, collection path) where ``obj`` is created."""
+    kind, namespace = obj["kind"], obj["metadata"]["namespace"]
+    if kind in CORE_KINDS:
+        return CORE_KINDS[kind], core_path(CORE_KINDS[kind], namespace)
+    group, version, plural = CUSTOM_KINDS[kind][obj["apiVersion"]]
+    return plural, group_path(group, version, plural, namespace)
 
 
 class Kube:
     """Asynchronous wrappers of the few API calls the reconciler makes."""
 
-    def __init__(
-        self, api: client.ApiClient, workers: int = 32, timeout: ApiTimeout | None = None
-    ) -> None:
-        self.api = api
-        self.core = client.CoreV1Api(api)
-        self.custom = client.CustomObjectsApi(api)
-        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="meshrun-api")
-        self.timeout = timeout or ApiTimeout()
+    def __init__(self, rest: Rest, timeout: ApiTimeout | None = None) -> None:
+        self.rest = rest
+        self.timeout = timeout or rest.timeout
         self.may_write: Callable[[], bool] = lambda: True
         """False while another operator holds the lease: every write raises NotLeader."""
 
-    async def _call(
-        self, verb: str, resource: str, fn: Callable[..., T], *args: Any, **kwargs: Any
-    ) -> T:
+    async def call(self, verb: str, resource: str, method: str, path: str, **options: Any) -> Any:
+        """One request, counted; NotLeader for a write while another operator leads."""
         if verb in WRITES and not self.may_write():
             raise NotLeader(f"{verb} {resource} not sent: this operator is not the leader")
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
-        kwargs.setdefault("_request_timeout", self.timeout.request)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.pool, lambda: fn(*args, **kwargs))
-
-    async def _send(
-        self, verb: str, resource: str, fn: Callable[..., Any], *args: Any, **kwargs: Any
-    ) -> None:
-        """A call whose answer is not needed: the client builds no model of it (a pod's answer
-        alone is hundreds of objects), the answer is read only to keep the connection. An error
-        answer still raises ApiException, with its body."""
-
-        def unread(*inner: Any, **options: Any) -> None:
-            response = fn(*inner, _preload_content=False, **options)
-            response.read()
-            response.release_conn()
-
-        await self._call(verb, resource, unread, *args, **kwargs)
+        return await self.rest.request(method, path, timeout=self.timeout, **options)
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create ``obj``; False when it already exists. ChildRejected when it is invalid."""
+        resource, path = kind_path(obj)
         kind, meta = obj["kind"], obj["metadata"]
-        ns, name = meta["namespace"], meta["name"]
+        name = meta.get("name") or meta.get("generateName", "")
         try:
-            if kind == "Pod":
-                await self._send("create", "pods", self.core.create_namespaced_pod, ns, obj)
-            elif kind == "Service":
-                await self._send("create", "services", self.core.create_namespaced_service, ns, obj)
-            else:
-                group, version, plural = CUSTOM_KINDS[kind][obj["apiVersion"]]
-                await self._send(
-                    "create",
-                    plural,
-                    self.custom.create_namespaced_custom_object,
-                    group,
-                    version,
-                    ns,
-                    plural,
-                    obj,
-                )
-        except ApiException as error:
+            # The answer is not needed: it is drained, not parsed (a pod's is hundreds of objects).
+            await self.call("create", resource, "POST", path, body=obj, read=False)
+        except ApiError as error:
             if error.status == 409:
                 return False
             if error.status in (400, 422):
-                raise ChildRejected(kind, name, _reason(error)) from error
-            if error.status in (403, 429) or (error.status or 0) >= 500:
-                raise Refused(kind, name, int(error.status), _reason(error)) from error
+                raise ChildRejected(kind, name, error.message) from error
+            if error.status in (403, 429) or error.status >= 500:
+                raise Refused(kind, name, error.status, error.message) from error
             raise
         return True
 
@@ -133,27 +112,25 @@ class Kube:
 
     async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
         """Who holds the name of a Pod or Service that already exists (None when it is gone)."""
-        read = self.core.read_namespaced_pod if kind == "Pod" else self.core.read_namespaced_service
+        plural = CORE_KINDS[kind]
         try:
-            found: Any = await self._call("get", f"{kind.lower()}s", read, name, namespace)
-        except ApiException as error:
+            found = await self.call("get", plural, "GET", core_path(plural, namespace, name))
+        except ApiError as error:
             if error.status == 404:
                 return None
             raise
-        meta = found.metadata
-        owners = (meta.owner_references if meta else None) or []
-        controller = next((o.uid for o in owners if o.controller), None)
-        labels = (meta.labels if meta else None) or {}
-        attempt = int(labels.get(names.LABEL_ATTEMPT, "-1"))
-        return Holder(controller, attempt, bool(meta and meta.deletion_timestamp))
+        meta = found.get("metadata") or {}
+        owners = meta.get("ownerReferences") or []
+        controller = next((o.get("uid") for o in owners if o.get("controller")), None)
+        attempt = int((meta.get("labels") or {}).get(names.LABEL_ATTEMPT, "-1"))
+        return Holder(controller, attempt, bool(meta.get("deletionTimestamp")))
 
     async def delete_service(self, namespace: str, name: str) -> None:
         """Delete a Service (an orphan that holds the name of the job's own)."""
+        path = core_path("services", namespace, name)
         try:
-            await self._send(
-                "delete", "services", self.core.delete_namespaced_service, name, namespace
-            )
-        except ApiException as error:
+            await self.call("delete", "services", "DELETE", path, read=False)
+        except ApiError as error:
             if error.status != 404:
                 raise
 
@@ -169,17 +146,20 @@ class Kube:
         the name meanwhile is never deleted in its place (409: nothing to do)."""
 
         async def one(name: str) -> None:
+            options: dict[str, Any] = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Background",
+            }
+            if force:
+                options["gracePeriodSeconds"] = 0
             uid = (uids or {}).get(name)
-            body = client.V1DeleteOptions(
-                grace_period_seconds=0 if force else None,
-                propagation_policy="Background",
-                preconditions=client.V1Preconditions(uid=uid) if uid else None,
-            )
+            if uid:
+                options["preconditions"] = {"uid": uid}
+            path = core_path("pods", namespace, name)
             try:
-                await self._send(
-                    "delete", "pods", self.core.delete_namespaced_pod, name, namespace, body=body
-                )
-            except ApiException as error:
+                await self.call("delete", "pods", "DELETE", path, body=options, read=False)
+            except ApiError as error:
                 if error.status not in (404, 409):
                     raise
 
@@ -195,9 +175,21 @@ class Kube:
         Returns the job as the API server holds it after the patch.
         """
         body = {"metadata": {"resourceVersion": resource_version}, "status": status}
-        return await self._patch(
-            "/status", self.custom.patch_namespaced_custom_object_status, namespace, name, body
-        )
+        try:
+            found = await self.call(
+                "patch",
+                names.PLURAL + "/status",
+                "PATCH",
+                job_path(namespace, name, "/status"),
+                body=body,
+                content_type=MERGE_PATCH,
+            )
+        except ApiError as error:
+            if error.status == 409:
+                raise StaleJob(f"{namespace}/{name} changed meanwhile: {error.message}") from error
+            raise
+        found["metadata"].pop("managedFields", None)  # kept, and never read (context.kept)
+        return dict(found)
 
     async def post_event(
         self, involved: Mapping[str, str], type: str, reason: str, message: str
@@ -206,6 +198,8 @@ class Kube:
         help people but must not stop a reconcile)."""
         now, namespace = format_time(datetime.now(UTC)), involved["namespace"]
         body = {
+            "apiVersion": "v1",
+            "kind": "Event",
             "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
             "involvedObject": dict(involved),
             "type": type,
@@ -218,44 +212,14 @@ class Kube:
             "count": 1,
         }
         try:
-            await self._send("create", "events", self.core.create_namespaced_event, namespace, body)
-        except (ApiException, *NO_ANSWER) as error:
+            await self.create(body)
+        except (ApiError, ChildRejected, Refused, *NO_ANSWER) as error:
             logger.warning("could not post Event %s on %s: %s", reason, involved["name"], error)
-
-    async def _patch(
-        self, sub: str, fn: Callable[..., Any], namespace: str, name: str, body: Any
-    ) -> dict[str, Any]:
-        try:
-            result = await self._call(
-                "patch",
-                names.PLURAL + sub,
-                fn,
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.PLURAL,
-                name,
-                body,
-            )
-        except ApiException as error:
-            if error.status == 409:
-                raise StaleJob(f"{namespace}/{name} changed meanwhile: {_reason(error)}") from error
-            raise
-        return dict(result)
 
     async def delete_job(self, namespace: str, name: str) -> None:
         try:
-            await self._call(
-                "delete",
-                names.PLURAL,
-                self.custom.delete_namespaced_custom_object,
-                names.GROUP,
-                names.VERSION,
-                namespace,
-                names.PLURAL,
-                name,
-            )
-        except ApiException as error:
+            await self.call("delete", names.PLURAL, "DELETE", job_path(namespace, name), read=False)
+        except ApiError as error:
             if error.status != 404:
                 raise
 
@@ -264,15 +228,10 @@ class Kube:
     ) -> dict[str, Any] | None:
         """A custom object (a Kueue ResourceFlavor; a LocalQueue with ``namespace``), or None
         when it does not exist."""
-        custom = self.custom
-        fn, where = (
-            (custom.get_cluster_custom_object, ())
-            if namespace is None
-            else (custom.get_namespaced_custom_object, (namespace,))
-        )
+        path = group_path(group, version, plural, namespace, name)
         try:
-            found: Any = await self._call("get", plural, fn, group, version, *where, plural, name)
-        except ApiException as error:
+            found = await self.call("get", plural, "GET", path)
+        except ApiError as error:
             if error.status == 404:
                 return None
             raise
@@ -283,15 +242,8 @@ class Kube:
     ) -> dict[str, Any]:
         """Merge-patch a custom object's /status (a Kueue Workload); the body may carry the
         resourceVersion it was computed from, and then a stale one gets 409."""
-        result: Any = await self._call(
-            "patch",
-            f"{plural}/status",
-            self.custom.patch_namespaced_custom_object_status,
-            group,
-            version,
-            namespace,
-            plural,
-            name,
-            body,
+        path = group_path(group, version, plural, namespace, name) + "/status"
+        found = await self.call(
+            "patch", f"{plural}/status", "PATCH", path, body=body, content_type=MERGE_PATCH
         )
-        return dict(result)
+        return dict(found)

@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from meshrun_operator import kueue, names
 from meshrun_operator.answers import ChildRejected
+from meshrun_operator.apiclient import ApiError
 from meshrun_operator.builders import build_pod
 from meshrun_operator.children import JobRef, owner_reference
 from meshrun_operator.context import newest
@@ -177,7 +176,7 @@ async def create_workload(
     name = workload["metadata"]["name"]
     try:
         created = await kube.create(workload)
-    except ApiException as error:
+    except ApiError as error:
         if error.status != 404:
             raise
         message = Reason.KUEUE_NOT_INSTALLED.message(queue=ref.queue, api=kueue.API_VERSION)
@@ -253,7 +252,7 @@ async def patch_status(kube: Kube, link: KueueLink, job: JobRef, actions: KueueA
             kueue.GROUP, VERSION, kueue.WORKLOAD_PLURAL, job.namespace, name, patch
         )
         link.latest[job.uid] = (patched, time.monotonic())
-    except ApiException as error:
+    except ApiError as error:
         if error.status not in (404, 409):
             raise
         link.latest.pop(job.uid, None)

@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from meshrun_operator import kueue, names
-from meshrun_operator.context import plain
+from meshrun_operator.context import kept
 from meshrun_operator.handlers import OperatorMemo
 
 VERSION = kueue.API_VERSION.split("/")[1]
@@ -39,7 +39,7 @@ def register(registry: kopf.OperatorRegistry, with_kueue: bool) -> None:
         async def meshrun_workloads(
             namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
         ) -> dict[tuple[str, str], dict[str, Any]]:
-            return {(str(namespace), str(labels[names.LABEL_JOB])): plain(body)}
+            return {(str(namespace), str(labels[names.LABEL_JOB])): kept(body)}
 
         @kopf.on.event(
             kueue.GROUP,

@@ -15,7 +15,8 @@ one) may run at once: all watch and keep their indexes warm, only the holder of 
 
 The kubernetes client's own ``leaderelection`` blocks a thread per candidate, talks through the
 global default client without request timeouts, and gives up for good after losing the lease; this
-one runs in the operator's event loop through the same API door as every other request.
+one runs in the operator's event loop, over connections of its own, with the same timeouts as
+every other request.
 """
 
 from __future__ import annotations
@@ -31,12 +32,11 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from meshrun_operator import metrics
-from meshrun_operator.apiclient import NO_ANSWER, ApiTimeout, own_namespace
+from meshrun_operator.apiclient import NO_ANSWER, ApiError
 from meshrun_operator.leaseapi import LeaseApi
+from meshrun_operator.login import own_namespace
+from meshrun_operator.rest import Rest
 
 logger = logging.getLogger("meshrun.operator")
 
@@ -101,7 +101,7 @@ class Elector:
         while True:
             try:
                 await self._try_acquire_or_renew()
-            except (ApiException, *NO_ANSWER) as error:
+            except (ApiError, *NO_ANSWER) as error:
                 logger.warning("leader election: lease %s: %s", self.lease.name, error)
             now = self.leading()
             if now != was:
@@ -177,7 +177,7 @@ class Elector:
             }
             version = str(current["metadata"]["resourceVersion"])
             await self.api.replace(self.lease.namespace, self.lease.name, version, released)
-        except (ApiException, *NO_ANSWER) as error:
+        except (ApiError, *NO_ANSWER) as error:
             logger.warning(
                 "leader election: could not release lease %s: %s", self.lease.name, error
             )
@@ -194,12 +194,11 @@ class LeaderOptions:
     timing: LeaseTiming
     """Duration, renew deadline and retry period."""
 
-    def elector(self, api: client.ApiClient, timeout: ApiTimeout) -> Elector:
-        """An Elector for this process (identity: host name and a random suffix)."""
+    def elector(self, rest: Rest) -> Elector:
+        """An Elector for this process (identity: host name and a random suffix), talking
+        through ``rest``, a session of its own."""
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        return Elector(
-            LeaseApi(api, timeout), LeaseRef(self.lease, self.namespace, identity), self.timing
-        )
+        return Elector(LeaseApi(rest), LeaseRef(self.lease, self.namespace, identity), self.timing)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,54 +1,51 @@
-"""The three Lease calls leader election makes (leader.py), on a thread of their own."""
+"""The three Lease calls leader election makes (leader.py), over connections of their own."""
 
 from __future__ import annotations
 
-import asyncio
-import functools
-from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-
 from meshrun_operator import metrics
-from meshrun_operator.apiclient import ApiTimeout
+from meshrun_operator.apiclient import ApiError
+from meshrun_operator.kube import group_path
+from meshrun_operator.rest import Rest
+
+GROUP, VERSION, PLURAL = "coordination.k8s.io", "v1", "leases"
 
 
 class LeaseApi:
-    """Read, create and replace one Lease, on a thread of its own: renewals never queue behind
-    the reconciler's requests."""
+    """Read, create and replace one Lease through a session of its own (``rest``): renewals
+    never queue behind the reconciler's requests for a connection."""
 
-    def __init__(self, api: client.ApiClient, timeout: ApiTimeout) -> None:
-        self.coordination = client.CoordinationV1Api(api)
-        self.api, self.timeout = api, timeout
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshrun-lease")
+    def __init__(self, rest: Rest) -> None:
+        self.rest = rest
 
-    async def _call(self, verb: str, fn: Callable[..., Any], *args: Any) -> Any:
-        metrics.API_REQUESTS.labels(verb=verb, resource="leases").inc()
-        loop = asyncio.get_running_loop()
-        call = functools.partial(fn, *args, _request_timeout=self.timeout.request)
-        return await loop.run_in_executor(self.pool, call)
+    async def _call(self, verb: str, method: str, path: str, body: Any = None) -> Any:
+        metrics.API_REQUESTS.labels(verb=verb, resource=PLURAL).inc()
+        return await self.rest.request(method, path, body=body)
 
     async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Lease as a dict (API field names), or None when there is none."""
         try:
-            lease = await self._call(
-                "get", self.coordination.read_namespaced_lease, name, namespace
+            found: dict[str, Any] = await self._call(
+                "get", "GET", group_path(GROUP, VERSION, PLURAL, namespace, name)
             )
-        except ApiException as error:
+        except ApiError as error:
             if error.status == 404:
                 return None
             raise
-        found: dict[str, Any] = self.api.sanitize_for_serialization(lease)  # type: ignore[no-untyped-call]
         return found
 
     async def create(self, namespace: str, name: str, spec: dict[str, Any]) -> bool:
         """Create it; False when someone else created it first."""
-        body = {"metadata": {"name": name, "namespace": namespace}, "spec": spec}
+        body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Lease",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": spec,
+        }
         try:
-            await self._call("create", self.coordination.create_namespaced_lease, namespace, body)
-        except ApiException as error:
+            await self._call("create", "POST", group_path(GROUP, VERSION, PLURAL, namespace), body)
+        except ApiError as error:
             if error.status == 409:
                 return False
             raise
@@ -57,14 +54,15 @@ class LeaseApi:
     async def replace(self, namespace: str, name: str, version: str, spec: dict[str, Any]) -> bool:
         """Replace its spec if it is still at ``version``; False when it changed meanwhile."""
         body = {
+            "apiVersion": f"{GROUP}/{VERSION}",
+            "kind": "Lease",
             "metadata": {"name": name, "namespace": namespace, "resourceVersion": version},
             "spec": spec,
         }
+        path = group_path(GROUP, VERSION, PLURAL, namespace, name)
         try:
-            await self._call(
-                "update", self.coordination.replace_namespaced_lease, name, namespace, body
-            )
-        except ApiException as error:
+            await self._call("update", "PUT", path, body)
+        except ApiError as error:
             if error.status == 409:
                 return False
             raise

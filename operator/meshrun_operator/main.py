@@ -14,20 +14,21 @@ import sys
 from dataclasses import dataclass
 
 import kopf
-from kubernetes.config import ConfigException
 from prometheus_client import start_http_server
 
 from meshrun_operator import kueue, kueue_watch, leader, names, netpolicy
-from meshrun_operator.apiclient import ApiTimeout, load_api_client
+from meshrun_operator.apiclient import ApiTimeout
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.essence import NoDiffBase
 from meshrun_operator.handlers import OperatorMemo, register
 from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_link import KueueLink
 from meshrun_operator.leader import LeaderOptions
+from meshrun_operator.login import LoginError, login
 from meshrun_operator.netpolicy import PolicyOptions
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
+from meshrun_operator.rest import Rest
 
 POD_SELECTOR = ("v1", "pods")
 """kopf's selector of core/v1 pods, for their server-side label selector."""
@@ -129,7 +130,7 @@ def parse_args(argv: list[str]) -> Options:
         help="how long a create or delete may stay unseen by the watch before it counts as "
         "lost (default 60)",
     )
-    parser.add_argument("--workers", type=int, default=32, help="concurrent API calls (default 32)")
+    parser.add_argument("--workers", type=int, default=16, help="concurrent API requests (16)")
     parser.add_argument(
         "--api-timeout-seconds",
         type=float,
@@ -259,16 +260,17 @@ def main(argv: list[str] | None = None) -> int:
         for noisy in ("kopf.objects", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        api = load_api_client(options.workers)
-    except (ConfigException, OSError) as error:
+        login()  # fail early and plainly: kopf would retry a failing login forever
+    except (LoginError, OSError, ValueError) as error:
         print(
             f"meshrun operator: no cluster to talk to (in-cluster service account or "
             f"KUBECONFIG): {error}",
             file=sys.stderr,
         )
         return 1
+    timeout = ApiTimeout.of(options.api_timeout_seconds)
     ctx = OperatorContext(
-        kube=Kube(api, options.workers, ApiTimeout.of(options.api_timeout_seconds)),
+        kube=Kube(Rest(login, timeout, connections=options.workers)),
         network_policy=options.network_policy,
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
@@ -276,8 +278,9 @@ def main(argv: list[str] | None = None) -> int:
         progress=ProgressReader(enabled=options.progress_http),
         kueue=KueueLink() if options.kueue else None,
     )
-    timeout = ApiTimeout.of(options.api_timeout_seconds)
-    elector = options.leader.elector(api, timeout) if options.leader else None
+    # The Lease's requests have connections of their own: a renewal never waits for one.
+    lease = Rest(login, timeout, connections=2)
+    elector = options.leader.elector(lease) if options.leader else None
     registry = kopf.OperatorRegistry()
     register(registry, options.watch_nodes, options.stall_seconds, options.namespaces)
     kueue_watch.register(registry, with_kueue=options.kueue)

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrun_operator import names
-from meshrun_operator.apiclient import own_namespace
 from meshrun_operator.children import JobRef, child_metadata
+from meshrun_operator.login import own_namespace
 
 
 @dataclass(frozen=True)

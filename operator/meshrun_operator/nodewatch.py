@@ -6,10 +6,10 @@ kopf handles every watch event with its whole machinery (a worker task, a memory
 object, every handler in turn): for the operator's pods and jobs that is fine, for every node of
 a cluster of thousands it is not: at 5,000 nodes, taking in the initial listing alone kept the
 operator busy for a minute, and no job is looked at before every index is filled. Here the nodes
-are listed in pages and watched from the list's version (with bookmarks) on a thread of their
+are listed in small pages and watched from the list's version (with bookmarks) by a task of their
 own; each event is reduced at once to a small ``NodeInfo`` (label strings interned: most values
-repeat across nodes), and only a change of what the operator keeps reaches the event loop: a
-heartbeat does not. A change of readiness, or a deletion, concerns every job (``on_change``).
+repeat across nodes) and the whole object dropped, and a heartbeat, which changes nothing kept,
+goes no further. A change of readiness, or a deletion, concerns every job (``on_change``).
 
 A watch that cannot resume (410 Gone) lists again, and the nodes absent from the new list are
 dropped as deleted. As with kopf's index, a node the operator does not hold counts as deleted,
@@ -22,25 +22,22 @@ import asyncio
 import json
 import logging
 import sys
-import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kubernetes import client
-from kubernetes.client.exceptions import ApiException
-from kubernetes.watch.watch import iter_resp_lines
-
-from meshrun_operator.apiclient import NO_ANSWER, ApiTimeout
+from meshrun_operator import metrics
+from meshrun_operator.apiclient import NO_ANSWER, ApiError
 from meshrun_operator.observe import ACCELERATOR, NodeView, node_view, whole_quantity
+from meshrun_operator.rest import Rest
 
 logger = logging.getLogger("meshrun.operator")
 
-PAGE = 500
+PAGE = 100
 """Nodes per page of the listing."""
 WATCH_SECONDS = 270
 """How long the API server keeps one watch open (a new one follows, from the last version)."""
+
 
 KEPT_EFFECTS = frozenset({"NoSchedule", "NoExecute"})
 """Taints that keep a pod off a node unless it tolerates them (PreferNoSchedule does not)."""
@@ -93,27 +90,21 @@ class NodeLabels:
 
 
 class NodeWatch:
-    """Every node's readiness and labels, kept current by a list and a watch on a thread.
+    """Every node's readiness and labels, kept current by a list and a watch of its own.
 
     Read it like kopf's index of node readiness: ``name in watch``, ``watch[name]`` -> the
-    node's ``NodeView``, once. It is changed on the event loop only.
+    node's ``NodeView``, once.
     """
 
-    def __init__(
-        self, api: client.ApiClient, on_change: Callable[[], None], timeout: ApiTimeout
-    ) -> None:
-        self.core = client.CoreV1Api(api)
+    def __init__(self, rest: Rest, on_change: Callable[[], None]) -> None:
+        self.rest = rest
         self.on_change = on_change
-        """Called on the event loop when a node's readiness changes or it is deleted."""
-        self.timeout = timeout
+        """Called when a node's readiness changes or it is deleted."""
         self.nodes: dict[str, NodeInfo] = {}
         self.labels = NodeLabels(self.nodes)
         self.listed = asyncio.Event()
         """Set once the first listing is complete."""
-        self._seen: dict[str, NodeInfo] = {}
-        """The thread's own copy: only what differs from it is handed to the event loop."""
-        self._stop = threading.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._task: asyncio.Task[None] | None = None
 
     def __contains__(self, name: object) -> bool:
         return name in self.nodes
@@ -122,92 +113,71 @@ class NodeWatch:
         return (self.nodes[name].view,)
 
     def start(self) -> None:
-        """Start listing and watching (from the event loop that reads it)."""
-        self._loop = asyncio.get_running_loop()
-        threading.Thread(target=self._run, name="meshrun-nodes", daemon=True).start()
+        """Start listing and watching (a task of the running loop)."""
+        self._task = asyncio.create_task(self._run(), name="meshrun-nodes")
 
     def stop(self) -> None:
-        self._stop.set()
+        if self._task is not None:
+            self._task.cancel()
 
-    # The thread.
-
-    def _run(self) -> None:
+    async def _run(self) -> None:
         version = ""
-        while not self._stop.is_set():
+        while True:
             try:
                 if not version:
-                    version = self._list()
-                version = self._watch(version)
-            except ApiException as error:
+                    version = await self._list()
+                version = await self._watch(version)
+            except ApiError as error:
                 if error.status == 410:  # the version was compacted away: list again
                     version = ""
                     continue
                 logger.warning("node watch: %s; retrying", error)
-                time.sleep(2)
+                await asyncio.sleep(2)
             except (*NO_ANSWER, ValueError) as error:
                 logger.warning("node watch interrupted: %r; retrying", error)
-                time.sleep(2)
+                await asyncio.sleep(2)
 
-    def _list(self) -> str:
+    async def _list(self) -> str:
         found: dict[str, NodeInfo] = {}
-        token: str | None = None
+        query = {"limit": str(PAGE)}
         while True:
-            response: Any = self.core.list_node(
-                limit=PAGE,
-                _continue=token,
-                _preload_content=False,
-                _request_timeout=self.timeout.request,
-            )
-            page = json.loads(response.data)
+            metrics.API_REQUESTS.labels(verb="list", resource="nodes").inc()
+            page = await self.rest.request("GET", "/api/v1/nodes", query=query)
             for item in page.get("items") or []:
                 found[str(item["metadata"]["name"])] = node_info(item)
+            del page["items"]  # a page of whole nodes is the largest thing the operator reads
             meta = page.get("metadata") or {}
-            token = meta.get("continue") or None
-            if token is None:
+            if not meta.get("continue"):
                 break
-        gone = [name for name in self._seen if name not in found]
-        changed = {n: i for n, i in found.items() if self._seen.get(n) != i}
-        self._seen = found
-        self._post(self._apply, changed, gone, True)
+            query["continue"] = str(meta["continue"])
+        gone = [name for name in self.nodes if name not in found]
+        changed = {n: i for n, i in found.items() if self.nodes.get(n) != i}
+        self._apply(changed, gone)
+        self.listed.set()
         return str(meta.get("resourceVersion") or "")
 
-    def _watch(self, version: str) -> str:
-        response: Any = self.core.list_node(
-            watch=True,
-            resource_version=version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=WATCH_SECONDS,
-            _preload_content=False,
-            _request_timeout=(self.timeout.connect, WATCH_SECONDS + 30),
-        )
-        try:
-            lines: Iterator[str] = iter_resp_lines(response)  # type: ignore[no-untyped-call]
-            for kind, obj in _events(lines):
-                if self._stop.is_set():
-                    break
-                name = str((obj.get("metadata") or {}).get("name") or "")
-                if kind in ("ADDED", "MODIFIED"):
-                    info = node_info(obj)
-                    if self._seen.get(name) != info:
-                        self._seen[name] = info
-                        self._post(self._apply, {name: info}, [], False)
-                elif kind == "DELETED" and self._seen.pop(name, None) is not None:
-                    self._post(self._apply, {}, [name], False)
-                version = str((obj.get("metadata") or {}).get("resourceVersion") or version)
-        finally:
-            response.release_conn()
+    async def _watch(self, version: str) -> str:
+        query = {
+            "watch": "true",
+            "resourceVersion": version,
+            "allowWatchBookmarks": "true",
+            "timeoutSeconds": str(WATCH_SECONDS),
+        }
+        metrics.API_REQUESTS.labels(verb="watch", resource="nodes").inc()
+        async for line in self.rest.lines("/api/v1/nodes", query, WATCH_SECONDS + 30):
+            kind, obj = _event(line)
+            meta = obj.get("metadata") or {}
+            name = str(meta.get("name") or "")
+            if kind in ("ADDED", "MODIFIED"):
+                info = node_info(obj)
+                if self.nodes.get(name) != info:  # a heartbeat changes nothing kept
+                    self._apply({name: info}, [])
+            elif kind == "DELETED" and name in self.nodes:
+                self._apply({}, [name])
+            version = str(meta.get("resourceVersion") or version)
         return version
 
-    def _post(self, fn: Callable[..., None], *args: Any) -> None:
-        assert self._loop is not None
-        try:
-            self._loop.call_soon_threadsafe(fn, *args)
-        except RuntimeError:  # the loop is closed: the operator is stopping
-            self._stop.set()
-
-    # The event loop.
-
-    def _apply(self, changed: Mapping[str, NodeInfo], gone: list[str], listing: bool) -> None:
+    def _apply(self, changed: Mapping[str, NodeInfo], gone: list[str]) -> None:
         touched = bool(gone)
         for name in gone:
             self.nodes.pop(name, None)
@@ -215,19 +185,14 @@ class NodeWatch:
             old = self.nodes.get(name)
             self.nodes[name] = info
             touched = touched or (old is not None and old.view.ready != info.view.ready)
-        if listing:
-            self.listed.set()
         if touched:
             self.on_change()
 
 
-def _events(lines: Iterator[str]) -> Iterator[tuple[str, dict[str, Any]]]:
-    """(type, object) of each watch event; an ERROR event raises its ApiException."""
-    for line in lines:
-        if not line.strip():
-            continue
-        event = json.loads(line)
-        kind, obj = str(event.get("type")), event.get("object") or {}
-        if kind == "ERROR":
-            raise ApiException(status=int(obj.get("code") or 500), reason=str(obj.get("reason")))
-        yield kind, obj
+def _event(line: bytes) -> tuple[str, dict[str, Any]]:
+    """(type, object) of one watch event; an ERROR event raises its ApiError."""
+    event = json.loads(line)
+    kind, obj = str(event.get("type")), event.get("object") or {}
+    if kind == "ERROR":
+        raise ApiError(int(obj.get("code") or 500), str(obj.get("reason")), json.dumps(obj))
+    return kind, obj

@@ -20,16 +20,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from kubernetes.client.exceptions import ApiException
-
 from meshrun_operator import metrics, names
-from meshrun_operator.apiclient import NO_ANSWER
-from meshrun_operator.kube import Kube
+from meshrun_operator.apiclient import NO_ANSWER, ApiError
+from meshrun_operator.kube import Kube, core_path, group_path
 
 logger = logging.getLogger("meshrun.operator")
 
@@ -82,32 +79,15 @@ async def list_uids(
 
 
 async def _page(kube: Kube, what: str, namespace: str | None, token: str | None) -> Any:
-    options: dict[str, Any] = {
-        "limit": PAGE,
-        "_preload_content": False,
-        "_headers": {"Accept": METADATA_ONLY},
-        "_request_timeout": kube.timeout.request,
-    }
+    query = {"limit": str(PAGE)}
     if token:
-        options["_continue"] = token
-    call: Callable[..., Any]
-    args: tuple[Any, ...]
+        query["continue"] = token
     if what == "pods":
-        options["label_selector"] = names.LABEL_JOB
-        if namespace is None:
-            call, args = kube.core.list_pod_for_all_namespaces, ()
-        else:
-            call, args = kube.core.list_namespaced_pod, (namespace,)
+        query["labelSelector"] = names.LABEL_JOB
+        path = core_path("pods", namespace)
     else:
-        crd = (names.GROUP, names.VERSION)
-        if namespace is None:
-            call, args = kube.custom.list_cluster_custom_object, (*crd, names.PLURAL)
-        else:
-            call, args = kube.custom.list_namespaced_custom_object, (*crd, namespace, names.PLURAL)
-    metrics.API_REQUESTS.labels(verb="list", resource=what).inc()
-    loop = asyncio.get_running_loop()
-    response: Any = await loop.run_in_executor(kube.pool, lambda: call(*args, **options))
-    return json.loads(response.data)
+        path = group_path(names.GROUP, names.VERSION, names.PLURAL, namespace)
+    return await kube.call("list", what, "GET", path, query=query, accept=METADATA_ONLY)
 
 
 class Auditor:
@@ -147,7 +127,7 @@ class Auditor:
         await asyncio.sleep(self.delay)
         try:
             await self.audit()
-        except (ApiException, *NO_ANSWER) as error:
+        except (ApiError, *NO_ANSWER) as error:
             logger.warning("watch audit failed, retried at the next listing: %s", error)
 
     def _where(self, seen: Iterable[str]) -> list[str] | None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import Any
 
 import pytest
 from kueue_factories import pipeline_spec
@@ -13,16 +12,16 @@ from kueue_support import KueueEnv
 from meshrun_operator import kube as kube_module
 from meshrun_operator.children import JobRef
 from meshrun_operator.evaluation import evaluate
-from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_link import KueueHold, KueueLink, create_workload
 from meshrun_operator.kueue_state import QueueRef
 from meshrun_operator.vocabulary import Reason
+from operator_door import operator_kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 
 def test_an_api_server_without_kueues_workloads_is_named(
-    api_client: Any, kueue_env: KueueEnv, monkeypatch: pytest.MonkeyPatch
+    kubeconfig: str, kueue_env: KueueEnv, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # The API server's own answer for a resource it does not serve (404), which is what a
     # cluster without Kueue gives the Workload create: asked here under a plural Kueue lacks.
@@ -33,11 +32,13 @@ def test_an_api_server_without_kueues_workloads_is_named(
     namespace = kueue_env.namespaces["team-a"]
     spec = pipeline_spec(2, 8, 2)
     job = JobRef(name="unserved", namespace=namespace, uid=str(uuid.uuid4()))
+
+    async def create() -> None:
+        async with operator_kube(kubeconfig) as kube:
+            ev = evaluate(spec, job.name)
+            await create_workload(kube, KueueLink(), job, ev, QueueRef("team-a"))
+
     with pytest.raises(KueueHold) as held:
-        asyncio.run(
-            create_workload(
-                Kube(api_client), KueueLink(), job, evaluate(spec, job.name), QueueRef("team-a")
-            )
-        )
+        asyncio.run(create())
     assert held.value.hold.reason == Reason.KUEUE_NOT_INSTALLED
     assert "does not serve Kueue's kueue.x-k8s.io/v1beta2 Workloads" in held.value.hold.message

@@ -9,12 +9,11 @@ import re
 from datetime import UTC, datetime
 
 import pytest
-from kubernetes import config
 from meshrun_operator import names
 from meshrun_operator.evaluation import evaluate
-from meshrun_operator.kube import Kube
 from meshrun_operator.lifecycle import decide
 from meshrun_operator.observe import Observed, PodView
+from operator_door import operator_kube
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for
 
@@ -71,13 +70,9 @@ def test_the_largest_job_the_crd_admits_keeps_its_status_small(
 
     async def write() -> None:
         # The operator's own status write.
-        kube = Kube(config.new_client_from_config(config_file=kubeconfig))
-        try:
+        async with operator_kube(kubeconfig) as kube:
             version = body["metadata"]["resourceVersion"]
             await kube.patch_status(cluster.ns, "largest", version, decision.status)
-        finally:
-            kube.pool.shutdown()
-            kube.api.close()
 
     asyncio.run(write())
     stored = cluster.kubectl("get", names.PLURAL, "largest", "-n", cluster.ns, "-o", "json").stdout

@@ -10,10 +10,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
-from kubernetes import config
 from meshrun_operator import nodewatch
 from meshrun_operator.apiclient import ApiTimeout
+from meshrun_operator.login import from_kubeconfig
 from meshrun_operator.nodewatch import NodeWatch
+from meshrun_operator.rest import Rest
 from operator_harness import Kubectl
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -60,8 +61,8 @@ def test_the_node_watch_follows_readiness_labels_and_deletion(
 
     async def scenario() -> None:
         changes: list[float] = []
-        api = config.new_client_from_config(config_file=kubeconfig)
-        watch = NodeWatch(api, lambda: changes.append(1.0), ApiTimeout.of(10))
+        rest = Rest(lambda: from_kubeconfig(kubeconfig), ApiTimeout.of(10))
+        watch = NodeWatch(rest, lambda: changes.append(1.0))
         watch.start()
         try:
             await asyncio.wait_for(watch.listed.wait(), 30)
@@ -88,6 +89,7 @@ def test_the_node_watch_follows_readiness_labels_and_deletion(
             assert changes == [1.0, 1.0]
         finally:
             watch.stop()
+            await rest.close()
             kubectl("delete", "node", name, "--ignore-not-found", "--wait=false")
 
     asyncio.run(scenario())

@@ -1,0 +1,21 @@
+"""The operator's own API door (kube.py over rest.py) for a test that calls it in process."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from meshrun_operator.apiclient import ApiTimeout
+from meshrun_operator.kube import Kube
+from meshrun_operator.login import from_kubeconfig
+from meshrun_operator.rest import Rest
+
+
+@asynccontextmanager
+async def operator_kube(kubeconfig: str, seconds: float = 30) -> AsyncIterator[Kube]:
+    """A Kube with the credentials of ``kubeconfig``, closed on the way out."""
+    rest = Rest(lambda: from_kubeconfig(kubeconfig), ApiTimeout.of(seconds))
+    try:
+        yield Kube(rest)
+    finally:
+        await rest.close()
