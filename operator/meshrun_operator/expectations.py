@@ -69,6 +69,11 @@ class Expectations:
             self.deletes[job] = deletes
         return frozenset(creates), frozenset(deletes)
 
+    def pending(self, job: str) -> bool:
+        """Whether a create or delete of the job's is still unconfirmed (the watch has not shown
+        it, and it has not expired: a pass must look again when it does)."""
+        return bool(self.creates.get(job) or self.deletes.get(job))
+
     def forget(self, job: str) -> None:
         self.creates.pop(job, None)
         self.deletes.pop(job, None)

@@ -13,7 +13,8 @@ only itself. A job changing while its reconcile runs is reconciled again once th
 
 A job that ended (Succeeded or Failed) is left out of the periodic pass: nothing about it
 changes with time but its TTL, so it is looked at (and its spec read and planned) only when it
-or its pods change, when its TTL runs out, or again after a reconcile of it failed.
+or its pods change, when its TTL runs out, or again after a reconcile of it failed or while a
+delete of its pods is unconfirmed (sent to an API server that did not answer).
 """
 
 from __future__ import annotations
@@ -165,12 +166,15 @@ class Resyncer:
 
     def _periodic(self, uid: str, body: dict[str, Any], now: datetime) -> bool:
         """Whether the periodic pass looks at the job: not when it ended, unless its TTL ran
-        out, its last reconcile failed or a decided status waits to be written."""
+        out, its last reconcile failed, a decided status waits to be written or a create or
+        delete of its is unconfirmed."""
         status = body.get("status") or {}
         if status.get("phase") not in (Phase.SUCCEEDED, Phase.FAILED) or uid in self.failed:
             return True
         if uid in self.ctx.deferred:
             return True  # a decided status still waits to be written
+        if self.ctx.expectations.pending(uid):
+            return True  # a delete (or create) that got no answer is confirmed or sent again
         policy = (body.get("spec") or {}).get("runPolicy") or {}
         ttl = policy.get("ttlSecondsAfterFinished")
         if not isinstance(ttl, int):

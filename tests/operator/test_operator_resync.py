@@ -93,6 +93,12 @@ def test_ended_jobs_leave_the_periodic_pass_until_their_ttl_or_a_failed_reconcil
     assert not loop._periodic("a", ended("Succeeded"), now)  # only events wake it
     assert not loop._periodic("a", ended("Failed", ttl=120), now)  # TTL not yet run out
     assert loop._periodic("a", ended("Failed", ttl=60), now)  # ran out: delete it now
+    # A delete sent to an API server that did not answer: looked at until it is confirmed or
+    # expires (and is sent again), though no event may ever come for it.
+    loop.ctx.expectations.expect_deletes("a", ["pod-uid"])
+    assert loop._periodic("a", ended("Failed"), now)
+    loop.ctx.expectations.settle("a", [])  # the pod is gone
+    assert not loop._periodic("a", ended("Failed"), now)
     loop.failed.add("a")
     assert loop._periodic("a", ended("Succeeded"), now)  # its cleanup failed: try again
 
