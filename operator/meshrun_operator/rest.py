@@ -45,12 +45,12 @@ class Rest:
         self._session: aiohttp.ClientSession | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
 
-    def _open(self) -> tuple[aiohttp.ClientSession, str]:
+    async def _open(self) -> tuple[aiohttp.ClientSession, str]:
         """The session of the running loop (another loop, as in tests, gets its own) and the
-        server's URL."""
+        server's URL. Logging in may run a credential program: on a thread, not the loop."""
         loop = asyncio.get_running_loop()
         if self.info is None:
-            self.info = self.login()
+            self.info = await asyncio.to_thread(self.login)
         if self._session is None or self._session.closed or self._loop is not loop:
             info = self.info
             connector = aiohttp.TCPConnector(limit=self.connections, ssl=info.as_ssl_context())
@@ -94,7 +94,7 @@ class Rest:
         limit = timeout or self.timeout
         bounds = aiohttp.ClientTimeout(sock_connect=limit.connect, sock_read=limit.read)
         for attempt in (0, 1):
-            session, server = self._open()
+            session, server = await self._open()
             async with session.request(
                 method, server + path, params=query, data=payload, headers=headers, timeout=bounds
             ) as response:
@@ -114,7 +114,7 @@ class Rest:
         """The lines of a long answer as they come (a watch: one JSON event per line); the
         stream may stay silent for ``read_seconds`` at most."""
         bounds = aiohttp.ClientTimeout(sock_connect=self.timeout.connect, sock_read=read_seconds)
-        session, server = self._open()
+        session, server = await self._open()
         async with session.get(
             server + path, params=query, headers={"Accept": JSON}, timeout=bounds
         ) as response:
