@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshrun_operator import metrics
 from meshrun_operator.apiclient import ApiError
-from meshrun_operator.kube import group_path
+from meshrun_operator.kube import Kube, group_path
 from meshrun_operator.rest import Rest
 
 GROUP, VERSION, PLURAL = "coordination.k8s.io", "v1", "leases"
@@ -18,10 +17,11 @@ class LeaseApi:
 
     def __init__(self, rest: Rest) -> None:
         self.rest = rest
+        # Counted like every request; never refused: the Lease is how leadership is won.
+        self.kube = Kube(rest)
 
     async def _call(self, verb: str, method: str, path: str, body: Any = None) -> Any:
-        metrics.API_REQUESTS.labels(verb=verb, resource=PLURAL).inc()
-        return await self.rest.request(method, path, body=body)
+        return await self.kube.call(verb, PLURAL, method, path, body=body)
 
     async def read(self, namespace: str, name: str) -> dict[str, Any] | None:
         """The Lease as a dict (API field names), or None when there is none."""
