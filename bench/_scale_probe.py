@@ -200,7 +200,7 @@ def cpu_profile(path: Path, process_cpu: float, top: int = 12) -> list[str]:
 
 def planner_time(spec: dict[str, Any], repeat: int = 20) -> list[str]:
     """plan_job and the status dict for the 128-pod job, as the operator computes them."""
-    from meshrun.planner import plan_job
+    from meshrun.planner.plan import plan_job
 
     samples = []
     for _ in range(repeat):

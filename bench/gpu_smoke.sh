@@ -70,7 +70,7 @@ job gpu-smoke "$PRESET" "$STEPS" "$BATCH" 0 > "$work/perf.yaml"
 import sys, torch
 import torch.nn.functional as F
 from torch.profiler import ProfilerActivity, profile
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 shape, batch = PRESETS[sys.argv[1]], int(sys.argv[2])
 device = "cuda" if torch.cuda.is_available() else "cpu"
 q = torch.randn(batch, shape.heads, shape.seq_len, shape.head_dim, device=device, dtype=torch.bfloat16)
@@ -99,7 +99,7 @@ job resume-cut "$RESUME_PRESET" "$STEPS" 4 "$half" > "$work/rest.yaml"
 "$PY" - "$work" "$PRESET" "$PEAK_TFLOPS" "$half" "$started" "$LIMIT_S" "$COMPILE" <<'PYEOF'
 import json, sys, time
 from pathlib import Path
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 work, preset, peak = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]) * 1e12
 half, started, limit, compiled = int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]), sys.argv[7]
 perf = json.loads((work / "perf.json").read_text())

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrun.localnet import free_port
-from meshrun.planner import plan_job
+from meshrun.planner.plan import plan_job
 from meshrun.planner.ranks import rank_of
 
 ROOT = Path(__file__).resolve().parents[1]

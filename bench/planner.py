@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from meshrun.planner import plan_job
+from meshrun.planner.plan import plan_job
 
 TARGET_MS = 50.0
 NODES, PROCS = 2048, 8

@@ -24,8 +24,8 @@ from meshrun_trainer.model import Transformer, build_model, cross_entropy
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from meshrun.planner import plan_job
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
+from meshrun.planner.plan import plan_job
 
 TOLERANCE = 0.15
 """The estimate must be within 15% of the measurement."""

@@ -20,7 +20,7 @@ from meshrun_trainer.blocks import apply_compile
 from meshrun_trainer.model import build_model, cross_entropy
 from meshrun_trainer.optim import make_optimizer
 
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 
 
 def run(preset: str, compiled: bool, steps: int, micro_batch: int) -> tuple[float, float, float]:

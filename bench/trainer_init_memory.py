@@ -42,8 +42,8 @@ from meshrun_trainer.localenv import layout_env  # noqa: E402
 from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.train import build_runner, forward_backward  # noqa: E402
 
-from meshrun.planner import plan_job  # noqa: E402
-from meshrun.presets import PRESETS  # noqa: E402
+from meshrun.api.presets import PRESETS  # noqa: E402
+from meshrun.planner.plan import plan_job  # noqa: E402
 
 
 def peak_rss() -> int:

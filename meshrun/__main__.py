@@ -2,6 +2,6 @@
 
 import sys
 
-from meshrun.cli import main
+from meshrun.cli.main import main
 
 sys.exit(main())

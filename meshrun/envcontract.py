@@ -13,8 +13,8 @@ the trainer's command.
 
 from __future__ import annotations
 
+from meshrun.api.spec import JobSpec
 from meshrun.planner.plan import Plan
-from meshrun.spec import JobSpec
 
 RENDEZVOUS_PORT = 29500
 """torchrun's default rendezvous port, on pod 0."""

@@ -1,15 +1,8 @@
 """The topology planner: a job spec in, pods, ranks, stages and a memory estimate out.
 
 Pure Python, no I/O, shared by ``meshrun plan`` and the operator. It reads the spec through
-``meshrun.specread`` and checks it with ``meshrun.rules`` (the rules every component shares).
-Modules, lowest first: ``layout`` (degrees and schedule), ``memory`` (per-GPU estimate),
+``meshrun.api.read`` and checks it with ``meshrun.rules`` (the rules every component shares).
+Modules, lowest first: ``degrees`` (degrees and schedule), ``memory`` (per-GPU estimate),
 ``auto`` (the strategy table of docs/planner.md), ``ranks`` (rank order and pods),
-``explain``, ``plan`` (``plan_job``), and the renderers ``text`` and ``picture``.
+``explain`` and ``plan`` (``plan_job``). The renderers live in ``meshrun.cli``.
 """
-
-from meshrun.layout import Layout, Stage
-from meshrun.planner.memory import MemoryEstimate
-from meshrun.planner.plan import Plan, plan_job
-from meshrun.planner.ranks import RankCoords, rank_of
-
-__all__ = ["Layout", "MemoryEstimate", "Plan", "RankCoords", "Stage", "plan_job", "rank_of"]

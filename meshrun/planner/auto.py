@@ -23,10 +23,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from meshrun.errors import SpecError
-from meshrun.layout import Layout, Stage, divisors, split_layers
+from meshrun.api.errors import SpecError
+from meshrun.api.layout import Layout, Stage, divisors, split_layers
+from meshrun.api.spec import GIB, JobSpec
+from meshrun.planner.degrees import complete_layout, stage_split
 from meshrun.planner.explain import parameter_text
-from meshrun.planner.layout import complete_layout, stage_split
 from meshrun.planner.memory import (
     CHECKPOINTING,
     MemoryEstimate,
@@ -34,7 +35,6 @@ from meshrun.planner.memory import (
     estimate_memory,
     layer_activation_bytes,
 )
-from meshrun.spec import GIB, JobSpec
 
 Degrees = tuple[int, int, int, int]
 """(dp, pp, tp, zeroStage)."""

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from meshrun.layout import Layout
+from meshrun.api.layout import Layout
+from meshrun.api.spec import CPU, DEFAULT_GPU_MEMORY_GIB, JobSpec
 from meshrun.planner.memory import MemoryEstimate
-from meshrun.spec import CPU, DEFAULT_GPU_MEMORY_GIB, JobSpec
 
 ZERO_WHAT = {
     1: "optimizer state",

@@ -31,9 +31,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshrun.layout import Layout, Stage
-from meshrun.presets import ModelShape
-from meshrun.spec import JobSpec
+from meshrun.api.layout import Layout, Stage
+from meshrun.api.presets import ModelShape
+from meshrun.api.spec import JobSpec
 
 CHECKPOINTING = ("none", "selective", "full")
 """Activation checkpointing modes, least recomputation first."""

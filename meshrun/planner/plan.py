@@ -6,17 +6,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.layout import Layout, Stage
-from meshrun.namerules import check_job_name
+from meshrun.api.layout import Layout, Stage
+from meshrun.api.presets import ModelShape
+from meshrun.api.read import read_spec
+from meshrun.api.spec import JobSpec
 from meshrun.planner.auto import Choice, choose_auto, fit_degrees, search_hybrid
+from meshrun.planner.degrees import explicit_degrees
 from meshrun.planner.explain import describe, warn
-from meshrun.planner.layout import explicit_degrees
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
-from meshrun.presets import ModelShape
-from meshrun.rules import check_spec
-from meshrun.spec import JobSpec
-from meshrun.specread import read_spec
+from meshrun.rules.names import check_job_name
+from meshrun.rules.strategy import check_spec
 
 
 @dataclass(frozen=True)

@@ -11,10 +11,10 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from meshrun.api.spec import CPU, JobSpec, Scheduling
 from meshrun.envcontract import TRAINER_COMMAND
-from meshrun.planner import Plan
+from meshrun.planner.plan import Plan
 from meshrun.planner.ranks import compress_ranks
-from meshrun.spec import CPU, JobSpec, Scheduling
 from meshrun_operator import names
 from meshrun_operator.children import JobRef, child_metadata, pod_ranks, pod_stage
 from meshrun_operator.podtemplate import (

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.planner import Plan
+from meshrun.planner.plan import Plan
 from meshrun_operator import names
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
-from meshrun.spec import JobSpec
+from meshrun.api.spec import JobSpec
 from meshrun_operator import names
 from meshrun_operator import vocabulary as words
 from meshrun_operator.conditions import find, format_time, is_true, parse_time

@@ -6,11 +6,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.errors import SpecError
-from meshrun.inputs import plan_checked
-from meshrun.planner import Plan
-from meshrun.spec import JobSpec
-from meshrun.specread import read_spec
+from meshrun.api.errors import SpecError
+from meshrun.api.read import read_spec
+from meshrun.api.spec import JobSpec
+from meshrun.files.checks import plan_checked
+from meshrun.planner.plan import Plan
 from meshrun_operator.state import InvalidSpec
 
 
@@ -21,7 +21,7 @@ class Evaluation:
     spec: Mapping[str, Any]
     """The spec as the job holds it."""
     settings: JobSpec | None = None
-    """The typed, defaulted spec (meshrun.spec); None when it cannot be read (it is kept when
+    """The typed, defaulted spec (meshrun.api.spec); None when it cannot be read (it is kept when
     only a later rule refuses the spec: a running attempt goes on under its policy)."""
     plan: Plan | None = None
     """The planner's layout; None when the spec is invalid."""

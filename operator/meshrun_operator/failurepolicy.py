@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from meshrun.policyspec import FailureAction, FailurePolicyRule, PodFailurePolicy
+from meshrun.api.policyspec import FailureAction, FailurePolicyRule, PodFailurePolicy
 from meshrun_operator.failures import Failure, FailureClass
 from meshrun_operator.observe import PodView
 

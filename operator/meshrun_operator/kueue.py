@@ -17,8 +17,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.errors import SpecError
-from meshrun.planner import Plan
+from meshrun.api.errors import SpecError
+from meshrun.planner.plan import Plan
 from meshrun_operator import names
 
 GROUP = "kueue.x-k8s.io"

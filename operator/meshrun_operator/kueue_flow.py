@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from meshrun.spec import JobSpec
+from meshrun.api.spec import JobSpec
 from meshrun_operator import names
 from meshrun_operator import vocabulary as words
 from meshrun_operator.conditions import find

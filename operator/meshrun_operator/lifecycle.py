@@ -17,9 +17,9 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from meshrun.errors import SpecError
-from meshrun.planner import Plan
-from meshrun.spec import JobSpec
+from meshrun.api.errors import SpecError
+from meshrun.api.spec import JobSpec
+from meshrun.planner.plan import Plan
 from meshrun_operator import creation, kueue_flow, specedits, troubles
 from meshrun_operator import vocabulary as words
 from meshrun_operator.evaluation import Evaluation, evaluate, still_refused

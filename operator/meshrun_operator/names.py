@@ -6,9 +6,9 @@ key two different ways (dask-kubernetes once built a lock key twice and leaked l
 
 from __future__ import annotations
 
-from meshrun.api import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from meshrun.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from meshrun.envcontract import METRICS_PORT, RENDEZVOUS_PORT
-from meshrun.namerules import pod_name
+from meshrun.rules.names import pod_name
 
 __all__ = [
     "API_VERSION",
@@ -50,7 +50,7 @@ KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TRAINER_CONTAINER = "trainer"
 
 # Pod names, their hostnames and label values are DNS labels of at most 63 characters; the rules
-# that keep every name derived from a job's name within that are meshrun.namerules'.
+# that keep every name derived from a job's name within that are meshrun.rules.names'.
 
 
 def service_name(job: str) -> str:

@@ -13,8 +13,8 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from meshrun.errors import SpecError
-from meshrun.spec import JobSpec, RunPolicy
+from meshrun.api.errors import SpecError
+from meshrun.api.spec import JobSpec, RunPolicy
 from meshrun_operator import vocabulary as words
 from meshrun_operator.conditions import clear_condition, is_true, set_condition
 from meshrun_operator.failures import Failure, FailureClass

@@ -27,8 +27,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun.planner import Plan
-from meshrun.spec import CPU, JobSpec
+from meshrun.api.spec import CPU, JobSpec
+from meshrun.planner.plan import Plan
 from meshrun_operator.children import JobRef, pod_stage
 from meshrun_operator.domains import StagePlacement, choose, domain_room
 from meshrun_operator.nodefit import node_filter

@@ -16,7 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any
 
-from meshrun.errors import SpecError
+from meshrun.api.errors import SpecError
 from meshrun_operator import metrics
 from meshrun_operator.actions import CreationRefused, execute
 from meshrun_operator.answers import ChildRejected

@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
 
-from meshrun.api import VERSION, crd
-from meshrun.planner import Plan
+from meshrun.api.crd import VERSION, crd
+from meshrun.planner.plan import Plan
 from meshrun_operator.children import pod_ranks, pod_stage
 from meshrun_operator.observe import PodView
 from meshrun_operator.state import StepChange
@@ -168,7 +168,7 @@ def conform(values: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, A
 
 @functools.cache
 def _progress_schema() -> Mapping[str, Any]:
-    """status.progress of the CRD (the single source of truth, shipped in meshrun.api)."""
+    """status.progress of the CRD (the single source of truth, shipped in meshrun.api.crd)."""
     version = next(v for v in crd()["spec"]["versions"] if v["name"] == VERSION)
     schema: Mapping[str, Any] = version["schema"]["openAPIV3Schema"]["properties"]["status"]
     return dict(schema["properties"]["progress"])

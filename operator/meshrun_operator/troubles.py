@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 from datetime import datetime
 
-from meshrun.policyspec import PodFailurePolicy
+from meshrun.api.policyspec import PodFailurePolicy
 from meshrun_operator.failurepolicy import judge
 from meshrun_operator.failures import (
     CANNOT_START,

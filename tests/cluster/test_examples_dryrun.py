@@ -1,5 +1,5 @@
-"""The CRD on a real API server: examples accepted, defaults as meshrun.api applies them, and
-every CEL rule refusing what meshrun.rules refuses, with the same message."""
+"""The CRD on a real API server: examples accepted, defaults as meshrun.api.crd applies them, and
+every CEL rule refusing what meshrun.rules.strategy refuses, with the same message."""
 
 from __future__ import annotations
 
@@ -12,10 +12,13 @@ from typing import Any
 import pytest
 import yaml
 
-from meshrun import inputrules, namerules, policyspec, rules
-from meshrun.api import with_defaults
-from meshrun.errors import SpecError
-from meshrun.planner import plan_job
+import meshrun.api.policyspec as policyspec
+import meshrun.rules.inputs as inputs
+import meshrun.rules.names as names
+import meshrun.rules.strategy as strategy
+from meshrun.api.crd import with_defaults
+from meshrun.api.errors import SpecError
+from meshrun.planner.plan import plan_job
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -56,7 +59,7 @@ def test_example_is_accepted_with_the_same_defaults(kubectl: Kubectl, ns: str, p
     result = dry_run(kubectl, ns, job)
     assert result.returncode == 0, f"{path.name} rejected by the API server: {result.stderr}"
     served = json.loads(result.stdout)["spec"]
-    assert served == with_defaults(job["spec"]), "server defaults differ from meshrun.api"
+    assert served == with_defaults(job["spec"]), "server defaults differ from meshrun.api.crd"
     plan_job(served, job["metadata"]["name"])
 
 
@@ -102,11 +105,11 @@ def test_cel_rules_reject_with_field_names(
 
 # One spec per CEL rule of the CRD, changed from the demo job (2 pods x 4, dp2 x pp2 x tp2):
 # the API server must refuse it with the rule's message and the planner must refuse it too.
-BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
-    (rules.AUTO_DEGREES, {"strategy": {"type": "auto"}}),
-    (rules.DATA_PARALLEL_ONLY, {"strategy": {"type": "ddp", "dataParallel": None}}),
+BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
+    (strategy.AUTO_DEGREES, {"strategy": {"type": "auto"}}),
+    (strategy.DATA_PARALLEL_ONLY, {"strategy": {"type": "ddp", "dataParallel": None}}),
     (
-        rules.DATA_PARALLEL_WORLD,
+        strategy.DATA_PARALLEL_WORLD,
         {
             "strategy": {
                 "type": "zero",
@@ -118,7 +121,7 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
         },
     ),
     (
-        rules.DDP_ZERO,
+        strategy.DDP_ZERO,
         {
             "strategy": {
                 "type": "ddp",
@@ -130,7 +133,7 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
         },
     ),
     (
-        rules.ZERO_STAGE,
+        strategy.ZERO_STAGE,
         {
             "strategy": {
                 "type": "zero",
@@ -140,44 +143,44 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
             }
         },
     ),
-    (rules.PIPELINE_TP, {"strategy": {"type": "pipeline", "dataParallel": None}}),
-    (rules.TENSOR_PP, {"strategy": {"type": "tensor", "dataParallel": None}}),
-    (rules.VIRTUAL_STAGES, {"strategy": {"virtualStages": 2}}),
+    (strategy.PIPELINE_TP, {"strategy": {"type": "pipeline", "dataParallel": None}}),
+    (strategy.TENSOR_PP, {"strategy": {"type": "tensor", "dataParallel": None}}),
+    (strategy.VIRTUAL_STAGES, {"strategy": {"virtualStages": 2}}),
     (
-        rules.INTERLEAVED_VIRTUAL,
+        strategy.INTERLEAVED_VIRTUAL,
         {"strategy": {"pipelineSchedule": "interleaved-1f1b", "virtualStages": 1}},
     ),
-    (rules.ONE_F_ONE_B, {"strategy": {"microBatches": 1}}),
-    (rules.TP_PROCS, {"strategy": {"tensorParallel": 3, "dataParallel": None}}),
-    (rules.DEGREES_WORLD, {"strategy": {"dataParallel": 4}}),
-    (rules.BATCH, {"training": {"globalBatchSize": 9}}),
-    (rules.DP_BATCH, {"training": {"globalBatchSize": 6}}),
-    (rules.TP_MODEL, {"model": {"seqLen": 63}}),
-    (rules.PP_LAYERS, {"model": {"layers": 1}}),
-    (rules.HEADS, {"model": {"hidden": 66, "heads": 4}}),
-    (rules.KV_HEADS, {"model": {"heads": 4, "kvHeads": 3}}),
-    (rules.ROTARY, {"model": {"hidden": 12, "heads": 4}}),
-    (rules.CORPUS_VOCAB, {"model": {"vocab": 128}, "training": {"dataset": "corpus"}}),
-    (inputrules.MODEL_SOURCE, {"model": {"preset": None, "layers": 2}}),
-    (inputrules.HF_PRESET, {"model": {"hf": {"path": "/models/m"}, "seqLen": 64}}),
-    (inputrules.HF_SEQ_LEN, {"model": {"preset": None, "hf": {"path": "/models/m"}}}),
-    (inputrules.TEXT_DATA_HF, {"training": {"data": {"path": "/data/train.jsonl"}}}),
+    (strategy.ONE_F_ONE_B, {"strategy": {"microBatches": 1}}),
+    (strategy.TP_PROCS, {"strategy": {"tensorParallel": 3, "dataParallel": None}}),
+    (strategy.DEGREES_WORLD, {"strategy": {"dataParallel": 4}}),
+    (strategy.BATCH, {"training": {"globalBatchSize": 9}}),
+    (strategy.DP_BATCH, {"training": {"globalBatchSize": 6}}),
+    (strategy.TP_MODEL, {"model": {"seqLen": 63}}),
+    (strategy.PP_LAYERS, {"model": {"layers": 1}}),
+    (strategy.HEADS, {"model": {"hidden": 66, "heads": 4}}),
+    (strategy.KV_HEADS, {"model": {"heads": 4, "kvHeads": 3}}),
+    (strategy.ROTARY, {"model": {"hidden": 12, "heads": 4}}),
+    (strategy.CORPUS_VOCAB, {"model": {"vocab": 128}, "training": {"dataset": "corpus"}}),
+    (inputs.MODEL_SOURCE, {"model": {"preset": None, "layers": 2}}),
+    (inputs.HF_PRESET, {"model": {"hf": {"path": "/models/m"}, "seqLen": 64}}),
+    (inputs.HF_SEQ_LEN, {"model": {"preset": None, "hf": {"path": "/models/m"}}}),
+    (inputs.TEXT_DATA_HF, {"training": {"data": {"path": "/data/train.jsonl"}}}),
     (
-        inputrules.TOKENS_TEXT_FIELD,
+        inputs.TOKENS_TEXT_FIELD,
         {"training": {"data": {"format": "tokens", "path": "/t.bin", "textField": "body"}}},
     ),
     (
-        inputrules.EVAL_VALIDATION,
+        inputs.EVAL_VALIDATION,
         {"training": {"data": {"format": "tokens", "path": "/t.bin", "evalEverySteps": 5}}},
     ),
     (
-        inputrules.DATA_DATASET,
+        inputs.DATA_DATASET,
         {"training": {"dataset": "corpus", "data": {"format": "tokens", "path": "/t.bin"}}},
     ),
-    (inputrules.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
-    (namerules.JOB_NAME, {"metadata": {"name": "9lives"}}),
-    (namerules.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
-    (namerules.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),
+    (inputs.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
+    (names.JOB_NAME, {"metadata": {"name": "9lives"}}),
+    (names.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
+    (names.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),
     (
         policyspec.ONE_PATTERN,
         {
@@ -204,12 +207,12 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
 
 
 def test_every_cel_rule_has_a_case() -> None:
-    assert sorted(r.message for r, _ in BREAKS) == sorted(r.message for r in rules.ALL_RULES)
+    assert sorted(r.message for r, _ in BREAKS) == sorted(r.message for r in strategy.ALL_RULES)
 
 
 @pytest.mark.parametrize(("rule", "changes"), BREAKS, ids=[r.message[:50] for r, _ in BREAKS])
 def test_the_api_server_and_the_planner_refuse_alike(
-    kubectl: Kubectl, ns: str, rule: rules.Rule, changes: dict[str, dict[str, Any]]
+    kubectl: Kubectl, ns: str, rule: strategy.Rule, changes: dict[str, dict[str, Any]]
 ) -> None:
     job = base_job()
     for section, change in changes.items():
@@ -234,7 +237,7 @@ def test_the_issue_example_is_refused_by_the_api_server(kubectl: Kubectl, ns: st
     job["spec"]["strategy"] = {"type": "tensor", "tensorParallel": 8}
     job["spec"]["model"] = {"layers": 2, "hidden": 512, "heads": 8, "vocab": 32000, "seqLen": 100}
     result = dry_run(kubectl, ns, job)
-    assert result.returncode != 0 and rules.TP_MODEL.message in " ".join(result.stderr.split())
+    assert result.returncode != 0 and strategy.TP_MODEL.message in " ".join(result.stderr.split())
 
 
 def test_explain_describes_fields(kubectl: Kubectl, ns: str) -> None:

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from helm_support import ROOT
 
-from meshrun.api import with_defaults
-from meshrun.planner import plan_job
+from meshrun.api.crd import with_defaults
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 

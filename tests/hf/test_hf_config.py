@@ -11,8 +11,8 @@ import pytest
 import torch
 import transformers
 
-from meshrun.errors import SpecError
-from meshrun.hf import expected_shapes, load_hf_model, shape_from_config
+from meshrun.api.errors import SpecError
+from meshrun.files.hf import expected_shapes, load_hf_model, shape_from_config
 
 pytestmark = pytest.mark.unit
 

@@ -19,9 +19,9 @@ from meshrun_trainer.optim import lr_factor
 from meshrun_trainer.tokens import load_tokens, tokenize
 from meshrun_trainer.windows import WindowStream, cut_windows
 
-from meshrun.errors import SpecError
-from meshrun.userdata import cache_path, check_data_files, check_tokenizer, known_tokens
-from meshrun.userspec import Data, DataFormat, LRSchedule, Validation
+from meshrun.api.errors import SpecError
+from meshrun.api.userspec import Data, DataFormat, LRSchedule, Validation
+from meshrun.files.data import cache_path, check_data_files, check_tokenizer, known_tokens
 
 
 def data(format: DataFormat, path: Path, validation: str | None = None) -> Data:
@@ -131,7 +131,7 @@ def test_bad_data_is_refused_naming_the_field(folder: Path, tmp_path: Path) -> N
 def test_prepare_data_command_tokenizes_once(
     folder: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from meshrun.cli import main
+    from meshrun.cli.main import main
 
     (folder / "config.json").write_text(json.dumps({"model_type": "llama", "vocab_size": 384}))
     data = write_jsonl(tmp_path / "train.jsonl", corpus_documents())

@@ -14,7 +14,7 @@ import pytest
 import yaml
 from trainer_launch import REPO, cpu_env
 
-from meshrun.hf import load_hf_model
+from meshrun.files.hf import load_hf_model
 
 pytestmark = pytest.mark.trainer
 

@@ -15,8 +15,8 @@ from meshrun_trainer.hfweights import SafetensorsSource, export
 from meshrun_trainer.materialize import materialize
 from meshrun_trainer.model import Transformer, build_model
 
-from meshrun.errors import SpecError
-from meshrun.hf import load_hf_model
+from meshrun.api.errors import SpecError
+from meshrun.files.hf import load_hf_model
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +43,7 @@ def test_same_logits_and_export_round_trip(kind: str, tmp_path: Path) -> None:
 
 
 def test_export_of_a_preset_model_loads_in_transformers(tmp_path: Path) -> None:
-    from meshrun.presets import PRESETS
+    from meshrun.api.presets import PRESETS
 
     shape = PRESETS["tiny"]
     model = build_model(shape, seed=5)

@@ -7,7 +7,7 @@ from typing import Any
 
 from meshrun_operator import names
 
-from meshrun.planner import Plan, plan_job
+from meshrun.planner.plan import Plan, plan_job
 
 GPU = "nvidia.com/gpu"
 OWNER = {

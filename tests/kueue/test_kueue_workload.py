@@ -10,8 +10,8 @@ import pytest
 from kueue_factories import GPU, OWNER, make_plan, make_pods, pipeline_spec
 from meshrun_operator import kueue, names
 
-from meshrun.errors import SpecError
-from meshrun.planner import plan_job
+from meshrun.api.errors import SpecError
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 

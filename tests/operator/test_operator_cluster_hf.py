@@ -20,7 +20,7 @@ from meshrun_trainer.examplefiles import write_example
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 
-from meshrun.inputs import mount
+from meshrun.files.checks import mount
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 

@@ -23,7 +23,7 @@ from operator_lifecycle_helpers import (
     started_job,
 )
 
-from meshrun.specread import read_spec
+from meshrun.api.read import read_spec
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ from meshrun_operator.status import compute_status
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import TUNING, advance, condition, reasons, run, started_job
 
-from meshrun.errors import SpecError
+from meshrun.api.errors import SpecError
 
 pytestmark = pytest.mark.unit
 

@@ -9,7 +9,7 @@ from meshrun_operator.observe import PodView
 from meshrun_operator.summary import MAX_ROWS, PER_POD_ROWS, placement
 from operator_harness import job_manifest
 
-from meshrun.planner import Plan
+from meshrun.planner.plan import Plan
 
 
 def plan_of(nodes: int, strategy: dict[str, object] | None = None) -> Plan:

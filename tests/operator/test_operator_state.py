@@ -16,7 +16,7 @@ from meshrun_operator.vocabulary import Phase
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import condition, run, started_job
 
-from meshrun.api import VERSION, crd
+from meshrun.api.crd import VERSION, crd
 
 pytestmark = pytest.mark.unit
 

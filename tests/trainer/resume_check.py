@@ -31,7 +31,7 @@ from meshrun_trainer.model import build_model, cross_entropy
 from meshrun_trainer.optim import clip_grad_norm, make_optimizer
 from meshrun_trainer.train import Runner, train
 
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 
 STEPS, HALF = 6, 3
 PIPELINE = {"schedule": "1f1b", "micro_batches": 2}

@@ -20,9 +20,9 @@ from typing import Any
 import pytest
 from trainer_launch import cpu_env, free_port
 
+from meshrun.api.read import read_spec
 from meshrun.envcontract import TRAINER_COMMAND, pod_env
-from meshrun.planner import plan_job
-from meshrun.specread import read_spec
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.trainer
 

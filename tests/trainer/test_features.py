@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 from trainer_launch import cpu_env, run, torchrun
 
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 
 pytestmark = pytest.mark.trainer
 

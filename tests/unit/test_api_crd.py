@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 import yaml
 
-from meshrun import api, rules
+import meshrun.api.crd as api
+import meshrun.rules.strategy as strategy
 
 pytestmark = pytest.mark.unit
 
@@ -143,15 +144,15 @@ def cel_messages() -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("rule", rules.ALL_RULES, ids=lambda r: r.message[:60])
-def test_the_rules_repeat_the_crd_messages(rule: rules.Rule) -> None:
+@pytest.mark.parametrize("rule", strategy.ALL_RULES, ids=lambda r: r.message[:60])
+def test_the_rules_repeat_the_crd_messages(rule: strategy.Rule) -> None:
     assert rule.message in cel_messages()
     assert rule.field in rule.message, "the message names the field it blames"
 
 
 def test_every_cel_rule_is_restated_in_python() -> None:
     assert sorted(cel_messages()) == sorted(
-        [r.message for r in rules.ALL_RULES]
+        [r.message for r in strategy.ALL_RULES]
         + [
             f"spec.{section} is immutable; delete and recreate the job"
             for section in ("resources", "strategy", "model")

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from meshrun.api import load_jobs, validate_spec
-from meshrun.errors import SpecError
+from meshrun.api.crd import load_jobs, validate_spec
+from meshrun.api.errors import SpecError
 
 pytestmark = pytest.mark.unit
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from meshrun.cli import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, main
+from meshrun.cli.main import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, main
 
 pytestmark = pytest.mark.unit
 
@@ -189,7 +189,7 @@ def test_reads_stdin() -> None:
 def test_plan_needs_neither_torch_nor_kopf() -> None:
     probe = (
         "import sys\n"
-        "from meshrun.cli import main\n"
+        "from meshrun.cli.main import main\n"
         f"code = main(['plan', {str(DEMO)!r}, '-o', 'json'])\n"
         "heavy = [m for m in ('torch', 'kopf', 'kubernetes', 'matplotlib') if m in sys.modules]\n"
         "sys.exit(10 if heavy else code)\n"

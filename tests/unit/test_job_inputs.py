@@ -23,15 +23,15 @@ from meshrun_trainer.userrun import from_env as read_user_run
 from meshrun_trainer.userrun import with_model
 from meshrun_trainer.windows import dataset_tokens
 
-from meshrun import inputrules
-from meshrun.api import with_defaults
+import meshrun.rules.inputs as inputs
+from meshrun.api.crd import with_defaults
+from meshrun.api.errors import Rule, SpecError
+from meshrun.api.read import read_spec
 from meshrun.envcontract import ENV_OF_FIELD, INPUT_VARIABLES, pod_env
-from meshrun.errors import Rule, SpecError
-from meshrun.hf import safetensors_header
-from meshrun.inputs import mount, plan_checked
-from meshrun.planner import plan_job
+from meshrun.files.checks import mount, plan_checked
+from meshrun.files.hf import safetensors_header
 from meshrun.planner.memory import bytes_per_parameter
-from meshrun.specread import read_spec
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 
@@ -179,27 +179,27 @@ def test_the_dataset_size_is_known_from_the_cache_or_noted(files: Path, tmp_path
 @pytest.mark.parametrize(
     ("rule", "model", "training"),
     [
-        (inputrules.MODEL_SOURCE, {"layers": 2}, {}),
-        (inputrules.HF_PRESET, {"preset": "tiny", "hf": {"path": "/m"}, "seqLen": 8}, {}),
-        (inputrules.HF_SEQ_LEN, {"hf": {"path": "/m"}}, {}),
-        (inputrules.TEXT_DATA_HF, {"preset": "tiny"}, {"data": {"path": "/d.jsonl"}}),
+        (inputs.MODEL_SOURCE, {"layers": 2}, {}),
+        (inputs.HF_PRESET, {"preset": "tiny", "hf": {"path": "/m"}, "seqLen": 8}, {}),
+        (inputs.HF_SEQ_LEN, {"hf": {"path": "/m"}}, {}),
+        (inputs.TEXT_DATA_HF, {"preset": "tiny"}, {"data": {"path": "/d.jsonl"}}),
         (
-            inputrules.TOKENS_TEXT_FIELD,
+            inputs.TOKENS_TEXT_FIELD,
             {"preset": "tiny"},
             {"data": {"format": "tokens", "path": "/t.bin", "textField": "body"}},
         ),
         (
-            inputrules.EVAL_VALIDATION,
+            inputs.EVAL_VALIDATION,
             {"preset": "tiny"},
             {"data": {"format": "tokens", "path": "/t.bin", "evalEverySteps": 5}},
         ),
         (
-            inputrules.DATA_DATASET,
+            inputs.DATA_DATASET,
             {"preset": "tiny"},
             {"dataset": "synthetic", "data": {"format": "tokens", "path": "/t.bin"}},
         ),
         (
-            inputrules.WARMUP_STEPS,
+            inputs.WARMUP_STEPS,
             {"preset": "tiny"},
             {"steps": 4, "lrSchedule": {"warmupSteps": 5}},
         ),
@@ -309,7 +309,7 @@ def test_the_validation_loss_reaches_status_progress() -> None:
 
 
 def test_plan_cli_checks_mounted_files(files: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from meshrun.cli import main
+    from meshrun.cli.main import main
 
     mounts = ["--mount", f"/models={files / 'models'}", "--mount", f"/data={files / 'data'}"]
     assert main(["plan", str(EXAMPLE), "-o", "json", *mounts]) == 0

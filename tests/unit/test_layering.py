@@ -3,7 +3,7 @@
 The core (``meshrun``: API, spec, rules, planner, CLI) imports neither the operator nor the
 trainer; the operator and the trainer never import each other (both may import the core). The
 ``meshrun run`` and ``meshrun operator`` subcommands reach their packages by name at run time
-(meshrun/cli.py), which is not an import of the core. A module past MAX_LINES usually holds two
+(meshrun/cli/main.py), which is not an import of the core. A module past MAX_LINES usually holds two
 ideas: split it.
 """
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from meshrun import namerules
-from meshrun.errors import SpecError
-from meshrun.planner import plan_job
+import meshrun.rules.names as names
+from meshrun.api.errors import SpecError
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 
@@ -30,14 +30,14 @@ def spec(num_nodes: int = 1, queue: str | None = None) -> dict[str, Any]:
     ("name", "num_nodes", "rule"),
     [
         ("a" * 61, 10, None),  # a...a-9: 63 characters
-        ("a" * 61, 11, namerules.JOB_NAME_LENGTH),  # a...a-10: 64
+        ("a" * 61, 11, names.JOB_NAME_LENGTH),  # a...a-10: 64
         ("a" * 58, 10_000, None),  # a...a-9999: 63
-        ("a" * 59, 10_000, namerules.JOB_NAME_LENGTH),
-        ("a" * 62, 1, namerules.JOB_NAME_LENGTH),  # a...a-0: 64, even for one pod
-        ("9lives", 1, namerules.JOB_NAME),  # a Service name starts with a letter
-        ("job-", 1, namerules.JOB_NAME),
-        ("Job", 1, namerules.JOB_NAME),
-        ("a.b", 1, namerules.JOB_NAME),  # a valid object name, not a DNS label
+        ("a" * 59, 10_000, names.JOB_NAME_LENGTH),
+        ("a" * 62, 1, names.JOB_NAME_LENGTH),  # a...a-0: 64, even for one pod
+        ("9lives", 1, names.JOB_NAME),  # a Service name starts with a letter
+        ("job-", 1, names.JOB_NAME),
+        ("Job", 1, names.JOB_NAME),
+        ("a.b", 1, names.JOB_NAME),  # a valid object name, not a DNS label
     ],
 )
 def test_every_pod_name_fits_a_dns_label(name: str, num_nodes: int, rule: Any) -> None:

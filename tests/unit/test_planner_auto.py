@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from meshrun.planner import plan_job
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 from planner_factories import make_cpu_spec as make_spec
 
-from meshrun.errors import SpecError
-from meshrun.planner import plan_job
+from meshrun.api.errors import SpecError
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 

@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 from planner_factories import make_cpu_spec as make_spec
 
-from meshrun.layout import split_layers
-from meshrun.planner import plan_job, rank_of
+from meshrun.api.layout import split_layers
+from meshrun.planner.plan import plan_job
+from meshrun.planner.ranks import rank_of
 
 pytestmark = pytest.mark.unit
 

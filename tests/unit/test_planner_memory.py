@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from meshrun.planner import plan_job
+from meshrun.api.read import read_spec
+from meshrun.api.spec import GIB
 from meshrun.planner.memory import estimate_memory, in_flight, layer_activation_bytes
-from meshrun.spec import GIB
-from meshrun.specread import read_spec
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 

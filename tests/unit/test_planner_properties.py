@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from meshrun.errors import SpecError
-from meshrun.planner import Plan, plan_job
+from meshrun.api.errors import SpecError
+from meshrun.planner.plan import Plan, plan_job
 from meshrun.planner.ranks import dp_groups, pp_groups, tp_groups
 
 pytestmark = pytest.mark.unit

@@ -6,10 +6,10 @@ from typing import Any
 
 import pytest
 
-from meshrun.layout import split_layers
-from meshrun.planner import plan_job
-from meshrun.planner.layout import chunk_weights, stage_split
-from meshrun.presets import PRESETS
+from meshrun.api.layout import split_layers
+from meshrun.api.presets import PRESETS
+from meshrun.planner.degrees import chunk_weights, stage_split
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 

@@ -8,10 +8,10 @@ from typing import Any, Literal
 
 import pytest
 
-from meshrun import api
-from meshrun.errors import SpecError
-from meshrun.spec import JobSpec
-from meshrun.specread import crd_key_of, list_section, optional_section, read_spec
+import meshrun.api.crd as crd
+from meshrun.api.errors import SpecError
+from meshrun.api.read import crd_key_of, list_section, optional_section, read_spec
+from meshrun.api.spec import JobSpec
 
 pytestmark = pytest.mark.unit
 
@@ -43,7 +43,7 @@ def sections(
     return found
 
 
-SECTIONS = sections(JobSpec, dict(api.spec_schema()), "spec")
+SECTIONS = sections(JobSpec, dict(crd.spec_schema()), "spec")
 
 
 @pytest.mark.parametrize(("path", "cls", "schema"), SECTIONS, ids=[s[0] for s in SECTIONS])

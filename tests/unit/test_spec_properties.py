@@ -18,11 +18,11 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from meshrun_trainer.config import from_env
 
+from meshrun.api.errors import SpecError
+from meshrun.api.read import read_spec
 from meshrun.envcontract import pod_env
-from meshrun.errors import SpecError
-from meshrun.hf import load_hf_model
-from meshrun.planner import plan_job
-from meshrun.specread import read_spec
+from meshrun.files.hf import load_hf_model
+from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
 

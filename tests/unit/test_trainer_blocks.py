@@ -10,8 +10,8 @@ from meshrun_trainer.blocks import apply_activation_checkpointing
 from meshrun_trainer.model import build_model, cross_entropy
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
+from meshrun.api.presets import PRESETS, ModelShape
 from meshrun.planner.memory import layer_activation_elements
-from meshrun.presets import PRESETS, ModelShape
 
 pytestmark = pytest.mark.unit
 

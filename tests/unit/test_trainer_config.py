@@ -6,8 +6,8 @@ import pytest
 from meshrun_trainer.config import ConfigError, from_env, parse_stage_layers
 from meshrun_trainer.localenv import layout_env
 
+from meshrun.api.presets import PRESETS
 from meshrun.envcontract import ENV_OF_FIELD
-from meshrun.presets import PRESETS
 
 pytestmark = pytest.mark.unit
 

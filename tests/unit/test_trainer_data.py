@@ -60,9 +60,9 @@ def test_tokenizer_round_trips_and_corpus_is_real_text() -> None:
 
 
 def test_the_planner_knows_the_corpus_length() -> None:
-    from meshrun.rules import CORPUS_BYTES
+    from meshrun.rules.strategy import CORPUS_BYTES
 
-    # meshrun.rules refuses seqLen + 1 >= CORPUS_BYTES for dataset corpus, at plan time.
+    # meshrun.rules.strategy refuses seqLen + 1 >= CORPUS_BYTES for dataset corpus, at plan time.
     assert load_corpus().numel() == CORPUS_BYTES
     with pytest.raises(ValueError):
         CorpusStream(CORPUS_BYTES - 1, 1, 0)

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 from meshrun_trainer.config import from_env
 
-from meshrun.api import load_jobs
+from meshrun.api.crd import load_jobs
+from meshrun.api.read import read_spec
+from meshrun.api.spec import JobSpec
 from meshrun.envcontract import pod_env
-from meshrun.planner import Plan, plan_job
-from meshrun.spec import JobSpec
-from meshrun.specread import read_spec
+from meshrun.planner.plan import Plan, plan_job
 
 pytestmark = pytest.mark.unit
 

@@ -14,7 +14,7 @@ from meshrun_trainer.materialize import (
 )
 from meshrun_trainer.model import Transformer, build_model, rotary_tables
 
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 
 pytestmark = pytest.mark.unit
 

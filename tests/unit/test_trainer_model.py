@@ -6,7 +6,7 @@ import pytest
 import torch
 from meshrun_trainer.model import build_model, cross_entropy
 
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 
 pytestmark = pytest.mark.unit
 

@@ -12,7 +12,7 @@ from meshrun_trainer.optim import make_optimizer
 from meshrun_trainer.train import Runner
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from meshrun.presets import PRESETS
+from meshrun.api.presets import PRESETS
 
 pytestmark = pytest.mark.unit
 

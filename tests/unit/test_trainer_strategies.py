@@ -7,7 +7,7 @@ from meshrun_trainer.config import Layout
 from meshrun_trainer.parallel import data_parallel_kind
 from meshrun_trainer.pipeline import stages_of_rank
 
-from meshrun.layout import layer_ranges
+from meshrun.api.layout import layer_ranges
 
 pytestmark = pytest.mark.unit
 

@@ -5,7 +5,7 @@ operator sets (docs/env-contract.md). The layers, lower never importing higher:
 
 - ``layout`` / ``config``: the typed configuration and its rules, read from MESHRUN_* variables.
 - ``mesh``: process group (nccl on CUDA, else gloo) and the (pp, dp, tp) DeviceMesh.
-- ``model`` / ``data``: a Llama-like decoder built from meshrun.presets, initialised identically
+- ``model`` / ``data``: a Llama-like decoder built from meshrun.api.presets, initialised identically
   on every rank before splitting; a deterministic batch per (seed, step) for every layout.
 - ``parallel`` / ``pipeline`` / ``optim``: the strategies. DDP; ZeRO-1 = DDP +
   ZeroRedundancyOptimizer; ZeRO-2/3 = FSDP2 fully_shard with reshard_after_forward False/True;

@@ -15,13 +15,13 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import get_args
 
+from meshrun.api.errors import SpecError
+from meshrun.api.presets import ModelShape
+from meshrun.api.spec import Accelerator, Checkpointing, Dataset, Precision, Schedule
+from meshrun.api.userspec import Data, DataFormat, LRDecay, LRSchedule, Optimizer, Validation
 from meshrun.envcontract import ENV_OF_FIELD
-from meshrun.errors import SpecError
-from meshrun.inputrules import check_data_source, check_warmup
-from meshrun.presets import ModelShape
-from meshrun.rules import check_data, check_layout, check_model
-from meshrun.spec import Accelerator, Checkpointing, Dataset, Precision, Schedule
-from meshrun.userspec import Data, DataFormat, LRDecay, LRSchedule, Optimizer, Validation
+from meshrun.rules.inputs import check_data_source, check_warmup
+from meshrun.rules.strategy import check_data, check_layout, check_model
 from meshrun_trainer.layout import ConfigError, Layout, check_stage_layers, parse_stage_layers
 
 __all__ = ["ConfigError", "Layout", "TrainConfig", "Training", "from_env", "parse_stage_layers"]

@@ -19,8 +19,8 @@ import numpy as np
 from safetensors.numpy import save_file
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-from meshrun.hf import expected_shapes
-from meshrun.presets import ModelShape
+from meshrun.api.presets import ModelShape
+from meshrun.files.hf import expected_shapes
 from meshrun_trainer.hfweights import hf_config
 
 EOS = "</s>"

@@ -28,8 +28,8 @@ from torch.distributed.checkpoint.hf_storage import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from meshrun.hf import SUPPORTED, TOKENIZER_FILES
-from meshrun.presets import ModelShape
+from meshrun.api.presets import ModelShape
+from meshrun.files.hf import SUPPORTED, TOKENIZER_FILES
 
 _BLOCK = {
     "attention.wq": "self_attn.q_proj",

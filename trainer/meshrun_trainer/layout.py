@@ -1,12 +1,13 @@
 """The parallel layout of a run as the trainer reads it: the planner's layout plus the layers each
-pipeline stage holds. The layout's rules are the planner's (:func:`meshrun.rules.check_layout`)."""
+pipeline stage holds. The layout's rules are the planner's
+(:func:`meshrun.rules.strategy.check_layout`)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshrun.errors import SpecError
-from meshrun.layout import Layout as PlannedLayout
+from meshrun.api.errors import SpecError
+from meshrun.api.layout import Layout as PlannedLayout
 
 
 class ConfigError(SpecError):

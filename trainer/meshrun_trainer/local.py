@@ -21,13 +21,13 @@ from typing import IO, Any
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
-from meshrun.api import load_jobs
+from meshrun.api.crd import load_jobs
+from meshrun.api.errors import SpecError
+from meshrun.api.read import read_spec
+from meshrun.api.userspec import Data
 from meshrun.envcontract import TRAINER_COMMAND
-from meshrun.errors import SpecError
-from meshrun.hf import HFModel
-from meshrun.inputs import mount, plan_checked
-from meshrun.specread import read_spec
-from meshrun.userspec import Data
+from meshrun.files.checks import mount, plan_checked
+from meshrun.files.hf import HFModel
 from meshrun_trainer.config import ConfigError, from_env
 from meshrun_trainer.localenv import local_envs
 from meshrun_trainer.userrun import from_env as read_user_run

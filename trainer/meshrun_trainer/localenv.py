@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from meshrun.api.read import read_spec
+from meshrun.api.spec import CPU, JobSpec
 from meshrun.envcontract import pod_env
 from meshrun.localnet import free_port
-from meshrun.planner import Plan, plan_job
-from meshrun.spec import CPU, JobSpec
-from meshrun.specread import read_spec
+from meshrun.planner.plan import Plan, plan_job
 
 
 def visible_gpus() -> list[str]:

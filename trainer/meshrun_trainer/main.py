@@ -10,8 +10,8 @@ from typing import Any
 
 import torch.distributed as dist
 
+from meshrun.api.errors import SpecError
 from meshrun.envcontract import EXIT_CONFIG_ERROR, EXIT_NO_ACCELERATOR, PERMANENT_REASONS
-from meshrun.errors import SpecError
 from meshrun_trainer.config import TrainConfig, from_env
 from meshrun_trainer.mesh import NoAcceleratorError, build_mesh, init_distributed, pick_device
 from meshrun_trainer.parallel import data_parallel_kind

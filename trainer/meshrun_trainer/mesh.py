@@ -17,8 +17,8 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from meshrun.api.spec import CPU
 from meshrun.localnet import free_port
-from meshrun.spec import CPU
 from meshrun_trainer.config import Layout
 
 

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from meshrun.presets import ModelShape
+from meshrun.api.presets import ModelShape
 from meshrun_trainer.materialize import SeededInit, materialize
 
 

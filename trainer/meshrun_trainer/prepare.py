@@ -11,10 +11,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from meshrun.errors import SpecError
-from meshrun.hf import read_config
-from meshrun.userdata import FORMATS, cache_path, check_data_files, check_tokenizer
-from meshrun.userspec import Data
+from meshrun.api.errors import SpecError
+from meshrun.api.userspec import Data
+from meshrun.files.data import FORMATS, cache_path, check_data_files, check_tokenizer
+from meshrun.files.hf import read_config
 from meshrun_trainer.tokens import tokenize
 
 

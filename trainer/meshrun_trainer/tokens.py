@@ -23,8 +23,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from tokenizers import Tokenizer
 
-from meshrun.errors import SpecError
-from meshrun.userdata import Format, data_files, token_width
+from meshrun.api.errors import SpecError
+from meshrun.files.data import Format, data_files, token_width
 
 BATCH = 1024
 """Documents handed to the tokenizer at once (it encodes a batch on all cores)."""

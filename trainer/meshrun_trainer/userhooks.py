@@ -22,7 +22,7 @@ from meshrun_trainer.windows import WindowStream, open_training, open_validation
 if TYPE_CHECKING:
     from torch import nn
 
-    from meshrun.presets import ModelShape
+    from meshrun.api.presets import ModelShape
     from meshrun_trainer.config import TrainConfig
     from meshrun_trainer.materialize import WeightSource
     from meshrun_trainer.mesh import Mesh

@@ -9,10 +9,10 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.hf import FIELD, SIZES, HFModel, check_sizes, load_hf_model
-from meshrun.inputrules import TEXT_DATA_HF
-from meshrun.userdata import check_data_files, check_tokenizer
-from meshrun.userspec import Data, LRSchedule
+from meshrun.api.userspec import Data, LRSchedule
+from meshrun.files.data import check_data_files, check_tokenizer
+from meshrun.files.hf import FIELD, SIZES, HFModel, check_sizes, load_hf_model
+from meshrun.rules.inputs import TEXT_DATA_HF
 from meshrun_trainer.config import TrainConfig
 from meshrun_trainer.optim import OptimizerSettings
 

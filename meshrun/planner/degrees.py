@@ -1,17 +1,17 @@
 """Parallel degrees of an explicit strategy, and the schedule settings that complete a layout.
 
 The degrees of an explicit strategy are filled in here; ``auto`` and a partly given ``hybrid``
-search in :mod:`meshrun.planner.auto`. Every layout is checked by :func:`meshrun.rules.
+search in :mod:`meshrun.planner.auto`. Every layout is checked by :func:`meshrun.rules.strategy.
 check_layout`, the rules the trainer checks too.
 """
 
 from __future__ import annotations
 
-from meshrun.errors import SpecError
-from meshrun.layout import Layout, Stage, divisors
-from meshrun.presets import ModelShape
-from meshrun.rules import check_layout
-from meshrun.spec import JobSpec
+from meshrun.api.errors import SpecError
+from meshrun.api.layout import Layout, Stage, divisors
+from meshrun.api.presets import ModelShape
+from meshrun.api.spec import JobSpec
+from meshrun.rules.strategy import check_layout
 
 STRATEGY = "spec.strategy"
 

@@ -1,5 +1,5 @@
 """The one error type for bad user input, so every caller can name the field at fault, and the
-CEL rules of the CRD restated as values (meshrun.rules holds them)."""
+CEL rules of the CRD restated as values (meshrun.rules.strategy holds them)."""
 
 from __future__ import annotations
 

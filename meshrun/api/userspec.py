@@ -2,7 +2,7 @@
 (``spec.model.hf``), its data (``spec.training.data``), the optimizer, the learning-rate
 schedule and the export folder.
 
-Read by :func:`meshrun.specread.read_spec` like every other section (kw_only dataclasses whose
+Read by :func:`meshrun.api.read.read_spec` like every other section (kw_only dataclasses whose
 field names are the snake_case of the CRD's keys, no defaults of their own).
 """
 

@@ -19,8 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, get_args
 
-from meshrun.errors import SpecError
-from meshrun.userspec import Data, DataFormat
+from meshrun.api.errors import SpecError
+from meshrun.api.userspec import Data, DataFormat
 
 Format = DataFormat
 FORMATS: tuple[Format, ...] = get_args(DataFormat)

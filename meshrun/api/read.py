@@ -1,4 +1,4 @@
-"""Reading a spec into :class:`meshrun.spec.JobSpec`: schema check, CRD defaults, then types.
+"""Reading a spec into :class:`meshrun.api.spec.JobSpec`: schema check, CRD defaults, then types.
 
 The reader is generic: each dataclass field is looked up under its CRD key (the camelCase of its
 name, or its ``key`` metadata), nested dataclasses are read recursively, and nothing is
@@ -16,11 +16,11 @@ import typing
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from meshrun.api import validate_spec, with_defaults
-from meshrun.hf import planned_shape
-from meshrun.inputrules import MODEL_SOURCE
-from meshrun.presets import PRESETS, ModelShape
-from meshrun.spec import JobSpec, Model
+from meshrun.api.crd import validate_spec, with_defaults
+from meshrun.api.presets import PRESETS, ModelShape
+from meshrun.api.spec import JobSpec, Model
+from meshrun.files.hf import planned_shape
+from meshrun.rules.inputs import MODEL_SOURCE
 
 T = TypeVar("T")
 
@@ -29,7 +29,7 @@ def read_spec(spec: Mapping[str, Any] | JobSpec) -> JobSpec:
     """Check ``spec`` against the CRD schema, apply the CRD's defaults and read it into types.
 
     Raises SpecError naming the first offending field. The cross-field rules are checked by
-    :func:`meshrun.rules.check_spec`, which ``meshrun.planner.plan_job`` runs.
+    :func:`meshrun.rules.strategy.check_spec`, which ``meshrun.planner.plan.plan_job`` runs.
     """
     if isinstance(spec, JobSpec):
         return spec
@@ -97,7 +97,7 @@ def list_section(hint: Any) -> type | None:
 
 
 def resolve_model(model: Model) -> ModelShape:
-    """The model shape: a Hugging Face folder's (meshrun.hf.planned_shape), a preset with any
+    """The model shape: a Hugging Face folder's (meshrun.files.hf.planned_shape), a preset with any
     explicit size overriding it, or explicit sizes."""
     if model.hf is not None:
         return planned_shape(model)

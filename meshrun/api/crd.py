@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from meshrun.errors import SpecError
+from meshrun.api.errors import SpecError
 
 GROUP = "meshrun.dev"
 VERSION = "v1alpha1"

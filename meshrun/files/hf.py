@@ -16,12 +16,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from meshrun.errors import SpecError
-from meshrun.inputrules import HF_PRESET, HF_SEQ_LEN
-from meshrun.presets import ModelShape, RopeScaling
+from meshrun.api.errors import SpecError
+from meshrun.api.presets import ModelShape, RopeScaling
+from meshrun.rules.inputs import HF_PRESET, HF_SEQ_LEN
 
 if TYPE_CHECKING:
-    from meshrun.spec import Model
+    from meshrun.api.spec import Model
 
 FIELD = "spec.model.hf.path"
 SUPPORTED = {

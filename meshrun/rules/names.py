@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import re
 
-from meshrun.errors import Rule
-from meshrun.spec import JobSpec
+from meshrun.api.errors import Rule
+from meshrun.api.spec import JobSpec
 
 DNS_LABEL_MAX = 63
 """RFC 1123 label length: names of pods, Services, hostnames, and label values."""

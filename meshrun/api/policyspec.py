@@ -4,7 +4,8 @@ without counting, like the Job controller's podFailurePolicy.
 The rules are tried in order and the first that matches decides; a failure no rule matches is
 classified by the operator's built-in table (docs/operator.md). The two rules the API server can
 check alone are CEL rules of the CRD too (their messages word for word) and part of
-:data:`meshrun.rules.ALL_RULES`; :func:`meshrun.rules.check_spec` runs :func:`check_policy`.
+:data:`meshrun.rules.strategy.ALL_RULES`; :func:`meshrun.rules.strategy.check_spec` runs
+:func:`check_policy`.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from meshrun.errors import Rule
+from meshrun.api.errors import Rule
 
 FailureAction = Literal["FailJob", "RestartJob", "Ignore"]
 ExitCodeOperator = Literal["In", "NotIn"]

@@ -20,14 +20,14 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from meshrun.errors import SpecError
-from meshrun.hf import FIELD, SUPPORTED, HFModel, load_hf_model
-from meshrun.planner import Plan, plan_job
+from meshrun.api.errors import SpecError
+from meshrun.api.read import read_spec
+from meshrun.api.spec import JobSpec
+from meshrun.api.userspec import Data
+from meshrun.files.data import check_data_files, check_dataset_size, check_tokenizer, known_tokens
+from meshrun.files.hf import FIELD, SUPPORTED, HFModel, load_hf_model
 from meshrun.planner.explain import parameter_text
-from meshrun.spec import JobSpec
-from meshrun.specread import read_spec
-from meshrun.userdata import check_data_files, check_dataset_size, check_tokenizer, known_tokens
-from meshrun.userspec import Data
+from meshrun.planner.plan import Plan, plan_job
 
 TokenCounter = Callable[[Data, str, HFModel | None, int], int]
 """(data, path, model folder, vocab) -> tokens in the dataset, tokenizing it if need be."""
@@ -145,7 +145,7 @@ def plan_checked(
     local: bool = False,
     count_tokens: TokenCounter | None = None,
 ) -> Plan:
-    """:func:`meshrun.planner.plan_job`, then :func:`check_inputs`: its notes join the plan's
+    """:func:`meshrun.planner.plan.plan_job`, then :func:`check_inputs`: its notes join the plan's
     warnings and the model's origin its explanation. SpecError names the field at fault."""
     job = read_spec(spec)
     plan = plan_job(job, name)

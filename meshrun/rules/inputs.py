@@ -2,19 +2,20 @@
 folder), its data, and its learning-rate schedule.
 
 Each is also a CEL rule of the CRD (the message word for word), and part of
-:data:`meshrun.rules.ALL_RULES`; :func:`meshrun.rules.check_spec` runs :func:`check_inputs_spec`.
+:data:`meshrun.rules.strategy.ALL_RULES`; :func:`meshrun.rules.strategy.check_spec` runs
+:func:`check_inputs_spec`.
 What needs the files themselves (config.json, the weights, the tokenizer, the data) is checked
-where they can be read: :mod:`meshrun.inputs`.
+where they can be read: :mod:`meshrun.files.checks`.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshrun.errors import Rule
+from meshrun.api.errors import Rule
 
 if TYPE_CHECKING:
-    from meshrun.spec import JobSpec
+    from meshrun.api.spec import JobSpec
 
 M, T = "spec.model", "spec.training"
 MODEL_SOURCE = Rule(M, f"{M} needs a preset, hf, or all of layers, hidden, heads, vocab and seqLen")

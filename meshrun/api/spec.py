@@ -3,7 +3,7 @@
 Each section of the CRD's ``spec`` is a kw_only dataclass below whose field names are the
 snake_case of the CRD's keys (``numProcPerNode`` is ``num_proc_per_node``; ``key`` metadata
 names the few irregular ones). None of them has a default of its own: :func:`read_spec` checks
-the spec against the CRD schema, applies the CRD's defaults (``meshrun.api.with_defaults``) and
+the spec against the CRD schema, applies the CRD's defaults (``meshrun.api.crd.with_defaults``) and
 reads every field, so the CRD stays the single source of truth. A field the CRD leaves unset
 without a default is ``None``. The planner, the operator and the env contract all read this.
 
@@ -16,9 +16,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from meshrun.policyspec import PodFailurePolicy
-from meshrun.presets import ModelShape
-from meshrun.userspec import Data, Export, HuggingFace, LRSchedule, Optimizer
+from meshrun.api.policyspec import PodFailurePolicy
+from meshrun.api.presets import ModelShape
+from meshrun.api.userspec import Data, Export, HuggingFace, LRSchedule, Optimizer
 
 GIB = 1024**3
 CPU = "cpu"

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from xml.sax.saxutils import escape
 
-from meshrun.errors import SpecError
+from meshrun.api.errors import SpecError
 from meshrun.planner.plan import Plan
 
 MAX_PODS = 32

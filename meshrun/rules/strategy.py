@@ -1,7 +1,7 @@
 """Every rule a job must satisfy, written once.
 
 ``meshrun plan`` and the operator (its Invalid condition) run these through
-:func:`meshrun.planner.plan_job`; the trainer runs the model, layout and data rules on what it
+:func:`meshrun.planner.plan.plan_job`; the trainer runs the model, layout and data rules on what it
 reads from its environment, so a job the planner accepts starts without a configuration error.
 Each rule raises SpecError naming a spec field; the trainer reports the environment variable
 that carries it as well (``meshrun.envcontract.ENV_OF_FIELD``).
@@ -13,13 +13,13 @@ those are the ``Rule`` constants below, whose messages appear word for word in t
 
 from __future__ import annotations
 
-from meshrun.errors import Rule, SpecError
-from meshrun.inputrules import INPUT_RULES, check_inputs_spec
-from meshrun.layout import Layout
-from meshrun.namerules import NAME_RULES, check_queue_name
-from meshrun.policyspec import POLICY_RULES, check_policy
-from meshrun.presets import ModelShape
-from meshrun.spec import BYTE_VOCAB, JobSpec
+from meshrun.api.errors import Rule, SpecError
+from meshrun.api.layout import Layout
+from meshrun.api.policyspec import POLICY_RULES, check_policy
+from meshrun.api.presets import ModelShape
+from meshrun.api.spec import BYTE_VOCAB, JobSpec
+from meshrun.rules.inputs import INPUT_RULES, check_inputs_spec
+from meshrun.rules.names import NAME_RULES, check_queue_name
 
 CORPUS_BYTES = 10984
 """Bytes (tokens) of the corpus the trainer ships; a sequence needs seqLen + 1 of them."""
@@ -132,7 +132,7 @@ ALL_RULES = (
 
 def check_spec(job: JobSpec) -> None:
     """The rules that need no layout: the CRD's CEL rules, the model's, the job's own parts'
-    (meshrun.inputrules) and the built-in data's."""
+    (meshrun.rules.inputs) and the built-in data's."""
     s, t, res = job.strategy, job.training, job.resources
     dp, pp, tp = s.data_parallel, s.pipeline_parallel, s.tensor_parallel
     unset_or_one = (None, 1)

@@ -108,10 +108,10 @@ def _delegate(command: str, argv: list[str]) -> int:
 def plan_command(file: str, output: str, picture: str | None, mounts: Sequence[str] = ()) -> int:
     """Plan every job in ``file`` and check the files it names that are visible here (through
     ``mounts``); print the plans; return the exit code."""
-    from meshrun.api import load_jobs, parse_jobs
-    from meshrun.errors import SpecError
-    from meshrun.inputs import mount, plan_checked
-    from meshrun.planner import Plan
+    from meshrun.api.crd import load_jobs, parse_jobs
+    from meshrun.api.errors import SpecError
+    from meshrun.files.checks import mount, plan_checked
+    from meshrun.planner.plan import Plan
 
     if picture is not None and Path(picture).suffix.lower() not in (".svg", ".png"):
         print(f"meshrun plan: --picture: {picture} must end in .svg or .png", file=sys.stderr)
@@ -136,7 +136,7 @@ def _print_plans(plans: list[Any], output: str) -> None:
     if output == "text":
         from rich.console import Console
 
-        from meshrun.planner.text import render
+        from meshrun.cli.text import render
 
         console = Console()
         for plan in plans:
@@ -152,8 +152,8 @@ def _print_plans(plans: list[Any], output: str) -> None:
 
 
 def _draw(plans: list[Any], picture: str) -> int:
-    from meshrun.errors import SpecError
-    from meshrun.planner.picture import write_picture
+    from meshrun.api.errors import SpecError
+    from meshrun.cli.picture import write_picture
 
     target = Path(picture)
     for plan in plans:

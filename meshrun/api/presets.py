@@ -5,7 +5,7 @@ below ``heads``), a SwiGLU MLP, untied input embedding and output head. Shapes f
 published Llama 2 configurations for 7b/13b/70b; ``tiny`` is small enough for CPU tests and
 still divides by every tensor-parallel degree the tests use (1, 2, 4). The architecture fields
 (RoPE base and scaling, tied embeddings, q/k/v bias, norm epsilon, explicit head size) default to
-Llama 2's choices; a Hugging Face ``config.json`` sets them (meshrun.hf).
+Llama 2's choices; a Hugging Face ``config.json`` sets them (meshrun.files.hf).
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""The ParallelTrainingJob API: the CRD, the typed spec, its reader, its errors, the presets."""

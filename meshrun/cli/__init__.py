@@ -1,0 +1,1 @@
+"""``meshrun``: the command line and the renderers of a plan (text and picture)."""
