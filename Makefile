@@ -52,8 +52,9 @@ typecheck: venv ## mypy --strict on the core, operator and trainer packages
 	$(VENV)/bin/mypy
 
 .PHONY: verify
-verify: venv ## Static checks: lint, types, chart CRDs in sync
+verify: venv ## Static checks: lint, types, the arrows between the layers, chart CRDs in sync
 	$(MAKE) lint typecheck
+	$(VENV)/bin/lint-imports
 	hack/verify.sh
 
 .PHONY: test-unit

@@ -28,7 +28,7 @@ from _scale_launch import Tally, follow, pod_running
 from _scale_profile import scheduler_lags
 from kubernetes import client
 from meshrun_operator import names
-from meshrun_operator.podtemplate import stage_affinity
+from meshrun_operator.children.podtemplate import stage_affinity
 
 PACKAGES = (
     "meshrun_operator",

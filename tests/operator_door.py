@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from meshrun_operator.apiclient import ApiTimeout
-from meshrun_operator.kube import Kube
-from meshrun_operator.login import from_kubeconfig
-from meshrun_operator.rest import Rest
+from meshrun_operator.client.errors import ApiTimeout
+from meshrun_operator.client.kube import Kube
+from meshrun_operator.client.login import from_kubeconfig
+from meshrun_operator.client.rest import Rest
 
 
 @asynccontextmanager

@@ -85,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
 
 DELEGATES = {
     "run": ("meshrun_trainer.local", "trainer"),
-    "operator": ("meshrun_operator.main", "operator"),
+    "operator": ("meshrun_operator.process", "operator"),
     "prepare-data": ("meshrun_trainer.prepare", "trainer"),
     "example-files": ("meshrun_trainer.examplefiles", "trainer"),
 }

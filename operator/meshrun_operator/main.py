@@ -16,19 +16,21 @@ from dataclasses import dataclass
 import kopf
 from prometheus_client import start_http_server
 
-from meshrun_operator import kueue, kueue_watch, leader, names, netpolicy
-from meshrun_operator.apiclient import ApiTimeout
-from meshrun_operator.context import OperatorContext
-from meshrun_operator.essence import NoDiffBase
-from meshrun_operator.handlers import OperatorMemo, register
-from meshrun_operator.kube import Kube
-from meshrun_operator.kueue_link import KueueLink
-from meshrun_operator.leader import LeaderOptions
-from meshrun_operator.login import LoginError, login
-from meshrun_operator.netpolicy import PolicyOptions
-from meshrun_operator.phases import Tuning
-from meshrun_operator.progress import ProgressReader
-from meshrun_operator.rest import Rest
+from meshrun_operator import kueue, names
+from meshrun_operator.children import netpolicy
+from meshrun_operator.children.netpolicy import PolicyOptions
+from meshrun_operator.client.errors import ApiTimeout
+from meshrun_operator.client.kube import Kube
+from meshrun_operator.client.login import LoginError, login
+from meshrun_operator.client.rest import Rest
+from meshrun_operator.runtime import kueue_watch, leader
+from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.essence import NoDiffBase
+from meshrun_operator.runtime.handlers import OperatorMemo, register
+from meshrun_operator.runtime.kueue_link import KueueLink
+from meshrun_operator.runtime.leader import LeaderOptions
+from meshrun_operator.seen.progress import ProgressReader
+from meshrun_operator.tuning import Tuning
 
 POD_SELECTOR = ("v1", "pods")
 """kopf's selector of core/v1 pods, for their server-side label selector."""

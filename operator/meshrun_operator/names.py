@@ -76,3 +76,7 @@ def master_addr(job: str, namespace: str) -> str:
 def selector(job: str) -> str:
     """Label selector for every pod of a job, as the API server's query string wants it."""
     return f"{LABEL_JOB}={job}"
+
+
+# The job label naming its Kueue WorkloadPriorityClass (Kueue's own jobs use the same label).
+PRIORITY_CLASS_LABEL = "kueue.x-k8s.io/priority-class"

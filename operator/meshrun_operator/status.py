@@ -10,8 +10,10 @@ from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
-from meshrun_operator.lifecycle import Evaluation, Tuning, decide
-from meshrun_operator.observe import Observed
+from meshrun_operator.lifecycle.decide import decide
+from meshrun_operator.lifecycle.evaluation import Evaluation
+from meshrun_operator.seen.views import Observed
+from meshrun_operator.tuning import Tuning
 
 
 def compute_status(

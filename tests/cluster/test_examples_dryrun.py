@@ -12,13 +12,11 @@ from typing import Any
 import pytest
 import yaml
 
-import meshrun.api.policyspec as policyspec
-import meshrun.rules.inputs as inputs
-import meshrun.rules.names as names
-import meshrun.rules.strategy as strategy
+from meshrun.api import policyspec
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import SpecError
 from meshrun.planner.plan import plan_job
+from meshrun.rules import inputs, names, strategy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from kueue_factories import condition, make_plan, make_pod, make_workload
 from meshrun_operator import kueue
-from meshrun_operator.kueue_admission import (
+from meshrun_operator.kueue import (
     AdmissionError,
     PodAdmission,
     admit_pods,

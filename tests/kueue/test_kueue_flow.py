@@ -12,8 +12,7 @@ from typing import Any
 import pytest
 from kueue_factories import condition, make_workload
 from meshrun_operator import names
-from meshrun_operator.kueue_flow import queue_of
-from meshrun_operator.kueue_state import (
+from meshrun_operator.kueue import (
     ADMITTED,
     EVICTED,
     FINISHED,
@@ -24,8 +23,10 @@ from meshrun_operator.kueue_state import (
     KueueView,
     QueueRef,
 )
-from meshrun_operator.lifecycle import Decision, decide, evaluate
-from meshrun_operator.observe import Observed, PodView
+from meshrun_operator.lifecycle.decide import Decision, decide
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.lifecycle.queue import queue_of
+from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.vocabulary import Reason
 
 pytestmark = pytest.mark.unit

@@ -7,9 +7,10 @@ from typing import Any
 
 import pytest
 from kueue_factories import make_workload
-from meshrun_operator import kueue, kueue_link
-from meshrun_operator.kueue_link import KueueLink
-from meshrun_operator.kueue_state import Hold
+from meshrun_operator import kueue
+from meshrun_operator.kueue import Hold
+from meshrun_operator.runtime import kueue_link
+from meshrun_operator.runtime.kueue_link import KueueLink
 
 pytestmark = pytest.mark.unit
 

@@ -9,11 +9,11 @@ import uuid
 import pytest
 from kueue_factories import pipeline_spec
 from kueue_support import KueueEnv
-from meshrun_operator import kube as kube_module
-from meshrun_operator.children import JobRef
-from meshrun_operator.evaluation import evaluate
-from meshrun_operator.kueue_link import KueueHold, KueueLink, create_workload
-from meshrun_operator.kueue_state import QueueRef
+from meshrun_operator.children.owner import JobRef
+from meshrun_operator.client import kube as kube_module
+from meshrun_operator.kueue import QueueRef
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.runtime.kueue_link import KueueHold, KueueLink, create_workload
 from meshrun_operator.vocabulary import Reason
 from operator_door import operator_kube
 

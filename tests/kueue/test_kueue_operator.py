@@ -23,7 +23,7 @@ from hostvolumes import host_path_claim
 from kueue_factories import pipeline_spec
 from kueue_support import Kubectl, KueueEnv, get_json, workload
 from meshrun_operator import kueue, names
-from meshrun_operator.kueue_state import ADMITTED, FINISHED, PODS_READY, condition
+from meshrun_operator.kueue import ADMITTED, FINISHED, PODS_READY, condition
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 

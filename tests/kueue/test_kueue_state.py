@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from kueue_factories import condition, make_workload
-from meshrun_operator import kueue_state as ks
-from meshrun_operator.kueue_state import WorkloadPhase
+from meshrun_operator import kueue as ks
+from meshrun_operator.kueue import WorkloadPhase
 
 pytestmark = pytest.mark.unit
 

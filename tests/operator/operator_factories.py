@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from meshrun_operator import names
-from meshrun_operator.observe import Observed, PodView
+from meshrun_operator.seen.views import Observed, PodView
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 

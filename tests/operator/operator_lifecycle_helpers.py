@@ -4,10 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshrun_operator.conditions import find
-from meshrun_operator.context import without_none
-from meshrun_operator.lifecycle import Decision, Tuning, decide
-from meshrun_operator.observe import Observed
+from meshrun_operator.bodies import without_none
+from meshrun_operator.lifecycle.conditions import find
+from meshrun_operator.lifecycle.decide import Decision, decide
+from meshrun_operator.seen.views import Observed
+from meshrun_operator.tuning import Tuning
 from meshrun_operator.vocabulary import ConditionType
 from operator_factories import at, make_job, make_pod, observe
 

@@ -7,15 +7,12 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
-from meshrun_operator.builders import (
-    JobRef,
-    build_pod,
-    build_podgroup,
-    build_service,
-    compress_ranks,
-)
-from meshrun_operator.lifecycle import evaluate
+from meshrun_operator.children.builders import build_pod, build_podgroup, build_service
+from meshrun_operator.children.owner import JobRef
+from meshrun_operator.lifecycle.evaluation import evaluate
 from operator_factories import make_job
+
+from meshrun.planner.ranks import compress_ranks
 
 pytestmark = pytest.mark.unit
 

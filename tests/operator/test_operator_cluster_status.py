@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 import pytest
 from meshrun_operator import names
-from meshrun_operator.evaluation import evaluate
-from meshrun_operator.lifecycle import decide
-from meshrun_operator.observe import Observed, PodView
+from meshrun_operator.lifecycle.decide import decide
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.seen.views import Observed, PodView
 from operator_door import operator_kube
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for

@@ -6,13 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_operator.builders import JobRef
-from meshrun_operator.domains import choose, domain_room, natural_key
-from meshrun_operator.lifecycle import evaluate
-from meshrun_operator.nodefit import node_filter, tolerates
-from meshrun_operator.nodewatch import NodeInfo, node_info
-from meshrun_operator.observe import NodeView, PodView, pod_view
-from meshrun_operator.placer import Placer
+from meshrun_operator.children.domains import choose, domain_room, natural_key
+from meshrun_operator.children.nodefit import node_filter, tolerates
+from meshrun_operator.children.owner import JobRef
+from meshrun_operator.children.placer import Placer
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.seen.nodes import NodeInfo, node_info
+from meshrun_operator.seen.views import NodeView, PodView, pod_view
 from operator_factories import make_job
 
 pytestmark = pytest.mark.unit

@@ -8,10 +8,10 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
-from meshrun_operator.failurepolicy import judge
-from meshrun_operator.failures import Failure, FailureClass
-from meshrun_operator.lifecycle import decide
-from meshrun_operator.observe import Observed, Refusal, node_view, pod_view
+from meshrun_operator.lifecycle.decide import decide
+from meshrun_operator.lifecycle.failurepolicy import judge
+from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.seen.views import Observed, Refusal, node_view, pod_view
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import (
     TUNING,

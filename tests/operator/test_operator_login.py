@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 import yaml
 from aiohttp import web
-from meshrun_operator import login as login_module
-from meshrun_operator.apiclient import ApiError, ApiTimeout
-from meshrun_operator.login import LoginError, from_kubeconfig, login
-from meshrun_operator.rest import Rest
+from meshrun_operator.client import login as login_module
+from meshrun_operator.client.errors import ApiError, ApiTimeout
+from meshrun_operator.client.login import LoginError, from_kubeconfig, login
+from meshrun_operator.client.rest import Rest
 
 
 def kubeconfig(folder: Path, user: dict[str, Any], server: str = "https://10.0.0.1:6443") -> Path:

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import kopf
 import pytest
-from meshrun_operator import kueue_watch
-from meshrun_operator.handlers import register
 from meshrun_operator.main import kopf_settings, main, parse_args
+from meshrun_operator.runtime import kueue_watch
+from meshrun_operator.runtime.handlers import register
 
 pytestmark = pytest.mark.unit
 
@@ -80,3 +82,27 @@ def test_no_essence_is_built_since_no_handler_diffs_one() -> None:
     assert registry._watching.get_all_handlers() and registry._indexing.get_all_handlers()
     assert not registry._changing.get_all_handlers()
     assert not registry._spawning.get_all_handlers()
+
+
+@pytest.mark.parametrize(
+    "entry",
+    [
+        "from meshrun.cli.main import main; main(['operator', '--no-such-flag'])",
+        "import runpy; runpy.run_module('meshrun_operator', run_name='__main__')",
+    ],
+    ids=["meshrun-operator", "python-m-meshrun_operator"],
+)
+def test_every_way_in_refuses_the_kubernetes_client(entry: str) -> None:
+    # kopf imports the kubernetes client when it is installed (it is, here): both ways into
+    # the operator must keep it out before kopf is imported.
+    probe = (
+        "import sys\n"
+        f"try:\n    {entry}\nexcept SystemExit:\n    pass\n"
+        "assert 'kopf' in sys.modules, 'the operator was not reached'\n"
+        "print(sys.modules.get('kubernetes', 'absent'))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe, "--no-such-flag"], capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "None"

@@ -10,11 +10,11 @@ from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
-from meshrun_operator import nodewatch
-from meshrun_operator.apiclient import ApiTimeout
-from meshrun_operator.login import from_kubeconfig
-from meshrun_operator.nodewatch import NodeWatch
-from meshrun_operator.rest import Rest
+from meshrun_operator.client.errors import ApiTimeout
+from meshrun_operator.client.login import from_kubeconfig
+from meshrun_operator.client.rest import Rest
+from meshrun_operator.seen import nodes
+from meshrun_operator.seen.nodes import NodeWatch
 from operator_harness import Kubectl
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -45,7 +45,7 @@ async def until(check: Callable[[], bool], what: str, seconds: float = 30) -> No
 def test_the_node_watch_follows_readiness_labels_and_deletion(
     kubeconfig: str, kubectl: Kubectl, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(nodewatch, "PAGE", 2)  # the listing comes in several pages
+    monkeypatch.setattr(nodes, "PAGE", 2)  # the listing comes in several pages
     name = f"watched-{uuid.uuid4().hex[:8]}"
     # A node no kubelet (and no KWOK controller) keeps: only this test changes its status.
     node = {

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
-from meshrun_operator.failures import FailureClass, classify
-from meshrun_operator.observe import node_ready, parse_progress, pod_view
+from meshrun_operator.lifecycle.failures import FailureClass, classify
+from meshrun_operator.seen.views import node_ready, parse_progress, pod_view
 
 pytestmark = pytest.mark.unit
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 
-from meshrun_operator.evaluation import evaluate
-from meshrun_operator.observe import PodView
-from meshrun_operator.summary import MAX_ROWS, PER_POD_ROWS, placement
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.lifecycle.summary import MAX_ROWS, PER_POD_ROWS, placement
+from meshrun_operator.seen.views import PodView
 from operator_harness import job_manifest
 
 from meshrun.planner.plan import Plan

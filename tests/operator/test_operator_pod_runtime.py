@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_operator.podtemplate import NCCL_DEFAULTS
+from meshrun_operator.children.podtemplate import NCCL_DEFAULTS
 from test_operator_builders import container, env_of, pod_for
 
 pytestmark = pytest.mark.unit

@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
-from meshrun_operator.observe import PodView
-from meshrun_operator.progress import ProgressReader
+from meshrun_operator.seen.progress import ProgressReader
+from meshrun_operator.seen.views import PodView
 
 from meshrun.localnet import free_port
 

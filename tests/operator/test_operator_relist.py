@@ -4,8 +4,8 @@ without the pods an audit found gone."""
 from __future__ import annotations
 
 import pytest
-from meshrun_operator.observe import PodView
-from meshrun_operator.relist import LiveIndex, older
+from meshrun_operator.seen.relist import LiveIndex, older
+from meshrun_operator.seen.views import PodView
 
 pytestmark = pytest.mark.unit
 

@@ -8,9 +8,9 @@ from typing import Any
 
 import aiohttp
 import pytest
-from meshrun_operator import resync
-from meshrun_operator.context import OperatorContext
-from meshrun_operator.resync import Resyncer, Stalled
+from meshrun_operator.runtime import resync
+from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.resync import Resyncer, Stalled
 
 pytestmark = pytest.mark.unit
 

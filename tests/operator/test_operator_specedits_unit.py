@@ -7,9 +7,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_operator.evaluation import evaluate
-from meshrun_operator.lifecycle import decide
-from meshrun_operator.specedits import Running
+from meshrun_operator.lifecycle.decide import decide
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.lifecycle.specedits import Running
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import TUNING, advance, condition, failed, reasons, run, running_job
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_operator.evaluation import Evaluations
-from meshrun_operator.writes import at_once
+from meshrun_operator.lifecycle.evaluation import Evaluations
+from meshrun_operator.lifecycle.writes import at_once
 from operator_harness import job_manifest
 
 pytestmark = pytest.mark.unit

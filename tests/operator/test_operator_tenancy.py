@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 from meshrun_operator import names
-from meshrun_operator.leader import LeaseTiming
+from meshrun_operator.children.netpolicy import OperatorPeer, build_network_policy, parse_labels
 from meshrun_operator.main import parse_args
-from meshrun_operator.netpolicy import OperatorPeer, build_network_policy, parse_labels
+from meshrun_operator.runtime.leader import LeaseTiming
 from test_operator_builders import JOB, pod_for
 
 pytestmark = pytest.mark.unit

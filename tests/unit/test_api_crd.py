@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import meshrun.api.crd as api
-import meshrun.rules.strategy as strategy
+from meshrun.rules import strategy
 
 pytestmark = pytest.mark.unit
 

@@ -13,9 +13,9 @@ from typing import Any
 
 import pytest
 import yaml
-from meshrun_operator.evaluation import evaluate
-from meshrun_operator.observe import parse_progress
-from meshrun_operator.summary import final_progress, progress_status
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.lifecycle.summary import final_progress, progress_status
+from meshrun_operator.seen.views import parse_progress
 from meshrun_trainer.config import ConfigError, from_env
 from meshrun_trainer.examplefiles import write_example
 from meshrun_trainer.optim import ADAMW_BETAS, WEIGHT_DECAY
@@ -23,7 +23,6 @@ from meshrun_trainer.userrun import from_env as read_user_run
 from meshrun_trainer.userrun import with_model
 from meshrun_trainer.windows import dataset_tokens
 
-import meshrun.rules.inputs as inputs
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import Rule, SpecError
 from meshrun.api.read import read_spec
@@ -32,6 +31,7 @@ from meshrun.files.checks import mount, plan_checked
 from meshrun.files.hf import safetensors_header
 from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import plan_job
+from meshrun.rules import inputs
 
 pytestmark = pytest.mark.unit
 

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-import meshrun.rules.names as names
 from meshrun.api.errors import SpecError
 from meshrun.planner.plan import plan_job
+from meshrun.rules import names
 
 pytestmark = pytest.mark.unit
 

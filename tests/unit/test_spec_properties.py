@@ -209,7 +209,7 @@ def test_a_job_its_trainers_would_refuse_is_refused_at_plan_time() -> None:
 
 
 def test_the_operator_marks_it_invalid_with_the_same_rule() -> None:
-    from meshrun_operator.evaluation import evaluate
+    from meshrun_operator.lifecycle.evaluation import evaluate
 
     ev = evaluate(TP8_SEQ100, "tp8")
     assert ev.error is not None and ev.plan is None

@@ -1,6 +1,6 @@
 {{/*
 The operator's permissions, grouped by purpose. Every verb here is one the operator really uses
-(meshrun_operator/kube.py and reconcile.py for its own calls, kopf for watching and
+(meshrun_operator/client/kube.py and reconcile.py for its own calls, kopf for watching and
 bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these rules.
 */}}
 

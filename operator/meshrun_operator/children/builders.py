@@ -1,0 +1,177 @@
+"""Pure builders of a job's children: the headless Service, the pods and the PodGroup.
+
+Each function takes typed inputs and returns a fresh dict; nothing here talks to the API server
+(the pattern of dask-kubernetes' ``build_*_spec`` and jobset's ``constructJob``). User templates
+are deep-copied, and the operator's settings are injected only where the user set nothing.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from meshrun.api.spec import CPU, JobSpec, Scheduling
+from meshrun.envcontract import TRAINER_COMMAND
+from meshrun.planner.plan import Plan
+from meshrun.planner.ranks import compress_ranks
+from meshrun_operator import names
+from meshrun_operator.children.owner import JobRef, child_metadata, pod_ranks, pod_stage
+from meshrun_operator.children.podtemplate import (
+    NCCL_DEFAULTS,
+    checkpoint_volume,
+    domain_affinity,
+    merge_env,
+    restricted_security,
+    shared_memory,
+    stage_affinity,
+    trainer_container,
+)
+
+# The trainer image's entrypoint: torchrun reads PET_* from the environment and starts one
+# process per GPU running the trainer package (docs/env-contract.md).
+DEFAULT_COMMAND = list(TRAINER_COMMAND)
+
+
+def build_service(job: JobRef) -> dict[str, Any]:
+    """The headless Service that gives each pod the DNS name ``<pod>.<job>.<ns>.svc``.
+
+    publishNotReadyAddresses lets pods resolve each other before they are Ready: torchrun's
+    rendezvous happens before any readiness, and the DNS race of pytorch-operator #333 came
+    from publishing only Ready addresses.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": child_metadata(job, names.service_name(job.name), {}),
+        "spec": {
+            "clusterIP": "None",
+            "publishNotReadyAddresses": True,
+            "selector": {names.LABEL_JOB: job.name},
+            "ports": [
+                {"name": "rendezvous", "port": names.RENDEZVOUS_PORT, "protocol": "TCP"},
+                {"name": "metrics", "port": names.METRICS_PORT, "protocol": "TCP"},
+            ],
+        },
+    }
+
+
+def gang_scheduler_kind(scheduling: Scheduling) -> str | None:
+    """``volcano`` or ``scheduler-plugins`` when the scheduler needs a PodGroup, else None."""
+    name = scheduling.scheduler_name or ""
+    if name == "volcano":
+        return "volcano"
+    if name.startswith("scheduler-plugins"):
+        return "scheduler-plugins"
+    return None
+
+
+def build_pod(
+    job: JobRef,
+    settings: JobSpec,
+    plan: Plan,
+    index: int,
+    attempt: int,
+    env: Mapping[str, str],
+    domains: Mapping[int, Sequence[str]] | None = None,
+) -> dict[str, Any]:
+    """Pod ``index`` of attempt ``attempt``: ``numProcPerNode`` accelerators, the env contract,
+    the user's ``podTemplate`` merged in, and labels saying where it sits in the plan.
+
+    ``domains``: per pipeline stage, the values of ``spec.scheduling.topologyKey`` its pods
+    prefer (placer.py); without them, the pods prefer their stage's other pods' domain."""
+    template = copy.deepcopy(settings.pod_template or {})
+    template_meta = template.get("metadata") or {}
+    pod_spec: dict[str, Any] = template.get("spec") or {}
+    stage = pod_stage(plan, index)
+    name = names.pod_name(job.name, index)
+    labels = {
+        **{str(k): str(v) for k, v in (template_meta.get("labels") or {}).items()},
+        names.LABEL_POD_INDEX: str(index),
+        names.LABEL_STAGE: str(stage),
+        names.LABEL_ATTEMPT: str(attempt),
+    }
+    metadata = child_metadata(job, name, labels)
+    annotations = dict(template_meta.get("annotations") or {})
+    annotations[names.ANNOTATION_RANKS] = compress_ranks(pod_ranks(plan, index))
+    metadata["annotations"] = annotations
+
+    # The operator restarts whole gangs itself; a kubelet restarting one container in place
+    # would rejoin a rendezvous the others already left.
+    pod_spec["restartPolicy"] = "Never"
+    pod_spec["hostname"] = name
+    pod_spec["subdomain"] = names.service_name(job.name)
+    pod_spec.setdefault("enableServiceLinks", False)
+    scheduling = settings.scheduling
+    if scheduling.scheduler_name:
+        pod_spec["schedulerName"] = scheduling.scheduler_name
+    if scheduling.priority_class_name:
+        pod_spec.setdefault("priorityClassName", scheduling.priority_class_name)
+    kind = gang_scheduler_kind(scheduling)
+    if kind == "volcano":
+        annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
+    elif kind == "scheduler-plugins":
+        metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
+    if scheduling.topology_key and domains and domains.get(stage):
+        domain_affinity(pod_spec, scheduling.topology_key, domains[stage])
+    elif scheduling.topology_key:
+        stage_affinity(pod_spec, job.name, stage, scheduling.topology_key)
+
+    container = trainer_container(pod_spec)
+    container["image"] = settings.image
+    if settings.command:
+        container["command"] = list(settings.command)
+    else:
+        container.setdefault("command", list(DEFAULT_COMMAND))
+    if settings.args:
+        container["args"] = list(settings.args)
+    merge_env(container, env)
+    accelerator = settings.resources.accelerator
+    if accelerator != CPU:
+        merge_env(container, NCCL_DEFAULTS)  # the template's own NCCL settings win
+        resources = container.setdefault("resources", {})
+        count = str(settings.resources.num_proc_per_node)
+        resources.setdefault("limits", {})[accelerator] = count
+        resources.setdefault("requests", {})[accelerator] = count
+    ports = container.setdefault("ports", [])
+    if not any(p.get("name") == "metrics" for p in ports):
+        ports.append({"name": "metrics", "containerPort": names.METRICS_PORT})
+    checkpoint_volume(settings.training.checkpoint.volume, pod_spec, container)
+    shared_memory(pod_spec, container, settings.resources.shared_memory_gib)
+    restricted_security(pod_spec, container)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+
+
+def build_podgroup(job: JobRef, settings: JobSpec) -> dict[str, Any] | None:
+    """The PodGroup for volcano or scheduler-plugins' coscheduling; None for other schedulers.
+
+    minMember is every pod: a partial gang holding GPUs is the failure of Kubeflow #948/#1825.
+    """
+    kind = gang_scheduler_kind(settings.scheduling)
+    if kind is None:
+        return None
+    metadata = child_metadata(job, names.podgroup_name(job.name), {})
+    if kind == "volcano":
+        res = settings.resources
+        spec: dict[str, Any] = {"minMember": res.num_nodes}
+        if res.accelerator != CPU:
+            spec["minResources"] = {res.accelerator: str(res.world_size)}
+        if settings.scheduling.queue_name:
+            spec["queue"] = settings.scheduling.queue_name
+        if settings.scheduling.priority_class_name:
+            spec["priorityClassName"] = settings.scheduling.priority_class_name
+        return {
+            "apiVersion": "scheduling.volcano.sh/v1beta1",
+            "kind": "PodGroup",
+            "metadata": metadata,
+            "spec": spec,
+        }
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": metadata,
+        "spec": {
+            "minMember": settings.resources.num_nodes,
+            "scheduleTimeoutSeconds": settings.scheduling.gang_timeout_seconds,
+        },
+    }

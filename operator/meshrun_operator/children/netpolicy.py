@@ -1,0 +1,113 @@
+"""The NetworkPolicy every job gets: only its own pods reach its pods, and the operator port 9400.
+
+A job's pods listen on the rendezvous port (29500), on the ports NCCL and gloo open at random for
+their rings, and on the trainer's metrics port (9400, /progress and /metrics). Without a policy
+every pod of the cluster can connect to them, so one tenant could join or disturb another's
+rendezvous. The policy selects the job's pods and admits ingress only from pods of the same job
+(any port: the collective ports are not fixed) and, on port 9400 only, from the operator's own
+pods. Egress is left alone (a trainer reads its data and checkpoints where the user says).
+NetworkPolicies add up, so a cluster admin can admit more (say, Prometheus on 9400) with a policy
+of their own. Enforcement is the network plugin's: without one that implements NetworkPolicy the
+object has no effect.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from meshrun_operator import names
+from meshrun_operator.children.owner import JobRef, child_metadata
+from meshrun_operator.client.login import own_namespace
+
+
+@dataclass(frozen=True)
+class OperatorPeer:
+    """Where the operator's own pods run, so the policy can let them read /progress."""
+
+    namespace: str
+    """The operator's namespace."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Labels that select the operator's pods there (the chart's selector labels)."""
+
+
+def parse_labels(text: str) -> dict[str, str]:
+    """``k=v,k2=v2`` as a dict; ValueError naming the bad item."""
+    labels = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ValueError(f"{item!r} is not key=value")
+        labels[key] = value
+    return labels
+
+
+def build_network_policy(job: JobRef, operator: OperatorPeer | None) -> dict[str, Any]:
+    """The job's NetworkPolicy (named like the job, owned by it, garbage-collected with it).
+
+    ``operator`` None (the operator runs outside the cluster): no pod but the job's own may
+    connect, and progress comes from the pod annotation only.
+    """
+    own_pods = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name}}}
+    ingress: list[dict[str, Any]] = [{"from": [own_pods]}]
+    if operator is not None:
+        # An empty "from" would admit everyone: the peer always names a namespace.
+        peer: dict[str, Any] = {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": operator.namespace}
+            },
+            "podSelector": {"matchLabels": dict(operator.labels)},
+        }
+        ingress.append({"from": [peer], "ports": [{"protocol": "TCP", "port": names.METRICS_PORT}]})
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": child_metadata(job, names.network_policy_name(job.name), {}),
+        "spec": {
+            "podSelector": {"matchLabels": {names.LABEL_JOB: job.name}},
+            "policyTypes": ["Ingress"],
+            "ingress": ingress,
+        },
+    }
+
+
+@dataclass(frozen=True)
+class PolicyOptions:
+    """Each job gets a NetworkPolicy (``--no-network-policy`` turns them off)."""
+
+    operator: OperatorPeer | None = None
+    """The operator's pods, let in on port 9400; None when it runs outside the cluster."""
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The command-line flags of the per-job NetworkPolicy."""
+    group = parser.add_argument_group("network policy (who may connect to a job's pods)")
+    group.add_argument(
+        "--no-network-policy",
+        action="store_true",
+        help="create no NetworkPolicy per job (any pod may then reach the job's ports)",
+    )
+    group.add_argument(
+        "--operator-namespace",
+        help="the operator's namespace, let in on port 9400 (default: its own, from "
+        "POD_NAMESPACE or its service account; none outside a pod)",
+    )
+    group.add_argument(
+        "--operator-labels",
+        default="",
+        help="k=v,... selecting the operator's pods in that namespace (default: all its pods)",
+    )
+
+
+def from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PolicyOptions | None:
+    """The NetworkPolicy settings asked for on the command line; bad values exit 2."""
+    if args.no_network_policy:
+        return None
+    try:
+        labels = parse_labels(args.operator_labels)
+    except ValueError as error:
+        parser.error(f"--operator-labels: {error}")
+    namespace = args.operator_namespace or own_namespace()
+    return PolicyOptions(OperatorPeer(namespace, labels) if namespace else None)

@@ -1,0 +1,1 @@
+"""The API door: the HTTP client, credentials, the Lease, the errors and outcomes of requests."""

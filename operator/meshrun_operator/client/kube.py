@@ -1,0 +1,249 @@
+"""The operator's only door to the API server: create, delete and patch, concurrently.
+
+Every call is a coroutine on the operator's own loop (rest.py), so a job's pods are created with
+one ``asyncio.gather`` instead of one after another (Kubeflow #2361: serial pod creation made large
+jobs slow to launch). Every request is counted for /metrics and the scale benchmark, and every
+request has a timeout (``ApiTimeout``): a stuck API server costs a reconcile one timeout, never a
+task forever. While another operator leads (leader.py), no write is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from meshrun_operator import metrics, names
+from meshrun_operator.client.answers import ChildRejected, Holder, Refused
+from meshrun_operator.client.errors import NO_ANSWER, WRITES, ApiError, ApiTimeout, NotLeader
+from meshrun_operator.client.rest import MERGE_PATCH, Rest
+from meshrun_operator.clock import format_time
+
+logger = logging.getLogger("meshrun.operator")
+
+EVENT_MESSAGE_MAX = 1000
+"""Event messages are cut to this length (the API server limits event notes to 1 KiB)."""
+
+CUSTOM_KINDS = {
+    "NetworkPolicy": {"networking.k8s.io/v1": ("networking.k8s.io", "v1", "networkpolicies")},
+    "PodGroup": {
+        "scheduling.volcano.sh/v1beta1": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
+        "scheduling.x-k8s.io/v1alpha1": ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
+    },
+    "Workload": {"kueue.x-k8s.io/v1beta2": ("kueue.x-k8s.io", "v1beta2", "workloads")},
+}
+CORE_KINDS = {"Pod": "pods", "Service": "services", "Event": "events"}
+
+
+class StaleJob(Exception):
+    """A patch lost the race with another write to the job (optimistic concurrency)."""
+
+
+def core_path(plural: str, namespace: str | None, name: str = "") -> str:
+    """The URL path of core/v1 ``plural`` (in ``namespace``, or of every namespace)."""
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"/api/v1{where}/{plural}" + (f"/{name}" if name else "")
+
+
+def group_path(group: str, version: str, plural: str, namespace: str | None, name: str = "") -> str:
+    """The URL path of ``plural`` of an API group (in ``namespace``, or cluster-wide)."""
+    where = f"/namespaces/{namespace}" if namespace else ""
+    return f"/apis/{group}/{version}{where}/{plural}" + (f"/{name}" if name else "")
+
+
+def job_path(namespace: str, name: str, sub: str = "") -> str:
+    """The URL path of one ParallelTrainingJob (``sub``: "/status")."""
+    return group_path(names.GROUP, names.VERSION, names.PLURAL, namespace, name) + sub
+
+
+def kind_path(obj: Mapping[str, Any]) -> tuple[str, str]:
+    """(resource, collection path) where ``obj`` is created."""
+    kind, namespace = obj["kind"], obj["metadata"]["namespace"]
+    if kind in CORE_KINDS:
+        return CORE_KINDS[kind], core_path(CORE_KINDS[kind], namespace)
+    group, version, plural = CUSTOM_KINDS[kind][obj["apiVersion"]]
+    return plural, group_path(group, version, plural, namespace)
+
+
+class Kube:
+    """Asynchronous wrappers of the few API calls the reconciler makes."""
+
+    def __init__(self, rest: Rest, timeout: ApiTimeout | None = None) -> None:
+        self.rest = rest
+        self.timeout = timeout or rest.timeout
+        self.may_write: Callable[[], bool] = lambda: True
+        """False while another operator holds the lease: every write raises NotLeader."""
+
+    async def call(self, verb: str, resource: str, method: str, path: str, **options: Any) -> Any:
+        """One request, counted; NotLeader for a write while another operator leads."""
+        if verb in WRITES and not self.may_write():
+            raise NotLeader(f"{verb} {resource} not sent: this operator is not the leader")
+        metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+        return await self.rest.request(method, path, timeout=self.timeout, **options)
+
+    async def create(self, obj: Mapping[str, Any]) -> bool:
+        """Create ``obj``; False when it already exists. ChildRejected when it is invalid."""
+        resource, path = kind_path(obj)
+        kind, meta = obj["kind"], obj["metadata"]
+        name = meta.get("name") or meta.get("generateName", "")
+        try:
+            # The answer is not needed: it is drained, not parsed (a pod's is hundreds of objects).
+            await self.call("create", resource, "POST", path, body=obj, read=False)
+        except ApiError as error:
+            if error.status == 409:
+                return False
+            if error.status in (400, 422):
+                raise ChildRejected(kind, name, error.message) from error
+            if error.status in (403, 429) or error.status >= 500:
+                raise Refused(kind, name, error.status, error.message) from error
+            raise
+        return True
+
+    async def create_all(self, objs: Iterable[Mapping[str, Any]]) -> list[bool | Refused]:
+        """Create many objects concurrently: True (created), False (the name exists) or the
+        Refused of each; any other error is raised once all finished."""
+        results = await asyncio.gather(*(self.create(o) for o in objs), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException) and not isinstance(result, Refused):
+                raise result
+        return [r if isinstance(r, Refused) else bool(r) for r in results]
+
+    async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
+        """Who holds the name of a Pod or Service that already exists (None when it is gone)."""
+        plural = CORE_KINDS[kind]
+        try:
+            found = await self.call("get", plural, "GET", core_path(plural, namespace, name))
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        meta = found.get("metadata") or {}
+        owners = meta.get("ownerReferences") or []
+        controller = next((o.get("uid") for o in owners if o.get("controller")), None)
+        attempt = int((meta.get("labels") or {}).get(names.LABEL_ATTEMPT, "-1"))
+        return Holder(controller, attempt, bool(meta.get("deletionTimestamp")))
+
+    async def delete_service(self, namespace: str, name: str) -> None:
+        """Delete a Service (an orphan that holds the name of the job's own)."""
+        path = core_path("services", namespace, name)
+        try:
+            await self.call("delete", "services", "DELETE", path, read=False)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+    async def delete_pods(
+        self,
+        namespace: str,
+        pods: Iterable[str],
+        force: bool,
+        uids: Mapping[str, str] | None = None,
+    ) -> None:
+        """Delete pods concurrently; grace period 0 when ``force`` (their node is gone). With
+        the pod's uid in ``uids`` the delete is preconditioned on it, so a newer pod that took
+        the name meanwhile is never deleted in its place (409: nothing to do)."""
+
+        async def one(name: str) -> None:
+            options: dict[str, Any] = {
+                "apiVersion": "v1",
+                "kind": "DeleteOptions",
+                "propagationPolicy": "Background",
+            }
+            if force:
+                options["gracePeriodSeconds"] = 0
+            uid = (uids or {}).get(name)
+            if uid:
+                options["preconditions"] = {"uid": uid}
+            path = core_path("pods", namespace, name)
+            try:
+                await self.call("delete", "pods", "DELETE", path, body=options, read=False)
+            except ApiError as error:
+                if error.status not in (404, 409):
+                    raise
+
+        await asyncio.gather(*(one(p) for p in pods))
+
+    async def patch_status(
+        self, namespace: str, name: str, resource_version: str, status: Mapping[str, Any]
+    ) -> dict[str, Any]:
+        """Write the status in one merge patch of /status (None values remove fields).
+
+        The patch carries the resourceVersion it was computed from as a precondition: a decision
+        made on a stale copy gets 409 Conflict (StaleJob) instead of overwriting newer data.
+        Returns the job as the API server holds it after the patch.
+        """
+        body = {"metadata": {"resourceVersion": resource_version}, "status": status}
+        try:
+            found = await self.call(
+                "patch",
+                names.PLURAL + "/status",
+                "PATCH",
+                job_path(namespace, name, "/status"),
+                body=body,
+                content_type=MERGE_PATCH,
+            )
+        except ApiError as error:
+            if error.status == 409:
+                raise StaleJob(f"{namespace}/{name} changed meanwhile: {error.message}") from error
+            raise
+        found["metadata"].pop("managedFields", None)  # kept, and never read (context.kept)
+        return dict(found)
+
+    async def post_event(
+        self, involved: Mapping[str, str], type: str, reason: str, message: str
+    ) -> None:
+        """Post a core/v1 Event about ``involved``; a failure is logged, never raised (Events
+        help people but must not stop a reconcile)."""
+        now, namespace = format_time(datetime.now(UTC)), involved["namespace"]
+        body = {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
+            "involvedObject": dict(involved),
+            "type": type,
+            "reason": reason,
+            "message": message[:EVENT_MESSAGE_MAX],
+            "source": {"component": names.MANAGED_BY},
+            "reportingComponent": names.MANAGED_BY,
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+        }
+        try:
+            await self.create(body)
+        except (ApiError, ChildRejected, Refused, *NO_ANSWER) as error:
+            logger.warning("could not post Event %s on %s: %s", reason, involved["name"], error)
+
+    async def delete_job(self, namespace: str, name: str) -> None:
+        try:
+            await self.call("delete", names.PLURAL, "DELETE", job_path(namespace, name), read=False)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+
+    async def get_custom(
+        self, group: str, version: str, plural: str, name: str, namespace: str | None = None
+    ) -> dict[str, Any] | None:
+        """A custom object (a Kueue ResourceFlavor; a LocalQueue with ``namespace``), or None
+        when it does not exist."""
+        path = group_path(group, version, plural, namespace, name)
+        try:
+            found = await self.call("get", plural, "GET", path)
+        except ApiError as error:
+            if error.status == 404:
+                return None
+            raise
+        return dict(found)
+
+    async def patch_custom_status(
+        self, group: str, version: str, plural: str, namespace: str, name: str, body: Any
+    ) -> dict[str, Any]:
+        """Merge-patch a custom object's /status (a Kueue Workload); the body may carry the
+        resourceVersion it was computed from, and then a stale one gets 409."""
+        path = group_path(group, version, plural, namespace, name) + "/status"
+        found = await self.call(
+            "patch", f"{plural}/status", "PATCH", path, body=body, content_type=MERGE_PATCH
+        )
+        return dict(found)

@@ -1,0 +1,95 @@
+"""A job spec checked once per generation: read into types (CRD defaults applied), planned."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from meshrun.api.errors import SpecError
+from meshrun.api.read import read_spec
+from meshrun.api.spec import JobSpec
+from meshrun.files.checks import plan_checked
+from meshrun.planner.plan import Plan
+from meshrun_operator.lifecycle.state import InvalidSpec
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """A spec checked once: read, its rules checked and planned, or the error."""
+
+    spec: Mapping[str, Any]
+    """The spec as the job holds it."""
+    settings: JobSpec | None = None
+    """The typed, defaulted spec (meshrun.api.spec); None when it cannot be read (it is kept when
+    only a later rule refuses the spec: a running attempt goes on under its policy)."""
+    plan: Plan | None = None
+    """The planner's layout; None when the spec is invalid."""
+    error: SpecError | None = None
+    """Why the spec cannot run (names the field), or None."""
+
+
+def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
+    """Read and plan a spec; any problem becomes an Evaluation with ``error`` set."""
+    settings = None
+    try:
+        settings = read_spec(spec)
+        plan = plan_checked(settings, name)  # the job's files too, where visible here
+    except SpecError as error:
+        return Evaluation(spec=spec, settings=settings, error=error)
+    except (ValueError, TypeError, KeyError) as error:
+        # A planner bug must not crash the reconcile loop; it surfaces in the Invalid condition.
+        failed = SpecError("spec", f"could not be planned: {error!r}")
+        return Evaluation(spec=spec, settings=settings, error=failed)
+    return Evaluation(spec=spec, settings=settings, plan=plan)
+
+
+class Evaluations:
+    """Each job's spec evaluated once per generation.
+
+    Reading, checking and planning a spec takes milliseconds, and a launch reconciles its job
+    many times; the spec only changes with ``metadata.generation`` (the status has a
+    subresource of its own). Without a generation, an equal spec is the same spec.
+    """
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, tuple[tuple[str, object], Evaluation]] = {}
+
+    def of(self, uid: str, spec: Mapping[str, Any], name: str, generation: object) -> Evaluation:
+        """The job's evaluated spec (evaluated now if its generation is new)."""
+        key = (name, generation)
+        cached = self.by_uid.get(uid)
+        same = cached is not None and cached[0] == key
+        if cached is not None and same and (generation is not None or cached[1].spec == spec):
+            return cached[1]
+        ev = evaluate(spec, name)
+        self.by_uid[uid] = (key, ev)
+        return ev
+
+    def forget(self, uid: str) -> None:
+        self.by_uid.pop(uid, None)
+
+
+def refused(ev: Evaluation, error: SpecError) -> Evaluation:
+    """The same spec, judged invalid by someone after the planner (the API server)."""
+    return Evaluation(spec=ev.spec, settings=ev.settings, error=error)
+
+
+def still_refused(ev: Evaluation, known: InvalidSpec | None, generation: object) -> Evaluation:
+    """A pod template the API server refused stays refused until the spec changes.
+
+    Only the API server can judge a pod template; without this, every resync would try to
+    create the refused pod again.
+    """
+    if (
+        ev.error is None
+        and known is not None
+        and known.field == POD_TEMPLATE
+        and known.generation == generation
+    ):
+        return refused(ev, SpecError(POD_TEMPLATE, known.rule))
+    return ev
+
+
+POD_TEMPLATE = "spec.podTemplate"
+"""The field the API server judges: a pod it refuses is this field's fault."""

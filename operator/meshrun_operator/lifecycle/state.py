@@ -1,0 +1,268 @@
+"""The operator's bookkeeping of one job, typed, and its one serialization to and from status.
+
+Clocks and attempt counters live in declared fields of the job's status: only the operator (with
+the ``/status`` subresource) writes there, so a user who can edit the spec cannot move a deadline.
+Operators before this one kept part of it in the ``meshrun.dev/state`` annotation; such a job is
+read from the annotation once, until the operator first writes its status, and the annotation is
+never written again.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from meshrun_operator import names
+from meshrun_operator.clock import format_time, parse_time
+from meshrun_operator.lifecycle.failures import FailureClass
+from meshrun_operator.vocabulary import Phase
+
+
+@dataclass(frozen=True)
+class LastFailure:
+    """The failure that caused the last restart or the end of the job."""
+
+    pod: str | None
+    """The pod that failed, or None (a hang or a vanished pod)."""
+    reason: str
+    """CamelCase reason (the failure table's, or one of vocabulary.Reason)."""
+    message: str
+    """One sentence for people."""
+    kind: FailureClass
+    """Retryable or Permanent."""
+    exit_code: int | None
+    """The trainer container's exit code, when it had one."""
+    time: datetime
+    """When the operator saw it."""
+
+
+@dataclass(frozen=True)
+class StepChange:
+    """When the operator last saw the training step change (hang detection)."""
+
+    attempt: int
+    """The attempt the step belongs to."""
+    step: int | None
+    """The step rank 0 reported."""
+    time: datetime
+    """The operator's clock when the step changed (pods' clocks may drift)."""
+
+
+@dataclass(frozen=True)
+class InvalidSpec:
+    """The spec error behind the Invalid condition, and the generation it was found in."""
+
+    field: str
+    """The offending field, e.g. ``spec.podTemplate``."""
+    rule: str
+    """What is wrong with it."""
+    generation: int | None
+    """metadata.generation of the refused spec: a new generation is judged again."""
+
+
+@dataclass
+class JobState:
+    """Everything the operator carries from one reconcile of a job to the next."""
+
+    phase: Phase | None = None
+    """The job's phase; None before the first reconcile."""
+    attempt: int = 0
+    """The current attempt (0 first); every pod is labelled with it."""
+    restarts: int = 0
+    """Whole-gang restarts so far (counted against backoffLimit)."""
+    disruptions: int = 0
+    """Whole-gang restarts not counted against backoffLimit (preemption, eviction, drain,
+    podFailurePolicy Ignore)."""
+    attempt_generation: int | None = None
+    """The spec generation the current attempt's pods were built from."""
+    message: str = ""
+    """What the job is doing or waiting for, in one sentence."""
+    start_time: datetime | None = None
+    """When every pod of the current attempt ran."""
+    completion_time: datetime | None = None
+    """When the job succeeded or failed."""
+    attempt_start_time: datetime | None = None
+    """When the current attempt's pods were created (gang timeout, vanished pods)."""
+    active_since: datetime | None = None
+    """When the job first had pods since it was created or resumed (activeDeadlineSeconds)."""
+    next_attempt_time: datetime | None = None
+    """The next attempt starts no earlier (exponential backoff)."""
+    gang_retries: int = 0
+    """Attempts torn down because the gang was not bound in time."""
+    last_failure: LastFailure | None = None
+    """The failure behind the last restart or the end of the job."""
+    last_step_change: StepChange | None = None
+    """When the training step last changed."""
+    invalid_spec: InvalidSpec | None = None
+    """The spec error the Invalid condition reports, if any."""
+
+    def to_status(self) -> dict[str, Any]:
+        """The status fields this state owns; None removes a field in the merge patch."""
+        failure, step, error = self.last_failure, self.last_step_change, self.invalid_spec
+        return {
+            "phase": None if self.phase is None else self.phase.value,
+            "attempt": self.attempt,
+            "restarts": self.restarts,
+            "disruptions": self.disruptions,
+            "attemptGeneration": self.attempt_generation,
+            "message": self.message,
+            "startTime": _time(self.start_time),
+            "completionTime": _time(self.completion_time),
+            "attemptStartTime": _time(self.attempt_start_time),
+            "activeSince": _time(self.active_since),
+            "nextAttemptTime": _time(self.next_attempt_time),
+            "gangRetries": self.gang_retries,
+            "lastFailure": None
+            if failure is None
+            else {
+                "pod": failure.pod,
+                "reason": failure.reason,
+                "message": failure.message,
+                "class": failure.kind.value,
+                "exitCode": failure.exit_code,
+                "time": format_time(failure.time),
+            },
+            "lastStepChange": None
+            if step is None
+            else {"attempt": step.attempt, "step": step.step, "time": format_time(step.time)},
+            "invalidSpec": None
+            if error is None
+            else {"field": error.field, "rule": error.rule, "generation": error.generation},
+        }
+
+    @classmethod
+    def from_job(cls, job: Mapping[str, Any]) -> JobState:
+        """The state in the job's status; from the old annotation if status has none yet."""
+        status = job.get("status") or {}
+        state = cls(
+            phase=_phase(status.get("phase")),
+            attempt=_int(status.get("attempt")) or 0,
+            restarts=_int(status.get("restarts")) or 0,
+            start_time=parse_time(status.get("startTime")),
+            completion_time=parse_time(status.get("completionTime")),
+        )
+        if state.phase is not None and OWNED_KEYS.isdisjoint(status):
+            _read(state, _annotation(job), legacy=True)
+        else:
+            _read(state, status, legacy=False)
+        return state
+
+
+# The keys only this state writes (``message`` and ``gangRetries`` always): a status with a phase
+# but none of them was written by an operator that kept its bookkeeping in the annotation. A job
+# without a phase was never reconciled: its annotation, if any, is the user's and is ignored.
+OWNED_KEYS = frozenset(
+    {
+        "message",
+        "attemptStartTime",
+        "activeSince",
+        "nextAttemptTime",
+        "gangRetries",
+        "disruptions",
+        "lastFailure",
+        "lastStepChange",
+        "invalidSpec",
+    }
+)
+
+
+def _read(state: JobState, source: Mapping[str, Any], legacy: bool) -> None:
+    message = source.get("message")
+    state.message = message if isinstance(message, str) else ""
+    state.attempt_start_time = parse_time(source.get("attemptStartTime"))
+    state.active_since = parse_time(source.get("activeSince"))
+    state.next_attempt_time = parse_time(source.get("nextAttemptTime"))
+    state.gang_retries = _int(source.get("gangRetries")) or 0
+    state.disruptions = _int(source.get("disruptions")) or 0
+    state.attempt_generation = _int(source.get("attemptGeneration"))
+    state.last_failure = _last_failure(source.get("lastFailure"))
+    if legacy:
+        state.last_step_change = _step_change(
+            {
+                "attempt": source.get("progressAttempt"),
+                "step": source.get("progressStep"),
+                "time": source.get("lastProgressTime"),
+            }
+        )
+        state.invalid_spec = _legacy_invalid_spec(source, state.message)
+    else:
+        state.last_step_change = _step_change(source.get("lastStepChange"))
+        state.invalid_spec = _invalid_spec(source.get("invalidSpec"))
+
+
+def _annotation(job: Mapping[str, Any]) -> Mapping[str, Any]:
+    annotations = (job.get("metadata") or {}).get("annotations") or {}
+    try:
+        data = json.loads(annotations.get(names.ANNOTATION_STATE) or "{}")
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _time(moment: datetime | None) -> str | None:
+    return None if moment is None else format_time(moment)
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _str(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def _phase(value: object) -> Phase | None:
+    try:
+        return Phase(str(value))
+    except ValueError:
+        return None
+
+
+def _last_failure(value: object) -> LastFailure | None:
+    if not isinstance(value, Mapping):
+        return None
+    time, reason = parse_time(value.get("time")), _str(value.get("reason"))
+    if time is None or reason is None:
+        return None
+    try:
+        kind = FailureClass(value.get("class"))
+    except ValueError:
+        kind = FailureClass.RETRYABLE
+    return LastFailure(
+        pod=_str(value.get("pod")),
+        reason=reason,
+        message=_str(value.get("message")) or "",
+        kind=kind,
+        exit_code=_int(value.get("exitCode")),
+        time=time,
+    )
+
+
+def _step_change(value: object) -> StepChange | None:
+    if not isinstance(value, Mapping):
+        return None
+    attempt, time = _int(value.get("attempt")), parse_time(value.get("time"))
+    if attempt is None or time is None:
+        return None
+    return StepChange(attempt=attempt, step=_int(value.get("step")), time=time)
+
+
+def _invalid_spec(value: object) -> InvalidSpec | None:
+    if not isinstance(value, Mapping):
+        return None
+    field, rule = _str(value.get("field")), _str(value.get("rule"))
+    if field is None or rule is None:
+        return None
+    return InvalidSpec(field=field, rule=rule, generation=_int(value.get("generation")))
+
+
+def _legacy_invalid_spec(source: Mapping[str, Any], message: str) -> InvalidSpec | None:
+    """The annotation kept the field and generation; the rule was the message after the field."""
+    field = _str(source.get("invalidField"))
+    if field is None:
+        return None
+    rule = message.removeprefix(f"{field}: ")
+    return InvalidSpec(field=field, rule=rule, generation=_int(source.get("invalidGeneration")))

@@ -1,0 +1,1 @@
+"""kopf wiring and the loop: handlers, context, reconcile, resync, leader election, Kueue."""

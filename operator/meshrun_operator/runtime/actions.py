@@ -1,0 +1,177 @@
+"""Carrying out a decision's side effects through the API door: deletes, then creates.
+
+Every create and delete is recorded as expected before it is sent (expectations.py), so the
+next pass does not repeat it while the watch has not shown it yet. A name held by someone else's
+child (an earlier job of the same name, an orphan) is never taken for the job's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from meshrun.envcontract import pod_env
+from meshrun_operator import metrics, names
+from meshrun_operator.children.builders import build_pod, build_podgroup, build_service
+from meshrun_operator.children.netpolicy import PolicyOptions, build_network_policy
+from meshrun_operator.children.owner import JobRef
+from meshrun_operator.children.podtemplate import CHECKPOINT_MOUNT
+from meshrun_operator.client.answers import Refused
+from meshrun_operator.client.errors import ApiError
+from meshrun_operator.lifecycle.decide import Decision
+from meshrun_operator.lifecycle.evaluation import Evaluation
+from meshrun_operator.lifecycle.phases import Event
+from meshrun_operator.lifecycle.specedits import Running
+from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.kueue_link import admit, create_workload, patch_status
+from meshrun_operator.seen.views import Observed, Refusal
+from meshrun_operator.vocabulary import EventType, Reason
+
+
+class StillTerminating(Exception):
+    """A pod of the previous attempt still holds a name the new attempt needs: try later."""
+
+
+class CreationRefused(Exception):
+    """The API server refused some of the children (quota, PodSecurity, 5xx): the decision's
+    status is re-decided with the refusal (``Observed.refused``)."""
+
+    def __init__(self, refusal: Refusal) -> None:
+        super().__init__(f"{refusal.reason}: {refusal.message}")
+        self.refusal = refusal
+
+
+async def execute(
+    ctx: OperatorContext,
+    job: JobRef,
+    ev: Evaluation,
+    decision: Decision,
+    observed: Observed | None = None,
+) -> list[Event]:
+    """Delete, create, delete the job; returns Events about what could not be done as asked.
+
+    Pods are built from ``decision.build`` (the running attempt's plan) when it is set, else
+    from ``ev``; ``observed`` gives the uids of the pods to delete (their expectations).
+    """
+    notes: list[Event] = []
+    link, kueue = ctx.kueue, decision.kueue  # link: None when run with --no-kueue
+    uids = {p.name: p.uid for p in (*observed.pods, *observed.foreign)} if observed else {}
+    for pods, force in ((decision.delete_pods, False), (decision.force_delete_pods, True)):
+        if pods:
+            ctx.expectations.expect_deletes(job.uid, (uids.get(p, "") for p in pods))
+            await ctx.kube.delete_pods(job.namespace, pods, force, uids)
+            metrics.PODS_DELETED.labels(force=str(force)).inc(len(pods))
+    ev = decision.build or ev
+    if link is not None and kueue is not None and kueue.create is not None:
+        await create_workload(ctx.kube, link, job, ev, kueue.create)
+    if decision.create_pods:
+        notes.extend(await _create_children(ctx, job, ev, decision))
+    if link is not None and kueue is not None:
+        await patch_status(ctx.kube, link, job, kueue)
+    if decision.delete_job:
+        await ctx.kube.delete_job(job.namespace, job.name)
+    return notes
+
+
+async def _create_children(
+    ctx: OperatorContext, job: JobRef, ev: Evaluation, decision: Decision
+) -> list[Event]:
+    assert ev.settings is not None and ev.plan is not None
+    notes: list[Event] = []
+    attempt = decision.state.attempt
+    await _create_service(ctx, job)
+    if ctx.network_policy is not None:
+        await _create_network_policy(ctx, job, ctx.network_policy)
+    podgroup = build_podgroup(job, ev.settings)
+    if podgroup is not None:
+        try:
+            await ctx.kube.create(podgroup)
+        except ApiError as error:
+            if error.status != 404:
+                raise
+            # The gang scheduler's CRD is not installed: the pods are still created (they wait
+            # for that scheduler), and the user is told why nothing will gang-schedule them.
+            message = Reason.POD_GROUP_UNAVAILABLE.message(api_version=podgroup["apiVersion"])
+            notes.append(Event(EventType.WARNING, Reason.POD_GROUP_UNAVAILABLE, message))
+    admitted = decision.kueue.admitted if decision.kueue is not None else None
+    domains = None
+    if admitted is None and ctx.placer is not None:
+        # Admitted by Kueue, the pods go where its admission says (its topology, its flavors).
+        domains = ctx.placer.choose(job, ev.settings, ev.plan, attempt)
+    pods = []
+    for index in decision.create_pods:
+        env = pod_env(
+            ev.plan,
+            ev.settings,
+            job_name=job.name,
+            namespace=job.namespace,
+            pod_index=index,
+            master_addr=names.master_addr(job.name, job.namespace),
+            master_port=names.RENDEZVOUS_PORT,
+            attempt=attempt,
+            checkpoint_dir=CHECKPOINT_MOUNT,
+        )
+        pods.append(build_pod(job, ev.settings, ev.plan, index, attempt, env, domains))
+    if admitted is not None and ctx.kueue is not None:
+        # Where Kueue admitted the gang: flavors, topology domains, Kueue's keys.
+        pods = await admit(ctx.kube, ctx.kueue, admitted, ev, pods)
+    names_sent = [pod["metadata"]["name"] for pod in pods]
+    ctx.expectations.expect_creates(job.uid, attempt, names_sent)
+    results = await ctx.kube.create_all(pods)
+    metrics.PODS_CREATED.inc(sum(1 for r in results if r is True))
+    ctx.attempts[job.uid] = Running(attempt, decision.state.attempt_generation, ev)
+    refused: list[tuple[int, Refused]] = []
+    for index, name, result in zip(decision.create_pods, names_sent, results, strict=True):
+        if isinstance(result, Refused):
+            ctx.expectations.not_created(job.uid, name)
+            refused.append((index, result))
+    for name, result in zip(names_sent, results, strict=True):
+        if result is False:
+            await _name_taken(ctx, job, "Pod", name, attempt)
+    if refused:
+        raise CreationRefused(_refusal(refused))
+    return notes
+
+
+def _refusal(refused: Sequence[tuple[int, Refused]]) -> Refusal:
+    first = refused[0][1]
+    return Refusal(tuple(index for index, _ in refused), first.reason, first.message)
+
+
+async def _create_service(ctx: OperatorContext, job: JobRef) -> None:
+    """The headless Service, or the wait until a Service of another owner gives its name up."""
+    try:
+        created = await ctx.kube.create(build_service(job))
+    except Refused as refused:
+        raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
+    if not created:
+        await _name_taken(ctx, job, "Service", names.service_name(job.name), None)
+
+
+async def _create_network_policy(ctx: OperatorContext, job: JobRef, options: PolicyOptions) -> None:
+    """The job's NetworkPolicy (netpolicy.py). Refused (no RBAC for it, a webhook), the job
+    waits with the reason rather than run open to every pod. A name still held by an earlier
+    job's policy selects the same pods by the same rules until the garbage collector removes it."""
+    try:
+        await ctx.kube.create(build_network_policy(job, options.operator))
+    except Refused as refused:
+        raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
+
+
+async def _name_taken(
+    ctx: OperatorContext, job: JobRef, kind: str, name: str, attempt: int | None
+) -> None:
+    """A create found the name taken: fine when the job's own child of this attempt holds it;
+    an orphan Service is replaced; otherwise wait (StillTerminating) until the holder is gone.
+    The status write is skipped by the exception, so the attempt is not recorded as started."""
+    holder = await ctx.kube.holder(kind, job.namespace, name)
+    ours = holder is not None and holder.controller == job.uid and not holder.deleting
+    if ours and holder is not None and attempt in (None, holder.attempt):
+        return
+    if kind == "Pod":
+        ctx.expectations.not_created(job.uid, name)
+    if holder is None:
+        raise StillTerminating(f"{kind} {name} went away while it was being created")
+    if kind == "Service" and holder.controller is None:
+        await ctx.kube.delete_service(job.namespace, name)
+    whose = "an orphan" if holder.controller is None else f"owner {holder.controller}"
+    raise StillTerminating(f"{kind} {name} ({whose}, attempt {holder.attempt}) holds the name")

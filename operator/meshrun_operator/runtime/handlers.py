@@ -1,0 +1,192 @@
+"""kopf wiring: the indexes of pods and nodes, the watch-event handlers, and the resync loop's
+start and stop.
+
+kopf's documented patterns: the startup handler receives the indexes and starts the resync loop
+(resync.py) with them; shared objects travel in the operator's memo; kopf calls no handler before
+the initial listing has filled every index, so the loop never sees a job before its pods. Jobs
+carry no finalizer: no handler needs one (see resync.py for why the loop is not a kopf timer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from typing import Any
+
+import kopf
+
+from meshrun_operator import metrics, names
+from meshrun_operator.bodies import kept
+from meshrun_operator.children.placer import Placer
+from meshrun_operator.client.login import login
+from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.leader import Elector
+from meshrun_operator.runtime.resync import Resyncer, Stalled
+from meshrun_operator.seen.nodes import NodeWatch
+from meshrun_operator.seen.relist import Auditor, LiveIndex
+from meshrun_operator.seen.views import PodView, pod_view
+
+
+def always() -> bool:
+    """Without leader election, this operator always acts."""
+    return True
+
+
+class OperatorMemo(kopf.Memo):
+    """The operator's memo: kopf hands every job a shallow copy, so these objects are shared."""
+
+    ctx: OperatorContext
+    """The API door, knobs and per-job memory (set before kopf starts)."""
+    resync: Resyncer
+    """The resync loop (set by the startup handler)."""
+    task: asyncio.Task[None]
+    """The task running the loop."""
+    elector: Elector | None
+    """The leader election (set before kopf starts), or None: this operator always acts."""
+    lead_task: asyncio.Task[None]
+    """The task renewing the lease (with leader election)."""
+    nodes: NodeWatch
+    """The node watch (unless run with --no-watch-nodes)."""
+    auditor: Auditor
+    """Drops what a watch gap left behind (set by the startup handler)."""
+
+
+def register(
+    registry: kopf.OperatorRegistry,
+    watch_nodes: bool,
+    stall_seconds: float = 300.0,
+    namespaces: tuple[str, ...] = (),
+) -> None:
+    """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global).
+
+    /healthz fails when no reconcile completed for ``stall_seconds`` while one was due. After
+    each listing of the served ``namespaces`` (all when empty), jobs and pods deleted while a
+    watch was down are dropped (relist.py).
+    """
+
+    @kopf.on.login(id="login", registry=registry)
+    def credentials(**_: Any) -> Any:
+        # The operator's own credentials (login.py): kopf's watches and its requests agree.
+        return login()
+
+    @kopf.index(
+        "v1", "pods", id="meshrun_pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
+    )
+    async def meshrun_pods(
+        namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
+    ) -> dict[tuple[str, str], PodView]:
+        # Coroutines run on the event loop (kopf runs a plain function on a thread each time);
+        # the view reads the body without copying it.
+        return {(str(namespace), str(labels[names.LABEL_JOB])): pod_view(body)}
+
+    @kopf.index(
+        "v1",
+        "pods",
+        id="meshrun_pod_versions",
+        labels={names.LABEL_JOB: kopf.PRESENT},
+        registry=registry,
+    )
+    async def meshrun_pod_versions(
+        uid: str, namespace: str | None, meta: kopf.Meta, **_: Any
+    ) -> dict[str, tuple[str, str]]:
+        """What a watch-gap audit compares with a fresh list: uid -> (version, namespace)."""
+        return {str(uid): (str(meta.get("resourceVersion", "")), str(namespace))}
+
+    @kopf.on.startup(id="start-resync", registry=registry)
+    async def start_resync(memo: OperatorMemo, **kwargs: Any) -> None:
+        """Start the resync loop with kopf's live indexes (kopf hands them to startup handlers
+        already created, and fills them before any other handler runs) and the node watch (the
+        loop waits for its first listing)."""
+        nodes = None
+        if watch_nodes:
+            # A node's change of readiness (or its deletion) concerns every job.
+            nodes = NodeWatch(memo.ctx.kube.rest, lambda: memo.resync.poke_all())
+            memo.ctx.node_labels = nodes.labels
+            memo.ctx.placer = Placer(nodes.nodes, kwargs["meshrun_pods"])
+            memo.nodes = nodes
+            nodes.start()
+        elector: Elector | None = memo.get("elector")
+        leading = elector.leading if elector is not None else always
+        memo.resync = Resyncer(memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading)
+        memo.task = asyncio.create_task(memo.resync.run(), name="meshrun-resync")
+        resync = memo.resync
+        versions = kwargs["meshrun_pod_versions"]
+        memo.auditor = Auditor(memo.ctx.kube, resync.jobs, resync.forget, versions, namespaces)
+        resync.pods_index = LiveIndex(kwargs["meshrun_pods"], memo.auditor.ghosts)
+        if elector is None:
+            metrics.LEADER.set(1)
+        else:
+            # Every index stays warm on a standby; only its writes are refused.
+            memo.ctx.kube.may_write = elector.leading
+            run = elector.run(memo.resync.leadership_changed)
+            memo.lead_task = asyncio.create_task(run, name="meshrun-lease")
+
+    @kopf.on.cleanup(id="stop-resync", registry=registry)
+    async def stop_resync(memo: OperatorMemo, **_: Any) -> None:
+        nodes: NodeWatch | None = memo.get("nodes")
+        if nodes is not None:
+            nodes.stop()
+        task: asyncio.Task[None] | None = memo.get("task")
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await memo.ctx.progress.close()
+        auditor: Auditor | None = memo.get("auditor")
+        if auditor is not None:
+            await auditor.stop()
+        lead: asyncio.Task[None] | None = memo.get("lead_task")
+        elector: Elector | None = memo.get("elector")
+        if lead is not None and elector is not None:
+            lead.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await lead
+            await elector.release()  # a standby takes over at once
+            await elector.api.rest.close()
+        await memo.ctx.kube.rest.close()
+
+    @kopf.on.probe(id="resync", registry=registry)
+    def resync_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
+        """/healthz fails (HTTP 500) when the resync loop died or reconciles stopped
+        completing: the operator would silently stop acting. A permanent error, because kopf
+        retries any other error of a probe while the request waits."""
+        if memo.task.done():
+            why = "cancelled" if memo.task.cancelled() else repr(memo.task.exception())
+            raise kopf.PermanentError(f"the resync loop ended: {why}")
+        try:
+            return memo.resync.health(stall_seconds)
+        except Stalled as stalled:
+            raise kopf.PermanentError(str(stalled)) from stalled
+
+    @kopf.on.event(
+        "v1", "pods", id="pod-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
+    )
+    async def pod_changed(memo: OperatorMemo, body: kopf.Body, type: str | None, **_: Any) -> None:
+        if type is None:  # listed (at start, or again after a watch gap)
+            memo.auditor.soon()
+        if type == "DELETED":
+            # The pods index forgets a deleted pod; its last state decides what its deletion
+            # meant (a DisruptionTarget makes it a disruption, not a failure).
+            memo.resync.poke(memo.ctx.tombstones.record(kept(body)), batch=True)
+            return
+        owners = body.get("metadata", {}).get("ownerReferences") or []
+        owner = next((o.get("uid") for o in owners if o.get("controller")), None)
+        memo.resync.poke(owner, batch=True)
+
+    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, id="job-changed", registry=registry)
+    async def job_changed(
+        memo: OperatorMemo, uid: str, type: str | None, body: kopf.Body, **_: Any
+    ) -> None:
+        resync = memo.resync
+        if type is None:
+            memo.auditor.soon()
+        if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
+            resync.forget(uid)
+            return
+        known = resync.jobs.get(uid)
+        resync.jobs[uid] = kept(body)
+        # A new job or a new spec is acted on at once; the echo of the operator's own status
+        # write (or any other change of status or metadata) joins the batch of its pods.
+        generation = body.get("metadata", {}).get("generation")
+        same = known is not None and known["metadata"].get("generation") == generation
+        resync.poke(uid, batch=same)

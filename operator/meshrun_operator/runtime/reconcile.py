@@ -1,0 +1,133 @@
+"""One reconcile: observe, call lifecycle.decide, execute the decision, write status once.
+
+The resync loop (resync.py) runs ``reconcile`` for a job whenever the job or one of its pods
+changes, and for every job every ``--resync-seconds``. Pods and nodes come from kopf indexes fed
+by watches, so a resync costs no API request unless something must change. Children have
+deterministic names, so a reconcile that runs twice or is killed halfway never creates a
+duplicate: a second create gets 409 and is a no-op.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime
+from typing import Any
+
+from meshrun.api.errors import SpecError
+from meshrun_operator import metrics
+from meshrun_operator.bodies import newest, with_unwritten, without_none
+from meshrun_operator.children.owner import JobRef
+from meshrun_operator.client.answers import ChildRejected
+from meshrun_operator.client.kube import StaleJob
+from meshrun_operator.lifecycle.decide import Decision, decide
+from meshrun_operator.lifecycle.evaluation import POD_TEMPLATE, refused
+from meshrun_operator.lifecycle.phases import Event
+from meshrun_operator.lifecycle.state import JobState
+from meshrun_operator.lifecycle.writes import at_once
+from meshrun_operator.runtime.actions import CreationRefused, execute
+from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.kueue_link import KueueHold
+from meshrun_operator.runtime.kueue_link import observe as observe_kueue
+from meshrun_operator.seen.children import observe
+
+
+async def reconcile(
+    ctx: OperatorContext, body: Mapping[str, Any], pods_index: Any, nodes_index: Any
+) -> Decision:
+    """Observe, decide, act, then write the status (only when it changed) and post the Events.
+
+    A write that loses a race (the job changed since the copy this pass decided on) raises
+    StaleJob and is not retried here: the watch brings the newer job, and the next pass decides
+    on it, starting from the status this pass meant to write (``OperatorContext.unwritten``).
+    Every side effect is idempotent, so acting again is safe.
+    """
+    job = JobRef.of(body)
+    lock = ctx.locks.setdefault(job.uid, asyncio.Lock())
+    async with lock:
+        started = time.perf_counter()
+        # ``body`` is the resync loop's own copy of the job: read, never edited.
+        stored = newest(dict(body), ctx.latest.get(job.uid))
+        job_body = with_unwritten(stored, ctx.unwritten.pop(job.uid, None))
+        decision, notes = await _act(ctx, job, job_body, pods_index, nodes_index)
+        if decision.state.restarts > JobState.from_job(job_body).restarts:
+            reason = decision.state.last_failure.reason if decision.state.last_failure else None
+            metrics.RESTARTS.labels(reason=reason or "Unknown").inc()
+        ctx.phases.set(job.uid, decision.state.phase)
+        try:
+            await _write(ctx, job, stored, decision)
+        except StaleJob:
+            ctx.latest.pop(job.uid, None)
+            ctx.unwritten[job.uid] = (stored.get("status") or {}, decision.status)
+            # The next pass starts from the status meant here, so it will not tell these again.
+            await _post(ctx, job, [*notes, *decision.events])
+            raise
+        await _post(ctx, job, [*notes, *decision.events])
+        metrics.RECONCILE_SECONDS.observe(time.perf_counter() - started)
+    return decision
+
+
+async def _act(
+    ctx: OperatorContext, job: JobRef, job_body: dict[str, Any], pods_index: Any, nodes_index: Any
+) -> tuple[Decision, list[Event]]:
+    """One observe-decide-act round on ``job_body``; the decision and Events about the acts."""
+    observed = observe(job_body, pods_index, nodes_index, ctx.expectations, ctx.tombstones)
+    pod0 = next((p for p in observed.pods if p.index == 0), None)
+    observed = replace(observed, progress=await ctx.progress.read(pod0))
+    observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
+    spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
+    ev = ctx.evaluations.of(job.uid, spec, job.name, generation)
+    now = datetime.now(UTC)
+    running = ctx.attempts.get(job.uid)
+    decision = decide(job_body, observed, now, ctx.tuning, ev, running)
+    try:
+        notes = await execute(ctx, job, ev, decision, observed)
+    except CreationRefused as refusal:
+        # Quota, PodSecurity or a 5xx: the job says so and retries later (nothing to redo).
+        observed = replace(observed, refused=refusal.refusal)
+        decision, notes = decide(job_body, observed, now, ctx.tuning, ev, running), []
+    except ChildRejected as rejected:
+        # The API server refused a pod built from the user's podTemplate: a spec error.
+        ev = refused(ev, SpecError(POD_TEMPLATE, rejected.message))
+        decision = decide(job_body, observed, now, ctx.tuning, ev)
+        notes = await execute(ctx, job, ev, decision)
+    except KueueHold as held:
+        # The Workload cannot be created for now: the job says why, and waits.
+        assert ctx.kueue is not None
+        ctx.kueue.hold(job.uid, held.hold)
+        observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
+        decision = decide(job_body, observed, now, ctx.tuning, ev)
+        notes = await execute(ctx, job, ev, decision)
+    ctx.tombstones.drop(job.uid, (p.uid for p in observed.gone))
+    return decision, notes
+
+
+async def _write(
+    ctx: OperatorContext, job: JobRef, stored: Mapping[str, Any], decision: Decision
+) -> None:
+    """Patch the status when it differs from the stored one: at once when the change says
+    something new, else once it waited ``status_interval_seconds`` (writes.py); until then the
+    next pass decides on it."""
+    new, old = without_none(decision.status), without_none(stored.get("status") or {})
+    if new == old:
+        ctx.deferred.pop(job.uid, None)
+        return
+    now = time.monotonic()
+    since = ctx.deferred.setdefault(job.uid, now)
+    if not at_once(old, new) and now - since < ctx.status_interval_seconds:
+        ctx.unwritten[job.uid] = (old, new)
+        return
+    version = str(stored["metadata"].get("resourceVersion", ""))
+    latest = await ctx.kube.patch_status(job.namespace, job.name, version, decision.status)
+    ctx.latest[job.uid] = latest
+    ctx.deferred.pop(job.uid, None)
+
+
+async def _post(ctx: OperatorContext, job: JobRef, events: Iterable[Event]) -> None:
+    involved = job.object_reference()
+    unique = dict.fromkeys(events)
+    await asyncio.gather(
+        *(ctx.kube.post_event(involved, e.type, e.reason, e.message) for e in unique)
+    )

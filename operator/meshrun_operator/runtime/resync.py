@@ -1,0 +1,248 @@
+"""The resync loop: every known job is reconciled when it or its pods change, and periodically.
+
+Deadlines, backoff and gang timeouts need a job to be looked at again even when nothing
+changes. kopf's timers would do that, but every timer makes kopf put a finalizer on the job, and a
+job with a finalizer cannot be deleted while the operator is down (nor can its namespace). So the
+operator runs this loop of its own instead, started by kopf's startup handler with the pod and
+node indexes (handlers.py). Children are owned by the job, so the garbage collector, not a
+finalizer, cleans up after a deletion.
+
+Each reconcile runs as a task of its own: the loop never waits for one, so a job whose reconcile
+is slow (a trainer's /progress that dribbles, an API call that waits for its timeout) delays
+only itself. A job changing while its reconcile runs is reconciled again once that one ends.
+
+A job that ended (Succeeded or Failed) is left out of the periodic pass: nothing about it
+changes with time but its TTL, so it is looked at (and its spec read and planned) only when it
+or its pods change, when its TTL runs out, or again after a reconcile of it failed or while a
+delete of its pods is unconfirmed (sent to an API server that did not answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from meshrun_operator import metrics
+from meshrun_operator.client.errors import NO_ANSWER, NotLeader
+from meshrun_operator.client.kube import StaleJob
+from meshrun_operator.clock import parse_time
+from meshrun_operator.runtime.actions import StillTerminating
+from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.reconcile import reconcile
+from meshrun_operator.vocabulary import Phase
+
+logger = logging.getLogger("meshrun.operator")
+
+
+class Stalled(Exception):
+    """Reconciles stopped completing: /healthz fails with this."""
+
+
+class Resyncer:
+    """Reconciles the known jobs: the changed ones at once, all of them every resync period."""
+
+    def __init__(
+        self,
+        ctx: OperatorContext,
+        pods_index: Any,
+        nodes_index: Any,
+        concurrency: int = 32,
+        leading: Callable[[], bool] = lambda: True,
+        batch_seconds: float = 0.25,
+    ) -> None:
+        self.ctx = ctx
+        self.pods_index = pods_index
+        """kopf's index of the jobs' pods (live: kopf keeps it current)."""
+        self.nodes_index = nodes_index
+        """The node watch (nodewatch.NodeWatch, read like kopf's index of node readiness), or
+        None when nodes are not watched."""
+        self.leading = leading
+        """True while this operator may act (always, without leader election)."""
+        self.jobs: dict[str, dict[str, Any]] = {}
+        """The latest body of every job, by uid."""
+        self.dirty: set[str] = set()
+        """Jobs to reconcile at the next wake-up."""
+        self.batched: dict[str, float] = {}
+        """Jobs to reconcile at a time of their own (monotonic), changes batched until then."""
+        self.batch_seconds = batch_seconds
+        self.running: dict[str, asyncio.Task[None]] = {}
+        """The reconcile in flight of each job that has one."""
+        self.waiting_since: dict[str, float] = {}
+        """When each job became due for a reconcile that has not completed yet (monotonic)."""
+        self.failed: set[str] = set()
+        """Jobs whose last reconcile raised: the periodic pass retries them even if ended."""
+        self.wake = asyncio.Event()
+        self.limit = asyncio.Semaphore(concurrency)
+        self.last_pass = time.monotonic()
+
+    def poke(self, uid: str | None, batch: bool = False) -> None:
+        """Reconcile ``uid`` now, or with ``batch`` within ``batch_seconds``: a launch's pods
+        change many times a second, and one reconcile then handles all of it."""
+        if not uid:
+            return
+        if batch:
+            self.batched.setdefault(uid, time.monotonic() + self.batch_seconds)
+        else:
+            self.dirty.add(uid)
+        self.wake.set()
+
+    def poke_all(self) -> None:
+        """Reconcile every job soon."""
+        self.dirty.update(self.jobs)
+        self.wake.set()
+
+    def forget(self, uid: str) -> None:
+        self.jobs.pop(uid, None)
+        self.dirty.discard(uid)
+        self.batched.pop(uid, None)
+        self.waiting_since.pop(uid, None)
+        self.failed.discard(uid)
+        self.ctx.forget(uid)
+
+    def leadership_changed(self, leading: bool) -> None:
+        """Leader: look at every job at once. Standby: stop whatever is in flight."""
+        if leading:
+            self.poke_all()
+        else:
+            self.stop_all()
+            self.wake.set()
+
+    def stop_all(self) -> None:
+        """Cancel every reconcile in flight (leadership lost, or shutting down)."""
+        for task in self.running.values():
+            task.cancel()
+        self.waiting_since.clear()
+
+    async def run(self) -> None:
+        last_full = 0.0
+        listed = getattr(self.nodes_index, "listed", None)
+        if listed is not None:
+            # Until the nodes are listed, every pod's node would look deleted.
+            await listed.wait()
+        try:
+            while True:
+                now = time.monotonic()
+                wait = last_full + self.ctx.resync_seconds - now
+                if self.batched:
+                    wait = min(wait, min(self.batched.values()) - now)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.wake.wait(), timeout=max(wait, 0.0))
+                self.wake.clear()
+                now = time.monotonic()
+                self.last_pass = now
+                if not self.leading():
+                    self.dirty.clear()
+                    self.batched.clear()
+                    self.stop_all()
+                    continue
+                ripe = [uid for uid, at in self.batched.items() if at <= now]
+                for uid in ripe:
+                    del self.batched[uid]
+                self.dirty.update(ripe)
+                if now - last_full >= self.ctx.resync_seconds:
+                    wall = datetime.now(UTC)
+                    periodic = {
+                        uid for uid, body in self.jobs.items() if self._periodic(uid, body, wall)
+                    }
+                    due, last_full = periodic | (self.dirty & set(self.jobs)), now
+                    for uid in periodic:
+                        self.batched.pop(uid, None)
+                else:
+                    due = self.dirty & set(self.jobs)
+                self.dirty.clear()
+                for uid in due:
+                    self.waiting_since.setdefault(uid, now)
+                    if uid in self.running:
+                        self.dirty.add(uid)  # once the running one ends (see _done)
+                    else:
+                        self._start(uid)
+        finally:
+            self.stop_all()
+
+    def _periodic(self, uid: str, body: dict[str, Any], now: datetime) -> bool:
+        """Whether the periodic pass looks at the job: not when it ended, unless its TTL ran
+        out, its last reconcile failed, a decided status waits to be written or a create or
+        delete of its is unconfirmed."""
+        status = body.get("status") or {}
+        if status.get("phase") not in (Phase.SUCCEEDED, Phase.FAILED) or uid in self.failed:
+            return True
+        if uid in self.ctx.deferred:
+            return True  # a decided status still waits to be written
+        if self.ctx.expectations.pending(uid):
+            return True  # a delete (or create) that got no answer is confirmed or sent again
+        policy = (body.get("spec") or {}).get("runPolicy") or {}
+        ttl = policy.get("ttlSecondsAfterFinished")
+        if not isinstance(ttl, int):
+            return False
+        done = parse_time(status.get("completionTime"))
+        return done is None or now >= done + timedelta(seconds=ttl)
+
+    def _start(self, uid: str) -> None:
+        task = asyncio.create_task(self.one(uid), name=f"reconcile {uid}")
+        self.running[uid] = task
+
+        def done(_: asyncio.Task[None]) -> None:
+            self._done(uid)
+
+        task.add_done_callback(done)
+
+    def _done(self, uid: str) -> None:
+        self.running.pop(uid, None)
+        if uid in self.dirty:
+            self.wake.set()
+
+    async def one(self, uid: str) -> None:
+        body = self.jobs.get(uid)
+        if body is None:
+            return
+        async with self.limit:
+            try:
+                await reconcile(self.ctx, body, self.pods_index, self.nodes_index)
+            except StaleJob as stale:
+                # The watch brings the newer job, which pokes it again: decided then.
+                logger.debug("job %s: %s", uid, stale)
+            except StillTerminating as waiting:
+                logger.debug("job %s: %s", uid, waiting)
+            except NotLeader as standby:
+                # Leadership was lost mid-reconcile: the new leader carries on.
+                logger.info("job %s: %s", uid, standby)
+            except NO_ANSWER as error:
+                # The API server did not answer in time: not completed, still waiting.
+                metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
+                logger.warning("reconcile of job %s: no answer from the API server: %s", uid, error)
+                self.failed.add(uid)
+                return
+            except Exception as error:  # one job's trouble must not stop the loop
+                metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
+                logger.exception("reconcile of job %s failed; retrying at the next resync", uid)
+                self.failed.add(uid)
+            else:
+                self.failed.discard(uid)
+        # Completed, or refused by an answer of the API server (restarting would not help).
+        self.waiting_since.pop(uid, None)
+
+    def health(self, stall_seconds: float) -> dict[str, Any]:
+        """What /healthz reports; raises Stalled when reconciles stopped completing: the loop
+        has not passed, or a job has waited for a completed reconcile, for ``stall_seconds``."""
+        now = time.monotonic()
+        since_pass = now - self.last_pass
+        oldest = max((now - t for t in self.waiting_since.values()), default=0.0)
+        if since_pass > stall_seconds:
+            raise Stalled(f"the resync loop has not run for {since_pass:.0f} s")
+        if oldest > stall_seconds:
+            raise Stalled(
+                f"a job has waited {oldest:.0f} s for a reconcile to complete "
+                f"(limit {stall_seconds:g} s): API calls time out or hang"
+            )
+        return {
+            "leader": self.leading(),
+            "jobs": len(self.jobs),
+            "inFlight": len(self.running),
+            "secondsSincePass": round(since_pass, 1),
+            "longestWaitSeconds": round(oldest, 1),
+        }

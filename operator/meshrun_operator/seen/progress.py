@@ -1,0 +1,105 @@
+"""Reading the trainer's ``/progress`` endpoint on rank 0 (docs/env-contract.md).
+
+On KWOK nodes pods have no real endpoint, so progress may also come from the pod annotation
+``meshrun.dev/progress`` (observe.py); the endpoint wins when both exist.
+
+A trainer is not trusted to answer well: one read is bounded in time (``timeout`` for the whole
+exchange, so a pod that sends a byte now and then cannot hold it open) and in size
+(``max_bytes``). A pod that timed out, or answered too much or nonsense, is not asked again for
+``retry_after`` seconds, so an unroutable pod IP costs one timeout, not one per resync. A refused
+connection means the trainer has not opened its port yet: asked again at the next resync.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import aiohttp
+
+from meshrun_operator import names
+from meshrun_operator.seen.views import PodView, parse_progress
+from meshrun_operator.vocabulary import PodPhase
+
+PROGRESS_MAX_BYTES = 64 * 1024
+"""The trainer's report is a few hundred bytes; anything this large is not one."""
+
+
+class TooLarge(Exception):
+    """The answer is longer than ``max_bytes``."""
+
+
+class ProgressReader:
+    """Fetches /progress from pod 0 of a job, bounded in time and bytes, with a failure memory."""
+
+    def __init__(
+        self,
+        enabled: bool,
+        timeout: float = 1.0,
+        retry_after: float = 60.0,
+        port: int = names.METRICS_PORT,
+        max_bytes: int = PROGRESS_MAX_BYTES,
+    ) -> None:
+        self.enabled = enabled
+        self.port = port
+        self.timeout = timeout
+        """Seconds for the whole exchange: connect, headers and body."""
+        self.retry_after = retry_after
+        self.max_bytes = max_bytes
+        self._failed_until: dict[str, float] = {}
+        self._session: aiohttp.ClientSession | None = None
+
+    async def close(self) -> None:
+        """Close the HTTP connections (the operator's cleanup)."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _client(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            # No keep-alive: one short request per pod now and then; environment proxies are
+            # not for pod IPs.
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(force_close=True, limit=0),
+                timeout=aiohttp.ClientTimeout(total=self.timeout),
+                trust_env=False,
+            )
+        return self._session
+
+    async def _fetch(self, url: str) -> dict[str, Any] | None:
+        async with self._client().get(url, allow_redirects=False) as response:
+            if response.status != 200:
+                return None
+            if (response.content_length or 0) > self.max_bytes:
+                raise TooLarge(f"{response.content_length} bytes")
+            body = bytearray()
+            async for chunk in response.content.iter_any():
+                body += chunk
+                if len(body) > self.max_bytes:
+                    raise TooLarge(f"more than {self.max_bytes} bytes")
+        return parse_progress(body.decode("utf-8", "replace"))
+
+    async def read(self, pod: PodView | None) -> dict[str, Any] | None:
+        """Progress of the pod holding rank 0, or None when unknown, unreachable or slow."""
+        if not self.enabled or pod is None or pod.phase != PodPhase.RUNNING or not pod.pod_ip:
+            return None
+        now = time.monotonic()
+        if self._failed_until.get(pod.pod_ip, 0.0) > now:
+            return None
+        url = f"http://{pod.pod_ip}:{self.port}/progress"
+        try:
+            return await self._fetch(url)
+        except aiohttp.ClientConnectorError as error:
+            if not isinstance(error.os_error, ConnectionRefusedError):
+                self._leave_alone(pod.pod_ip, now)
+            return None
+        except (TimeoutError, aiohttp.ClientError, TooLarge, OSError, ValueError):
+            # Too slow (an unroutable KWOK pod IP, a trainer that dribbles), too long, or not
+            # HTTP: leave it alone for a while.
+            self._leave_alone(pod.pod_ip, now)
+            return None
+
+    def _leave_alone(self, pod_ip: str, now: float) -> None:
+        if len(self._failed_until) > 1000:  # pod IPs come and go: keep only the live entries
+            self._failed_until = {ip: t for ip, t in self._failed_until.items() if t > now}
+        self._failed_until[pod_ip] = now + self.retry_after

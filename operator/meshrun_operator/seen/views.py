@@ -1,0 +1,285 @@
+"""What the operator observes of the world, reduced to small immutable views.
+
+The kopf indexes keep these views (not whole pod bodies), so memory stays small on 1,000-node
+clusters and the pure decision code never touches a raw API object.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from meshrun_operator import names
+from meshrun_operator.clock import parse_time
+from meshrun_operator.kueue import KueueView
+from meshrun_operator.vocabulary import PodPhase
+
+ACCELERATOR = "nvidia.com/gpu"
+"""The accelerator resource a pod's ``accelerators`` counts (spec.resources.accelerator)."""
+
+PROGRESS_KEYS = (
+    "step",
+    "totalSteps",
+    "loss",
+    "tokensPerSecond",
+    "stepTimeSeconds",
+    "updatedAt",
+    "evalLoss",
+    "evalStep",
+)
+
+
+@dataclass(frozen=True)
+class PodView:
+    """The parts of one pod the operator decides on."""
+
+    name: str
+    """metadata.name."""
+    index: int
+    """Pod index within the job (label meshrun.dev/pod-index)."""
+    attempt: int
+    """Attempt the pod belongs to (label meshrun.dev/attempt)."""
+    phase: str
+    """status.phase: Pending, Running, Succeeded, Failed or Unknown."""
+    node: str | None = None
+    """spec.nodeName once the scheduler bound it."""
+    deleting: bool = False
+    """metadata.deletionTimestamp is set."""
+    exit_code: int | None = None
+    """Exit code of the trainer container when it terminated."""
+    container_reason: str | None = None
+    """state.terminated.reason of the trainer container (OOMKilled, Error, ...)."""
+    pod_reason: str | None = None
+    """status.reason of the pod (Evicted, ...)."""
+    pod_ip: str | None = None
+    """status.podIP, for reading the trainer's /progress endpoint."""
+    progress: Mapping[str, Any] | None = field(default=None, hash=False)
+    """Training progress from the meshrun.dev/progress annotation, when present."""
+    summary: Mapping[str, Any] | None = field(default=None, hash=False)
+    """The trainer's final JSON summary from its termination message (docs/env-contract.md):
+    ``finalLoss``, ``steps``, ``tokensPerSecond`` on success, ``error`` on failure."""
+    owner_uid: str | None = None
+    """uid of the controlling owner (a job deleted and re-created under the same name has a
+    new uid, and its predecessor's pods must not count)."""
+    uid: str = ""
+    """metadata.uid (deletions are expected and remembered by it)."""
+    started_at: datetime | None = None
+    """status.startTime: when the kubelet took the pod on."""
+    waiting: tuple[str, str] | None = None
+    """(reason, message) of the first container waiting for another reason than being
+    created (ErrImagePull, CreateContainerConfigError, ...)."""
+    conditions: tuple[tuple[str, str], ...] = ()
+    """(type, status) of the pod's conditions."""
+    disruption: str | None = None
+    """Why the pod is a disruption target (its DisruptionTarget condition is True): the
+    condition's reason and message (PreemptionByScheduler, EvictionByEvictionAPI, ...)."""
+    exit_codes: tuple[tuple[str, int], ...] = ()
+    """(container, exit code) of every terminated container, init containers first."""
+    accelerators: int = 0
+    """The accelerators (nvidia.com/gpu) its containers request: what it holds on its node."""
+
+
+def parse_progress(text: str | None) -> dict[str, Any] | None:
+    """The trainer's progress JSON (docs/env-contract.md), keeping only the known keys.
+
+    Malformed text yields None rather than an error: a half-written annotation must not stop
+    the reconcile of the whole job.
+    """
+    if not text:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+        return None
+    return {key: data[key] for key in PROGRESS_KEYS if key in data}
+
+
+def parse_summary(text: object) -> dict[str, Any] | None:
+    """The trainer's termination message as a dict, or None when it is not JSON."""
+    if not isinstance(text, str) or not text.strip().startswith("{"):
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _int_label(labels: Mapping[str, str], key: str) -> int:
+    try:
+        return int(labels.get(key, "0"))
+    except ValueError:
+        return 0
+
+
+def _trainer_terminated(status: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    statuses = status.get("containerStatuses") or []
+    chosen = next(
+        (s for s in statuses if s.get("name") == names.TRAINER_CONTAINER),
+        statuses[0] if statuses else None,
+    )
+    if chosen is None:
+        return None
+    state = chosen.get("state") or {}
+    terminated = state.get("terminated") or (chosen.get("lastState") or {}).get("terminated")
+    return terminated if isinstance(terminated, Mapping) else None
+
+
+# Waiting reasons of a container that is merely on its way (not stuck).
+STARTING = frozenset({"ContainerCreating", "PodInitializing"})
+
+
+def _containers(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return [*(status.get("initContainerStatuses") or []), *(status.get("containerStatuses") or [])]
+
+
+def _waiting(status: Mapping[str, Any]) -> tuple[str, str] | None:
+    for container in _containers(status):
+        waiting = (container.get("state") or {}).get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason and reason not in STARTING:
+            message = f"container {container.get('name')}: {waiting.get('message') or reason}"
+            return str(reason), message
+    return None
+
+
+def _exit_codes(status: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    codes = []
+    for container in _containers(status):
+        code = ((container.get("state") or {}).get("terminated") or {}).get("exitCode")
+        if isinstance(code, int):
+            codes.append((str(container.get("name")), code))
+    return tuple(codes)
+
+
+def _disruption(conditions: list[Mapping[str, Any]]) -> str | None:
+    for condition in conditions:
+        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
+            reason = condition.get("reason") or "DisruptionTarget"
+            return f"{reason}: {condition.get('message')}" if condition.get("message") else reason
+    return None
+
+
+def pod_view(body: Mapping[str, Any]) -> PodView:
+    """Reduce a pod object (as the API server returns it) to a PodView."""
+    metadata = body.get("metadata") or {}
+    labels = metadata.get("labels") or {}
+    status = body.get("status") or {}
+    terminated = _trainer_terminated(status)
+    conditions = status.get("conditions") or []
+    exit_code = terminated.get("exitCode") if terminated else None
+    annotations = metadata.get("annotations") or {}
+    return PodView(
+        name=str(metadata.get("name", "")),
+        index=_int_label(labels, names.LABEL_POD_INDEX),
+        attempt=_int_label(labels, names.LABEL_ATTEMPT),
+        phase=str(status.get("phase") or PodPhase.PENDING.value),
+        node=(body.get("spec") or {}).get("nodeName") or None,
+        deleting=bool(metadata.get("deletionTimestamp")),
+        exit_code=int(exit_code) if isinstance(exit_code, int) else None,
+        container_reason=terminated.get("reason") if terminated else None,
+        pod_reason=status.get("reason"),
+        pod_ip=status.get("podIP"),
+        progress=parse_progress(annotations.get(names.ANNOTATION_PROGRESS)),
+        summary=parse_summary(terminated.get("message") if terminated else None),
+        owner_uid=next(
+            (o.get("uid") for o in metadata.get("ownerReferences") or [] if o.get("controller")),
+            None,
+        ),
+        uid=str(metadata.get("uid") or ""),
+        started_at=parse_time(status.get("startTime")),
+        waiting=_waiting(status),
+        conditions=tuple((str(c.get("type")), str(c.get("status"))) for c in conditions),
+        disruption=_disruption(conditions),
+        exit_codes=_exit_codes(status),
+        accelerators=_accelerators(body.get("spec") or {}),
+    )
+
+
+def _accelerators(spec: Mapping[str, Any]) -> int:
+    """nvidia.com/gpu requested by the pod's containers (an extended resource's request equals
+    its limit, and either may be given alone)."""
+    total = 0
+    for container in spec.get("containers") or []:
+        resources = container.get("resources") or {}
+        quantity = (resources.get("requests") or {}).get(ACCELERATOR)
+        if quantity is None:
+            quantity = (resources.get("limits") or {}).get(ACCELERATOR)
+        total += whole_quantity(quantity)
+    return total
+
+
+def whole_quantity(quantity: object) -> int:
+    """An extended resource's quantity: a whole number (anything else, or none, counts as 0)."""
+    try:
+        return max(int(str(quantity)), 0) if quantity is not None else 0
+    except ValueError:
+        return 0
+
+
+def node_ready(body: Mapping[str, Any]) -> bool:
+    """True when the node's Ready condition is True and it is not marked unschedulable-gone."""
+    return node_view(body).ready
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node's readiness, and since when."""
+
+    ready: bool
+    """The Ready condition is True."""
+    since: datetime | None
+    """The Ready condition's lastTransitionTime (None when the node reports no Ready yet)."""
+
+
+def node_view(body: Mapping[str, Any]) -> NodeView:
+    """Reduce a node object to its readiness and the time it last changed."""
+    for condition in (body.get("status") or {}).get("conditions") or []:
+        if condition.get("type") == "Ready":
+            since = parse_time(condition.get("lastTransitionTime"))
+            return NodeView(ready=condition.get("status") == "True", since=since)
+    return NodeView(ready=False, since=None)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Creates the API server refused in one pass: which pods, and why."""
+
+    indices: tuple[int, ...]
+    """Pod indices not created (empty when only the Service was refused)."""
+    reason: str
+    """QuotaExceeded, PodSecurity, Forbidden, TooManyRequests or ServerError."""
+    message: str
+    """The API server's own words."""
+
+
+@dataclass(frozen=True)
+class Observed:
+    """Everything observed about one job's children at one moment."""
+
+    pods: tuple[PodView, ...]
+    """The job's own pods (its uid is their controller's), in any attempt."""
+    nodes: Mapping[str, bool] | None
+    """Node name -> Ready, or None when the operator cannot see nodes (then no node checks)."""
+    not_ready_since: Mapping[str, datetime] = field(default_factory=dict)
+    """NotReady nodes of ``nodes`` -> since when (a node missing here went NotReady now)."""
+    foreign: tuple[PodView, ...] = ()
+    """Pods labelled with the job's name but not its own: an earlier job's of the same name
+    (another controller uid) or orphans (none). They hold the names the job's pods need."""
+    gone: tuple[PodView, ...] = ()
+    """The last state of the job's own pods deleted since the last pass (from the watch)."""
+    expected: frozenset[str] = frozenset()
+    """Pods created but not yet seen by the watch (the create is in flight)."""
+    refused: Refusal | None = None
+    """Children the API server refused to create in this pass (quota, PodSecurity, 5xx)."""
+    progress: Mapping[str, Any] | None = None
+    """Progress read from the trainer's /progress endpoint, preferred over the annotation."""
+    kueue: KueueView | None = None
+    """The job's Workload (or why it has none); None when the operator runs without Kueue."""
+    domains: Mapping[str, str] | None = None
+    """Node name -> its value of the job's spec.scheduling.topologyKey (e.g. its rack)."""
