@@ -16,9 +16,9 @@ import statistics
 import time
 
 import torch
-from meshrun_trainer.blocks import apply_compile
-from meshrun_trainer.model import build_model, cross_entropy
-from meshrun_trainer.optim import make_optimizer
+from meshrun_trainer.components.optim import make_optimizer
+from meshrun_trainer.distributed.blocks import apply_compile
+from meshrun_trainer.models.llama import build_model, cross_entropy
 
 from meshrun.api.presets import PRESETS
 

@@ -7,8 +7,8 @@ optimizer step, which needs the planner's estimate per rank, about 5 GiB at seq 
 checkpointing, and is skipped with a message when MemAvailable is short)
 
 Every rank builds the model on the meta device, shards it and fills its shard one parameter at a
-time (meshrun_trainer.materialize), so its peak during the build should stay under a quarter of
-the fp32 model plus the largest single parameter (for the 1b preset the embedding, 1.27 layers)
+time (meshrun_trainer.models.materialize), so its peak during the build should stay under a quarter
+of the fp32 model plus the largest single parameter (for the 1b preset the embedding, 1.27 layers)
 plus the process's fixed overhead (torch and gloo, measured before the build, and a 64 MiB
 allowance for the build's own bookkeeping). Peaks are the kernel's resident high-water mark
 (ru_maxrss).
@@ -36,11 +36,11 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from meshrun_trainer.config import from_env  # noqa: E402
-from meshrun_trainer.data import make_stream, replica_rows  # noqa: E402
-from meshrun_trainer.localenv import layout_env  # noqa: E402
-from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
-from meshrun_trainer.train import build_runner, forward_backward  # noqa: E402
+from meshrun_trainer.components.data.synthetic import make_stream, replica_rows  # noqa: E402
+from meshrun_trainer.config.read import from_env  # noqa: E402
+from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
+from meshrun_trainer.local.env import layout_env  # noqa: E402
+from meshrun_trainer.loop.train import build_runner, forward_backward  # noqa: E402
 
 from meshrun.api.presets import PRESETS  # noqa: E402
 from meshrun.planner.plan import plan_job  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _launch import ensure_torchrun
-from meshrun_trainer.localenv import layout_env
+from meshrun_trainer.local.env import layout_env
 
 WORLD = 4
 
@@ -26,11 +26,11 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from meshrun_trainer.config import from_env  # noqa: E402
-from meshrun_trainer.data import make_stream, replica_rows  # noqa: E402
-from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
-from meshrun_trainer.model import cross_entropy  # noqa: E402
-from meshrun_trainer.train import build_runner  # noqa: E402
+from meshrun_trainer.components.data.synthetic import make_stream, replica_rows  # noqa: E402
+from meshrun_trainer.config.read import from_env  # noqa: E402
+from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
+from meshrun_trainer.loop.train import build_runner  # noqa: E402
+from meshrun_trainer.models.llama import cross_entropy  # noqa: E402
 from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 

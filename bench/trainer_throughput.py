@@ -18,7 +18,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _launch import ensure_torchrun
-from meshrun_trainer.localenv import layout_env
+from meshrun_trainer.local.env import layout_env
 
 WORLD = 4
 
@@ -26,9 +26,9 @@ if __name__ == "__main__":
     ensure_torchrun(WORLD)
 
 import torch.distributed as dist  # noqa: E402
-from meshrun_trainer.config import from_env  # noqa: E402
-from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
-from meshrun_trainer.train import train  # noqa: E402
+from meshrun_trainer.config.read import from_env  # noqa: E402
+from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
+from meshrun_trainer.loop.train import train  # noqa: E402
 
 STEPS = 6
 MODEL = {"layers": 4, "hidden": 256, "heads": 4, "vocab": 1024, "seqLen": 64, "ffnHidden": 768}

@@ -84,10 +84,10 @@ def main(argv: list[str] | None = None) -> int:
 
 
 DELEGATES = {
-    "run": ("meshrun_trainer.local", "trainer"),
+    "run": ("meshrun_trainer.local.run", "trainer"),
     "operator": ("meshrun_operator.process", "operator"),
-    "prepare-data": ("meshrun_trainer.prepare", "trainer"),
-    "example-files": ("meshrun_trainer.examplefiles", "trainer"),
+    "prepare-data": ("meshrun_trainer.local.prepare", "trainer"),
+    "example-files": ("meshrun_trainer.local.examplefiles", "trainer"),
 }
 """Subcommand -> (module with ``main(argv) -> int``, the pip extra that installs it)."""
 

@@ -3,9 +3,9 @@
 Formats: ``jsonl`` (one JSON object per line), ``parquet``, ``arrow`` (a folder written by
 ``datasets``' ``save_to_disk``) and ``tokens`` (token ids already packed: ``.npy``, or raw
 ``uint16``/``uint32`` named ``*.u16``/``*.u32``/``*.bin``). Text is tokenized with the model's
-``tokenizer.json`` once per dataset into a cache beside it (meshrun_trainer.tokens). What can be
-checked from the files alone, before any process starts, is here: paths, the text field, the
-tokenizer's vocabulary against the model's, and the dataset's size when it is known without
+``tokenizer.json`` once per dataset into a cache beside it (meshrun_trainer.components.data.tokens).
+What can be checked from the files alone, before any process starts, is here: paths, the text field,
+the tokenizer's vocabulary against the model's, and the dataset's size when it is known without
 tokenizing (token files, or a text dataset's cache).
 """
 

@@ -13,9 +13,9 @@ block (RMSNorm, rotary attention, SwiGLU of width f, no dropout) instead of GPT'
 :func:`layer_activation_elements`. torch's scaled_dot_product_attention keeps no a*s*s score
 matrix on any backend it picks for causal attention (flash, memory-efficient or cuDNN on GPUs,
 flash on CPUs), so Korthikanti's 5*a*s/h term never appears. Activation checkpointing (see
-meshrun_trainer.blocks) keeps less: ``selective`` keeps the outputs of the matrix multiplies
-and of attention, ``full`` only each layer's input (2*s*b*h bytes in bf16, Korthikanti's full
-recomputation) plus, while one layer is recomputed, that layer's full set.
+meshrun_trainer.distributed.blocks) keeps less: ``selective`` keeps the outputs of the matrix
+multiplies and of attention, ``full`` only each layer's input (2*s*b*h bytes in bf16, Korthikanti's
+full recomputation) plus, while one layer is recomputed, that layer's full set.
 The pipeline schedule sets how many micro-batches are in flight on a rank: GPipe keeps all m,
 1F1B at most p - i on stage i, interleaving multiplies 1F1B's by 1 + (p-1)/(p*v) (Narayanan et
 al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the fp32 log-probabilities

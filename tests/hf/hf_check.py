@@ -17,12 +17,12 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from meshrun_trainer.config import from_env
-from meshrun_trainer.localenv import layout_env
-from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
-from meshrun_trainer.train import train
-from meshrun_trainer.userrun import from_env as read_user_run
-from meshrun_trainer.userrun import with_model
+from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.userrun import from_env as read_user_run
+from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
+from meshrun_trainer.local.env import layout_env
+from meshrun_trainer.loop.train import train
 
 SEQ_LEN = 32
 LAYOUTS: dict[str, dict[str, Any]] = {

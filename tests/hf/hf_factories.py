@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 import transformers
-from meshrun_trainer.examplefiles import EOS, corpus_documents, write_tokenizer
+from meshrun_trainer.local.examplefiles import EOS, corpus_documents, write_tokenizer
 from tokenizers import Tokenizer
 
 __all__ = [

@@ -14,10 +14,10 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 from hf_factories import EOS, corpus_documents, make_tokenizer, write_jsonl
-from meshrun_trainer.data import replica_rows
-from meshrun_trainer.optim import lr_factor
-from meshrun_trainer.tokens import load_tokens, tokenize
-from meshrun_trainer.windows import WindowStream, cut_windows
+from meshrun_trainer.components.data.synthetic import replica_rows
+from meshrun_trainer.components.data.tokens import load_tokens, tokenize
+from meshrun_trainer.components.data.windows import WindowStream, cut_windows
+from meshrun_trainer.components.optim import lr_factor
 
 from meshrun.api.errors import SpecError
 from meshrun.api.userspec import Data, DataFormat, LRSchedule, Validation

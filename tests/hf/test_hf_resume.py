@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from hf_check import spec_parts
 from hf_factories import corpus_documents, make_hf_folder, write_jsonl
-from meshrun_trainer.localenv import layout_env
+from meshrun_trainer.local.env import layout_env
 from trainer_launch import REPO, cpu_env, run, torchrun
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]

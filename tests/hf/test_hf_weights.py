@@ -11,9 +11,9 @@ import pytest
 import torch
 import transformers
 from hf_factories import KINDS, VOCAB, make_hf_folder
-from meshrun_trainer.hfweights import SafetensorsSource, export
-from meshrun_trainer.materialize import materialize
-from meshrun_trainer.model import Transformer, build_model
+from meshrun_trainer.models.hf import SafetensorsSource, export
+from meshrun_trainer.models.llama import Transformer, build_model
+from meshrun_trainer.models.materialize import materialize
 
 from meshrun.api.errors import SpecError
 from meshrun.files.hf import load_hf_model

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 import yaml
 from meshrun_operator import names
-from meshrun_trainer.examplefiles import write_example
+from meshrun_trainer.local.examplefiles import write_example
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 

@@ -20,14 +20,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from layout_check import MODEL, TRAINING
-from meshrun_trainer.config import TrainConfig, from_env
-from meshrun_trainer.data import make_stream, replica_rows
-from meshrun_trainer.localenv import layout_env
-from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
-from meshrun_trainer.model import build_model, cross_entropy
-from meshrun_trainer.parallel import gradient_sync
-from meshrun_trainer.pipeline import schedule_stages
-from meshrun_trainer.train import Runner, build_runner
+from meshrun_trainer.components.data.synthetic import make_stream, replica_rows
+from meshrun_trainer.config.read import TrainConfig, from_env
+from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
+from meshrun_trainer.distributed.parallel import gradient_sync
+from meshrun_trainer.distributed.pipeline import schedule_stages
+from meshrun_trainer.local.env import layout_env
+from meshrun_trainer.loop.train import build_runner
+from meshrun_trainer.models.llama import build_model, cross_entropy
+from meshrun_trainer.runner import Runner
 from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor

@@ -22,14 +22,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from layout_check import MODEL, TRAINING
-from meshrun_trainer import statedicts
-from meshrun_trainer.config import from_env
-from meshrun_trainer.data import make_stream
-from meshrun_trainer.localenv import layout_env
-from meshrun_trainer.mesh import build_mesh, init_distributed, pick_device
-from meshrun_trainer.model import build_model, cross_entropy
-from meshrun_trainer.optim import clip_grad_norm, make_optimizer
-from meshrun_trainer.train import Runner, train
+from meshrun_trainer.components import statedicts
+from meshrun_trainer.components.data.synthetic import make_stream
+from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
+from meshrun_trainer.config.read import from_env
+from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
+from meshrun_trainer.local.env import layout_env
+from meshrun_trainer.loop.train import train
+from meshrun_trainer.models.llama import build_model, cross_entropy
+from meshrun_trainer.runner import Runner
 
 from meshrun.api.presets import PRESETS
 

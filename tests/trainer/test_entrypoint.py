@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from meshrun_trainer.localenv import layout_env
+from meshrun_trainer.local.env import layout_env
 from trainer_launch import REPO, cpu_env
 
 pytestmark = pytest.mark.trainer

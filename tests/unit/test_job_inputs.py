@@ -16,12 +16,13 @@ import yaml
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.lifecycle.summary import final_progress, progress_status
 from meshrun_operator.seen.views import parse_progress
-from meshrun_trainer.config import ConfigError, from_env
-from meshrun_trainer.examplefiles import write_example
-from meshrun_trainer.optim import ADAMW_BETAS, WEIGHT_DECAY
-from meshrun_trainer.userrun import from_env as read_user_run
-from meshrun_trainer.userrun import with_model
-from meshrun_trainer.windows import dataset_tokens
+from meshrun_trainer.components.data.windows import dataset_tokens
+from meshrun_trainer.components.optim import ADAMW_BETAS, WEIGHT_DECAY
+from meshrun_trainer.config.layout import ConfigError
+from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.userrun import from_env as read_user_run
+from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.local.examplefiles import write_example
 
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import Rule, SpecError

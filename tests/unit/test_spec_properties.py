@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from meshrun_trainer.config import from_env
+from meshrun_trainer.config.read import from_env
 
 from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec

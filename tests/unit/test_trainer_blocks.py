@@ -6,8 +6,8 @@ import dataclasses
 
 import pytest
 import torch
-from meshrun_trainer.blocks import apply_activation_checkpointing
-from meshrun_trainer.model import build_model, cross_entropy
+from meshrun_trainer.distributed.blocks import apply_activation_checkpointing
+from meshrun_trainer.models.llama import build_model, cross_entropy
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 
 from meshrun.api.presets import PRESETS, ModelShape

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meshrun_trainer.checkpoint import complete_steps, latest_complete, prune, step_dir
+from meshrun_trainer.components.checkpoint import complete_steps, latest_complete, prune, step_dir
 
 pytestmark = pytest.mark.unit
 

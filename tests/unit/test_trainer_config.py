@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from meshrun_trainer.config import ConfigError, from_env, parse_stage_layers
-from meshrun_trainer.localenv import layout_env
+from meshrun_trainer.config.layout import ConfigError, parse_stage_layers
+from meshrun_trainer.config.read import from_env
+from meshrun_trainer.local.env import layout_env
 
 from meshrun.api.presets import PRESETS
 from meshrun.envcontract import ENV_OF_FIELD

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from meshrun_trainer.data import (
+from meshrun_trainer.components.data.synthetic import (
     CorpusStream,
     SyntheticStream,
     decode,

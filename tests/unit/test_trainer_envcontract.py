@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from meshrun_trainer.config import from_env
+from meshrun_trainer.config.read import from_env
 
 from meshrun.api.crd import load_jobs
 from meshrun.api.read import read_spec
@@ -95,7 +95,7 @@ def test_pod_index_out_of_range_is_an_error() -> None:
 def test_local_pods_get_disjoint_gpus(
     accelerator: str, gpus: list[str], pod: int, visible: str, warned: bool
 ) -> None:
-    from meshrun_trainer.localenv import device_env
+    from meshrun_trainer.local.env import device_env
 
     env, reason = device_env(accelerator, world=4, per_pod=2, pod_index=pod, gpus=gpus)
     assert env == {"CUDA_VISIBLE_DEVICES": visible}

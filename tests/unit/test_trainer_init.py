@@ -6,13 +6,13 @@ import dataclasses
 
 import pytest
 import torch
-from meshrun_trainer.materialize import (
+from meshrun_trainer.models.llama import Transformer, build_model, rotary_tables
+from meshrun_trainer.models.materialize import (
     SeededInit,
     canonical_name,
     materialize,
     parameter_targets,
 )
-from meshrun_trainer.model import Transformer, build_model, rotary_tables
 
 from meshrun.api.presets import PRESETS
 

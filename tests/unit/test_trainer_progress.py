@@ -7,10 +7,10 @@ import urllib.request
 from pathlib import Path
 
 import pytest
-from meshrun_trainer.config import from_env
-from meshrun_trainer.localenv import layout_env
-from meshrun_trainer.progress import Metrics, ProgressServer, Reporter
-from meshrun_trainer.train import StepRecord
+from meshrun_trainer.components.progress import Metrics, ProgressServer, Reporter
+from meshrun_trainer.config.read import from_env
+from meshrun_trainer.local.env import layout_env
+from meshrun_trainer.runner import StepRecord
 
 pytestmark = pytest.mark.unit
 

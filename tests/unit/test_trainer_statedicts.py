@@ -6,10 +6,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from meshrun_trainer import statedicts
-from meshrun_trainer.model import build_model
-from meshrun_trainer.optim import make_optimizer
-from meshrun_trainer.train import Runner
+from meshrun_trainer.components import statedicts
+from meshrun_trainer.components.optim import make_optimizer
+from meshrun_trainer.models.llama import build_model
+from meshrun_trainer.runner import Runner
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from meshrun.api.presets import PRESETS

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
-from meshrun_trainer.config import Layout
-from meshrun_trainer.parallel import data_parallel_kind
-from meshrun_trainer.pipeline import stages_of_rank
+from meshrun_trainer.config.layout import Layout
+from meshrun_trainer.distributed.parallel import data_parallel_kind
+from meshrun_trainer.distributed.pipeline import stages_of_rank
 
 from meshrun.api.layout import layer_ranges
 

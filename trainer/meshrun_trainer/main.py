@@ -12,13 +12,19 @@ import torch.distributed as dist
 
 from meshrun.api.errors import SpecError
 from meshrun.envcontract import EXIT_CONFIG_ERROR, EXIT_NO_ACCELERATOR, PERMANENT_REASONS
-from meshrun_trainer.config import TrainConfig, from_env
-from meshrun_trainer.mesh import NoAcceleratorError, build_mesh, init_distributed, pick_device
-from meshrun_trainer.parallel import data_parallel_kind
-from meshrun_trainer.progress import TERMINATION_MESSAGE_LIMIT, Reporter
-from meshrun_trainer.train import TrainResult, peak_memory, train
-from meshrun_trainer.userrun import from_env as user_run_from_env
-from meshrun_trainer.userrun import with_model
+from meshrun_trainer.components.progress import TERMINATION_MESSAGE_LIMIT, Reporter
+from meshrun_trainer.config.read import TrainConfig, from_env
+from meshrun_trainer.config.userrun import from_env as user_run_from_env
+from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.distributed.mesh import (
+    NoAcceleratorError,
+    build_mesh,
+    init_distributed,
+    pick_device,
+)
+from meshrun_trainer.distributed.parallel import data_parallel_kind
+from meshrun_trainer.loop.train import peak_memory, train
+from meshrun_trainer.runner import TrainResult
 
 
 def summarize(cfg: TrainConfig, result: TrainResult, peaks: list[int]) -> dict[str, Any]:

@@ -22,9 +22,12 @@ from meshrun.api.userspec import Data, DataFormat, LRDecay, LRSchedule, Optimize
 from meshrun.envcontract import ENV_OF_FIELD
 from meshrun.rules.inputs import check_data_source, check_warmup
 from meshrun.rules.strategy import check_data, check_layout, check_model
-from meshrun_trainer.layout import ConfigError, Layout, check_stage_layers, parse_stage_layers
-
-__all__ = ["ConfigError", "Layout", "TrainConfig", "Training", "from_env", "parse_stage_layers"]
+from meshrun_trainer.config.layout import (
+    ConfigError,
+    Layout,
+    check_stage_layers,
+    parse_stage_layers,
+)
 
 
 @dataclass(frozen=True)
@@ -40,7 +43,7 @@ class Training:
     precision: str
     """fp32, or bf16 compute over fp32 master weights (docs/trainer.md)."""
     activation_checkpointing: str
-    """none, selective or full (meshrun_trainer.blocks); the planner's choice."""
+    """none, selective or full (meshrun_trainer.distributed.blocks); the planner's choice."""
     compile: bool
     """torch.compile each transformer block."""
     learning_rate: float
@@ -76,7 +79,7 @@ class TrainConfig:
     preset: str
     """Preset name the shape came from ("custom" when given explicitly)."""
     hf_path: str | None
-    """The Hugging Face folder the model comes from (meshrun_trainer.userrun), or None."""
+    """The Hugging Face folder the model comes from (meshrun_trainer.config.userrun), or None."""
     layout: Layout
     """Parallel layout."""
     training: Training

@@ -1,7 +1,7 @@
 """A token stream cut into training and validation windows, and opened once per dataset.
 
-The token stream (documents + EOS in file order, meshrun_trainer.tokens) is cut from the start
-into consecutive, non-overlapping windows of seqLen + 1 tokens; a last partial window is
+The token stream (documents + EOS in file order, meshrun_trainer.components.data.tokens) is cut from
+the start into consecutive, non-overlapping windows of seqLen + 1 tokens; a last partial window is
 dropped. Training visits every window once per epoch in a seeded order that changes each epoch;
 the global batch of step k is a pure function of (seed, k), and every data-parallel replica
 takes its own contiguous rows of it (data.replica_rows), so the shares are disjoint, no window
@@ -22,7 +22,7 @@ import torch.distributed as dist
 from meshrun.api.errors import SpecError
 from meshrun.api.userspec import Data
 from meshrun.files.data import cache_path, check_dataset_size
-from meshrun_trainer.tokens import load_tokens, tokenize
+from meshrun_trainer.components.data.tokens import load_tokens, tokenize
 
 
 def cut_windows(tokens: np.ndarray, seq_len: int) -> np.ndarray:

@@ -19,7 +19,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
 from meshrun.api.spec import CPU
 from meshrun.localnet import free_port
-from meshrun_trainer.config import Layout
+from meshrun_trainer.config.layout import Layout
 
 
 class NoAcceleratorError(RuntimeError):

@@ -21,7 +21,7 @@ from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
 from meshrun.api.presets import ModelShape
 from meshrun.files.hf import expected_shapes
-from meshrun_trainer.hfweights import hf_config
+from meshrun_trainer.models.hf import hf_config
 
 EOS = "</s>"
 TOKENIZER_VOCAB = 320

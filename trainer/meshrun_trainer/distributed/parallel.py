@@ -2,7 +2,7 @@
 
 Order (torchtitan's): build on the meta device and cut the pipeline stage, tensor parallelism,
 activation checkpointing and ``torch.compile`` per block, FSDP2, then materialization
-(:mod:`meshrun_trainer.materialize`: each rank allocates and fills only its own shards), then
+(:mod:`meshrun_trainer.models.materialize`: each rank allocates and fills only its own shards), then
 DDP (which needs real parameters).
 
 Tensor parallel: DTensor ``parallelize_module`` with sequence parallel, the plan of torchtitan's
@@ -43,11 +43,12 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from meshrun_trainer.blocks import apply_activation_checkpointing, apply_compile
-from meshrun_trainer.config import Layout, TrainConfig
-from meshrun_trainer.materialize import SeededInit, WeightSource, materialize
-from meshrun_trainer.mesh import Mesh
-from meshrun_trainer.model import Transformer
+from meshrun_trainer.config.layout import Layout
+from meshrun_trainer.config.read import TrainConfig
+from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
+from meshrun_trainer.distributed.mesh import Mesh
+from meshrun_trainer.models.llama import Transformer
+from meshrun_trainer.models.materialize import SeededInit, WeightSource, materialize
 
 # FSDP2 warns when a wrapped module returns a view (an nn.Linear output on 3-D input is one),
 # because an in-place op on it would skip the pre-backward hook. Nothing here modifies model
@@ -60,7 +61,7 @@ class PartOptions:
     """How each model part is built, beyond the layout and the precision."""
 
     activation_checkpointing: str = "none"
-    """none, selective (per-op) or full (meshrun_trainer.blocks)."""
+    """none, selective (per-op) or full (meshrun_trainer.distributed.blocks)."""
     compile: bool = False
     """torch.compile each transformer block."""
     loss_parallel: bool = True

@@ -3,10 +3,11 @@
 Each document is tokenized with the model's ``tokenizer.json`` (the ``tokenizers`` library, no
 network) without added special tokens, the EOS token is appended, and the documents are
 concatenated in file order: the stream the validation loss is defined on and the training
-windows are cut from (meshrun_trainer.windows). The result is cached as raw ``uint16`` (or
-``uint32`` for vocabularies past 65,535) in ``.meshrun-cache/`` beside the data, named by a key
-over the tokenizer, the text field and the files' sizes and times, so a restart or another rank
-memory-maps it instead of tokenizing again. ``tokens`` datasets are memory-mapped as they are.
+windows are cut from (meshrun_trainer.components.data.windows). The result is cached as raw
+``uint16`` (or ``uint32`` for vocabularies past 65,535) in ``.meshrun-cache/`` beside the data,
+named by a key over the tokenizer, the text field and the files' sizes and times, so a restart or
+another rank memory-maps it instead of tokenizing again. ``tokens`` datasets are memory-mapped as
+they are.
 """
 
 from __future__ import annotations

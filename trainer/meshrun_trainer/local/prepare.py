@@ -15,7 +15,7 @@ from meshrun.api.errors import SpecError
 from meshrun.api.userspec import Data
 from meshrun.files.data import FORMATS, cache_path, check_data_files, check_tokenizer
 from meshrun.files.hf import read_config
-from meshrun_trainer.tokens import tokenize
+from meshrun_trainer.components.data.tokens import tokenize
 
 
 def _parser() -> argparse.ArgumentParser:

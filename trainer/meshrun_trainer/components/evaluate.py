@@ -1,5 +1,5 @@
 """The validation loss under any layout: the mean next-token cross-entropy over every predicted
-token of every validation window (meshrun_trainer.windows).
+token of every validation window (meshrun_trainer.components.data.windows).
 
 Windows go to the data-parallel replicas in blocks shaped like one training call (the rows a
 replica feeds per forward pass), so pipeline stages see the shapes they were built for; a last
@@ -18,13 +18,13 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
-from meshrun_trainer.parallel import end_forward_only
-from meshrun_trainer.pipeline import loss_scale
+from meshrun_trainer.distributed.parallel import end_forward_only
+from meshrun_trainer.distributed.pipeline import loss_scale
 
 if TYPE_CHECKING:
-    from meshrun_trainer.config import TrainConfig
-    from meshrun_trainer.mesh import Mesh
-    from meshrun_trainer.train import Runner
+    from meshrun_trainer.config.read import TrainConfig
+    from meshrun_trainer.distributed.mesh import Mesh
+    from meshrun_trainer.runner import Runner
 
 IGNORE = -100
 """Target of padding rows: F.cross_entropy leaves it out of the mean."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -14,7 +13,8 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from meshrun.api.userspec import LRSchedule, Optimizer
+from meshrun.api.userspec import LRSchedule
+from meshrun_trainer.config.userrun import OptimizerSettings
 
 ADAMW_BETAS = (0.9, 0.95)
 """The CRD's default betas (spec.training.optimizer.betas; Llama 2's, Touvron et al. 2023,
@@ -23,26 +23,6 @@ WEIGHT_DECAY = 0.1
 """The CRD's default weight decay (spec.training.optimizer.weightDecay; Llama 2's)."""
 ADAMW_EPS = 1e-8
 """AdamW's epsilon (torch's default; not a spec field)."""
-
-
-@dataclass(frozen=True, kw_only=True)
-class OptimizerSettings:
-    """AdamW's hyper-parameters: spec.training.optimizer with learningRate as the peak."""
-
-    learning_rate: float
-    """Peak learning rate, reached at the end of the warmup."""
-    betas: tuple[float, float]
-    """AdamW's beta1 and beta2."""
-    weight_decay: float
-    """Decoupled weight decay (Loshchilov and Hutter 2019)."""
-
-    @classmethod
-    def of(cls, learning_rate: float, optimizer: Optimizer) -> OptimizerSettings:
-        """The settings of a job: its learning rate and spec.training.optimizer."""
-        beta1, beta2 = optimizer.betas
-        return cls(
-            learning_rate=learning_rate, betas=(beta1, beta2), weight_decay=optimizer.weight_decay
-        )
 
 
 def lr_factor(step: int, total_steps: int, schedule: LRSchedule) -> float:

@@ -83,7 +83,7 @@ def hf_state(
 
 
 class SafetensorsSource:
-    """A :class:`meshrun_trainer.materialize.WeightSource`: the folder's safetensors straight
+    """A :class:`meshrun_trainer.models.materialize.WeightSource`: the folder's safetensors straight
     into each rank's freshly allocated shards (no random initialisation first).
 
     DCP plans the read from the targets: a DTensor target asks only for the slice its shard

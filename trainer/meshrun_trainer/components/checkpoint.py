@@ -8,8 +8,8 @@ Layout of a checkpoint root::
 Every rank writes into ``step-N.tmp``; after a barrier (all writes done) rank 0 renames it to
 ``step-N``. A rename within one directory is atomic on POSIX file systems, so a reader sees a
 whole checkpoint or none. Model and optimizer state go through DCP for every layout and ZeRO
-stage (meshrun_trainer.statedicts), so a checkpoint resumes under any other layout or world
-size; loading is strict (a missing key is an error, never a silent fresh start). The per-rank
+stage (meshrun_trainer.components.statedicts), so a checkpoint resumes under any other layout or
+world size; loading is strict (a missing key is an error, never a silent fresh start). The per-rank
 file holds the step, the world size, the RNG states and the training loop's other state; a
 run with more ranks than the checkpoint reads rank 0's file for the ranks it lacks.
 """
@@ -26,10 +26,10 @@ import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
-from meshrun_trainer import statedicts
+from meshrun_trainer.components import statedicts
 
 if TYPE_CHECKING:
-    from meshrun_trainer.train import Runner
+    from meshrun_trainer.runner import Runner
 
 COMPLETE = re.compile(r"^step-(\d{8})$")
 
@@ -97,7 +97,7 @@ def save(
     """Write the checkpoint of ``step``; collective, every rank calls it.
 
     ``extra``: this rank's other training state (data position, learning-rate schedule,
-    validation history: meshrun_trainer.userhooks), plain Python values and tensors, read back
+    validation history: meshrun_trainer.loop.hooks), plain Python values and tensors, read back
     with :func:`read_extra`.
     """
     final = step_dir(root, step)

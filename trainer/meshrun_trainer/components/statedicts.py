@@ -31,10 +31,10 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
-from meshrun_trainer.materialize import canonical_name
+from meshrun_trainer.models.materialize import canonical_name
 
 if TYPE_CHECKING:
-    from meshrun_trainer.train import Runner
+    from meshrun_trainer.runner import Runner
 
 
 class CheckpointMismatch(RuntimeError):

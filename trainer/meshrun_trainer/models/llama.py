@@ -4,7 +4,7 @@ The architecture features of Hugging Face's Llama, Mistral and Qwen2 come from t
 base and Llama 3 scaling, q/k/v (and output) projection bias, RMSNorm epsilon, an explicit head
 size, and an output head tied to the input embedding. Module names follow torchtitan's Llama
 (tok_embeddings, layers.<i>.attention.wq, ..., norm, output) so the tensor-parallel plan reads
-the same; :func:`meshrun_trainer.hfweights.hf_key` maps them to transformers' names. ``layers``
+the same; :func:`meshrun_trainer.models.hf.hf_key` maps them to transformers' names. ``layers``
 is a ModuleDict keyed by the global layer index: a pipeline stage keeps the same parameter names
 as the full model, which keeps checkpoints valid across layouts.
 """
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshrun.api.presets import ModelShape
-from meshrun_trainer.materialize import SeededInit, materialize
+from meshrun_trainer.models.materialize import SeededInit, materialize
 
 
 def rotary_frequencies(shape: ModelShape) -> torch.Tensor:
@@ -151,7 +151,7 @@ class Transformer(nn.Module):
         """Turn the full model into the pipeline stage holding layers first..last (inclusive).
 
         With tied embeddings the last stage keeps its own copy of the embedding as the head;
-        :mod:`meshrun_trainer.tying` keeps the two copies' gradients equal.
+        :mod:`meshrun_trainer.distributed.tying` keeps the two copies' gradients equal.
         """
         for index in list(self.layers.keys()):
             if not first <= int(index) <= last:
@@ -189,7 +189,7 @@ def build_model(
 
     Built on the meta device and materialized after the cut, so a stage never allocates the
     other stages; each parameter's values depend only on (seed, name), identical for every
-    layout (:class:`meshrun_trainer.materialize.SeededInit`).
+    layout (:class:`meshrun_trainer.models.materialize.SeededInit`).
     """
     with torch.device("meta"):
         model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 else None)

@@ -1,7 +1,7 @@
 """``meshrun run FILE --local``: plan a job and run it on this machine, one torchrun per pod.
 
 Each "pod" gets exactly the environment the operator would give it (meshrun.envcontract.pod_env,
-through :mod:`meshrun_trainer.localenv`) with 127.0.0.1 as the master address, so a local run
+through :mod:`meshrun_trainer.local.env`) with 127.0.0.1 as the master address, so a local run
 goes through the same reading, rules and contract as a cluster.
 """
 
@@ -28,11 +28,12 @@ from meshrun.api.userspec import Data
 from meshrun.envcontract import TRAINER_COMMAND
 from meshrun.files.checks import mount, plan_checked
 from meshrun.files.hf import HFModel
-from meshrun_trainer.config import ConfigError, from_env
-from meshrun_trainer.localenv import local_envs
-from meshrun_trainer.userrun import from_env as read_user_run
-from meshrun_trainer.userrun import with_model
-from meshrun_trainer.windows import dataset_tokens
+from meshrun_trainer.components.data.windows import dataset_tokens
+from meshrun_trainer.config.layout import ConfigError
+from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.userrun import from_env as read_user_run
+from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.local.env import local_envs
 
 MAX_LOCAL_PROCESSES = 64
 """More processes than this on one machine is almost surely a mistake (a GPU-sized job)."""
@@ -231,7 +232,7 @@ def run_job(args: argparse.Namespace) -> int:
     if args.summary_json:
         Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     if args.plot and summary["losses"]:
-        from meshrun_trainer.plot import plot_losses
+        from meshrun_trainer.local.plot import plot_losses
 
         first = int(summary["resumedFromStep"]) + 1
         plot_losses(

@@ -15,7 +15,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from meshrun_trainer.mesh import Mesh
+from meshrun_trainer.distributed.mesh import Mesh
 
 
 def embedding_group(mesh: Mesh) -> dist.ProcessGroup | None:

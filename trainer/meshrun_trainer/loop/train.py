@@ -5,94 +5,34 @@ from __future__ import annotations
 import resource
 import time
 from collections.abc import Callable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch import nn
-from torch.distributed.tensor.parallel import loss_parallel
 
-from meshrun_trainer import checkpoint
-from meshrun_trainer.config import TrainConfig
-from meshrun_trainer.data import replica_rows
-from meshrun_trainer.materialize import WeightSource
-from meshrun_trainer.mesh import Mesh
-from meshrun_trainer.model import cross_entropy
-from meshrun_trainer.optim import OptimizerSettings, clip_grad_norm, make_optimizer
-from meshrun_trainer.parallel import (
+from meshrun_trainer.components import checkpoint
+from meshrun_trainer.components.data.synthetic import replica_rows
+from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
+from meshrun_trainer.config.read import TrainConfig
+from meshrun_trainer.config.userrun import OptimizerSettings, UserRun
+from meshrun_trainer.config.userrun import from_env as read_user_run
+from meshrun_trainer.distributed.mesh import Mesh
+from meshrun_trainer.distributed.parallel import (
     PartOptions,
     build_parts,
     data_parallel_kind,
     gradient_sync,
     plain,
 )
-from meshrun_trainer.pipeline import (
-    Schedule,
+from meshrun_trainer.distributed.pipeline import (
     build_schedule,
     loss_scale,
     schedule_stages,
     stages_of_rank,
 )
-from meshrun_trainer.userhooks import UserHooks, weight_source
-from meshrun_trainer.userrun import UserRun
-from meshrun_trainer.userrun import from_env as read_user_run
-
-
-@dataclass(frozen=True)
-class StepRecord:
-    """What one optimizer step measured."""
-
-    step: int
-    """1-based optimizer step."""
-    loss: float
-    """Mean loss over the whole global batch (identical on every rank)."""
-    grad_norm: float
-    """Global gradient norm before clipping."""
-    step_time_s: float
-    """Wall time of the step on this rank."""
-    tokens_per_s: float
-    """Global batch tokens divided by the step time."""
-    peak_memory_bytes: int
-    """This rank's peak memory so far (see :func:`peak_memory`)."""
-
-
-@dataclass
-class TrainResult:
-    """The outcome of :func:`train` on one rank."""
-
-    records: list[StepRecord] = field(default_factory=list)
-    """One record per step run in this process (restored steps excluded)."""
-    resumed_from: int = 0
-    """Step of the checkpoint this run started from (0: fresh start)."""
-    evals: list[dict[str, Any]] = field(default_factory=list)
-    """Validation losses {"step", "loss"} (step 0: before training), restored ones included."""
-
-
-@dataclass
-class Runner:
-    """The parallelised model parts of this rank, their optimizers and the pipeline schedule."""
-
-    parts: list[nn.Module]
-    """Model chunks of this rank (one unless interleaved), possibly DDP-wrapped."""
-    optimizers: list[torch.optim.Optimizer]
-    """One optimizer per part (so checkpoint state maps to parts)."""
-    schedule: Schedule | None
-    """Pipeline schedule, None when pp == 1."""
-    is_first: bool
-    """This rank feeds token ids (holds the first stage)."""
-    is_last: bool
-    """This rank computes the loss (holds the last stage)."""
-    loss_parallel: bool = False
-    """The logits stay sharded over the vocabulary (TP): compute the loss in loss_context()."""
-
-    def parameters(self) -> list[nn.Parameter]:
-        return [p for part in self.parts for p in part.parameters()]
-
-    def loss_context(self) -> AbstractContextManager[None]:
-        """Where the loss and its backward run: torch's loss_parallel() for sharded logits."""
-        return loss_parallel() if self.loss_parallel else nullcontext()
+from meshrun_trainer.loop.hooks import UserHooks, weight_source
+from meshrun_trainer.models.llama import cross_entropy
+from meshrun_trainer.models.materialize import WeightSource
+from meshrun_trainer.runner import Runner, StepRecord, TrainResult
 
 
 def peak_memory() -> tuple[int, str]:

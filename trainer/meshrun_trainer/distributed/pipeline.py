@@ -7,9 +7,9 @@ With gradient accumulation the schedule runs once per accumulation step. At the 
 torch's stage hands FSDP2 its post-backward: reduce(-scatter) the gradients and reshard the
 parameters. :class:`AccumulatingStage` does that only after the last run of the optimizer step:
 before it, parameters stay gathered (no all-gather per accumulation step, as none happens per
-micro-batch: see meshrun_trainer.parallel.apply_fsdp), and replicated gradients (HSDP) are not
-all-reduced; sharded gradients (ZeRO-2/3) are still reduce-scattered each run, so that a rank
-never holds the whole stage's gradients.
+micro-batch: see meshrun_trainer.distributed.parallel.apply_fsdp), and replicated gradients (HSDP)
+are not all-reduced; sharded gradients (ZeRO-2/3) are still reduce-scattered each run, so that a
+rank never holds the whole stage's gradients.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from meshrun_trainer.config import Layout
-from meshrun_trainer.mesh import Mesh
-from meshrun_trainer.parallel import data_parallel_kind
+from meshrun_trainer.config.layout import Layout
+from meshrun_trainer.distributed.mesh import Mesh
+from meshrun_trainer.distributed.parallel import data_parallel_kind
 
 Schedule = PipelineScheduleSingle | PipelineScheduleMulti
 

@@ -1,5 +1,5 @@
-"""The training loop's hooks for a job's own parts (meshrun_trainer.userrun): where the initial
-weights come from (:func:`weight_source`), the data stream and its position, tied-embedding
+"""The training loop's hooks for a job's own parts (meshrun_trainer.config.userrun): where the
+initial weights come from (:func:`weight_source`), the data stream and its position, tied-embedding
 gradients across pipeline stages, the learning-rate schedule, validation, and the export."""
 
 from __future__ import annotations
@@ -11,22 +11,22 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 from torch.optim.lr_scheduler import LambdaLR
 
-from meshrun_trainer.data import TokenStream, make_stream
-from meshrun_trainer.evaluate import validation_loss
-from meshrun_trainer.hfweights import SafetensorsSource, export
-from meshrun_trainer.optim import make_scheduler
-from meshrun_trainer.tying import embedding_group, sync_tied_gradients, tied_parameters
-from meshrun_trainer.userrun import UserRun
-from meshrun_trainer.windows import WindowStream, open_training, open_validation
+from meshrun_trainer.components.data.synthetic import TokenStream, make_stream
+from meshrun_trainer.components.data.windows import WindowStream, open_training, open_validation
+from meshrun_trainer.components.evaluate import validation_loss
+from meshrun_trainer.components.optim import make_scheduler
+from meshrun_trainer.config.userrun import UserRun
+from meshrun_trainer.distributed.tying import embedding_group, sync_tied_gradients, tied_parameters
+from meshrun_trainer.models.hf import SafetensorsSource, export
 
 if TYPE_CHECKING:
     from torch import nn
 
     from meshrun.api.presets import ModelShape
-    from meshrun_trainer.config import TrainConfig
-    from meshrun_trainer.materialize import WeightSource
-    from meshrun_trainer.mesh import Mesh
-    from meshrun_trainer.train import Runner
+    from meshrun_trainer.config.read import TrainConfig
+    from meshrun_trainer.distributed.mesh import Mesh
+    from meshrun_trainer.models.materialize import WeightSource
+    from meshrun_trainer.runner import Runner
 
 
 def _modules(runner: Runner) -> list[nn.Module]:

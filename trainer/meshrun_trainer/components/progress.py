@@ -18,8 +18,8 @@ from prometheus_client import (
     generate_latest,
 )
 
-from meshrun_trainer.config import TrainConfig
-from meshrun_trainer.train import StepRecord
+from meshrun_trainer.config.read import TrainConfig
+from meshrun_trainer.runner import StepRecord
 
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes truncates termination messages beyond 4096 bytes (core/v1 Container docs)."""

@@ -9,12 +9,11 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.api.userspec import Data, LRSchedule
+from meshrun.api.userspec import Data, LRSchedule, Optimizer
 from meshrun.files.data import check_data_files, check_tokenizer
 from meshrun.files.hf import FIELD, SIZES, HFModel, check_sizes, load_hf_model
 from meshrun.rules.inputs import TEXT_DATA_HF
-from meshrun_trainer.config import TrainConfig
-from meshrun_trainer.optim import OptimizerSettings
+from meshrun_trainer.config.read import TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,3 +59,23 @@ def with_model(cfg: TrainConfig, run: UserRun) -> TrainConfig:
         return cfg
     check_sizes(run.hf.shape, {name: getattr(cfg.model, name) for name in SIZES})
     return dataclasses.replace(cfg, model=run.hf.shape)
+
+
+@dataclass(frozen=True, kw_only=True)
+class OptimizerSettings:
+    """AdamW's hyper-parameters: spec.training.optimizer with learningRate as the peak."""
+
+    learning_rate: float
+    """Peak learning rate, reached at the end of the warmup."""
+    betas: tuple[float, float]
+    """AdamW's beta1 and beta2."""
+    weight_decay: float
+    """Decoupled weight decay (Loshchilov and Hutter 2019)."""
+
+    @classmethod
+    def of(cls, learning_rate: float, optimizer: Optimizer) -> OptimizerSettings:
+        """The settings of a job: its learning rate and spec.training.optimizer."""
+        beta1, beta2 = optimizer.betas
+        return cls(
+            learning_rate=learning_rate, betas=(beta1, beta2), weight_decay=optimizer.weight_decay
+        )

@@ -1,0 +1,1 @@
+"""What a training loop calls: data, checkpoints, the optimizer, evaluation, progress reports."""

@@ -1,0 +1,1 @@
+"""Batches: synthetic tokens per (seed, step), tokenized text and its fixed windows."""

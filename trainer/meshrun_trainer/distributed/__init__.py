@@ -1,0 +1,2 @@
+"""Parallelism: process groups and the DeviceMesh, DDP / FSDP2 / TP, pipeline stages and
+schedules."""

@@ -1,0 +1,69 @@
+"""The trainer's handle on one rank: its parallelised model parts, their optimizers, the pipeline
+schedule, and the records a run leaves (shared by the loop and the components it calls)."""
+
+from __future__ import annotations
+
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.tensor.parallel import loss_parallel
+
+from meshrun_trainer.distributed.pipeline import Schedule
+
+
+@dataclass(frozen=True)
+class StepRecord:
+    """What one optimizer step measured."""
+
+    step: int
+    """1-based optimizer step."""
+    loss: float
+    """Mean loss over the whole global batch (identical on every rank)."""
+    grad_norm: float
+    """Global gradient norm before clipping."""
+    step_time_s: float
+    """Wall time of the step on this rank."""
+    tokens_per_s: float
+    """Global batch tokens divided by the step time."""
+    peak_memory_bytes: int
+    """This rank's peak memory so far (see :func:`peak_memory`)."""
+
+
+@dataclass
+class TrainResult:
+    """The outcome of :func:`train` on one rank."""
+
+    records: list[StepRecord] = field(default_factory=list)
+    """One record per step run in this process (restored steps excluded)."""
+    resumed_from: int = 0
+    """Step of the checkpoint this run started from (0: fresh start)."""
+    evals: list[dict[str, Any]] = field(default_factory=list)
+    """Validation losses {"step", "loss"} (step 0: before training), restored ones included."""
+
+
+@dataclass
+class Runner:
+    """The parallelised model parts of this rank, their optimizers and the pipeline schedule."""
+
+    parts: list[nn.Module]
+    """Model chunks of this rank (one unless interleaved), possibly DDP-wrapped."""
+    optimizers: list[torch.optim.Optimizer]
+    """One optimizer per part (so checkpoint state maps to parts)."""
+    schedule: Schedule | None
+    """Pipeline schedule, None when pp == 1."""
+    is_first: bool
+    """This rank feeds token ids (holds the first stage)."""
+    is_last: bool
+    """This rank computes the loss (holds the last stage)."""
+    loss_parallel: bool = False
+    """The logits stay sharded over the vocabulary (TP): compute the loss in loss_context()."""
+
+    def parameters(self) -> list[nn.Parameter]:
+        return [p for part in self.parts for p in part.parameters()]
+
+    def loss_context(self) -> AbstractContextManager[None]:
+        """Where the loss and its backward run: torch's loss_parallel() for sharded logits."""
+        return loss_parallel() if self.loss_parallel else nullcontext()
