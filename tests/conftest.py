@@ -24,6 +24,20 @@ CRD_DIR = ROOT / "crds"
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
+TIERS = ("unit", "cluster", "trainer")
+"""The markers that say what a test needs (``slow`` comes on top of one of them)."""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """An unmarked test is an error: `-m unit` and the other tiers would skip it silently."""
+    unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
+    if unmarked:
+        raise pytest.UsageError(
+            f"tests without a tier marker ({', '.join(TIERS)}), add one to each: "
+            + ", ".join(unmarked)
+        )
+
 
 def _kubectl_binary() -> str:
     local = CLUSTER_BIN / "kubectl"

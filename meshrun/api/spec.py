@@ -8,7 +8,7 @@ reads every field, so the CRD stays the single source of truth. A field the CRD 
 without a default is ``None``. The planner, the operator and the env contract all read this.
 
 Adding a spec field: add it to the CRD (with its default), then a typed field here; the reader
-picks it up by name (tests/unit/test_spec.py fails on a CRD key without a field, or the reverse).
+picks it up by name (tests/core/test_spec.py fails on a CRD key without a field, or the reverse).
 """
 
 from __future__ import annotations

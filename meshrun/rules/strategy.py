@@ -8,7 +8,7 @@ that carries it as well (``meshrun.envcontract.ENV_OF_FIELD``).
 
 Rules the API server can check alone are also CEL rules of the CRD (``x-kubernetes-validations``);
 those are the ``Rule`` constants below, whose messages appear word for word in the CRD
-(tests/unit/test_api_crd.py), so ``kubectl apply`` and ``meshrun plan`` say the same thing.
+(tests/core/test_crd.py), so ``kubectl apply`` and ``meshrun plan`` say the same thing.
 """
 
 from __future__ import annotations

@@ -32,9 +32,6 @@ MANAGED_BY = "meshrun-operator"
 # Annotations the operator writes on pods, and the one the trainer (or a test) writes back.
 ANNOTATION_RANKS = f"{GROUP}/ranks"
 ANNOTATION_PROGRESS = f"{GROUP}/progress"
-# Where operators before status held the bookkeeping kept it; read once to carry a running job
-# over (state.py), never written.
-ANNOTATION_STATE = f"{GROUP}/state"
 
 # kopf's own bookkeeping, kept under our domain instead of kopf.zalando.org.
 FINALIZER = f"{GROUP}/finalizer"

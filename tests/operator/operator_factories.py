@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import copy
-import json
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,16 +38,10 @@ def deep_merge(base: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any
 def make_job(
     name: str = "job",
     status: dict[str, Any] | None = None,
-    legacy_state: dict[str, Any] | None = None,
     **spec_overrides: Any,
 ) -> dict[str, Any]:
-    """A ParallelTrainingJob object; keyword arguments deep-merge into the spec.
-
-    ``legacy_state`` is bookkeeping in the annotation where older operators kept it.
-    """
+    """A ParallelTrainingJob object; keyword arguments deep-merge into the spec."""
     metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1}
-    if legacy_state is not None:
-        metadata["annotations"] = {names.ANNOTATION_STATE: json.dumps(legacy_state)}
     return {
         "apiVersion": names.API_VERSION,
         "kind": names.KIND,

@@ -2,20 +2,15 @@
 
 Clocks and attempt counters live in declared fields of the job's status: only the operator (with
 the ``/status`` subresource) writes there, so a user who can edit the spec cannot move a deadline.
-Operators before this one kept part of it in the ``meshrun.dev/state`` annotation; such a job is
-read from the annotation once, until the operator first writes its status, and the annotation is
-never written again.
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from meshrun_operator import names
 from meshrun_operator.clock import format_time, parse_time
 from meshrun_operator.lifecycle.failures import FailureClass
 from meshrun_operator.vocabulary import Phase
@@ -135,7 +130,7 @@ class JobState:
 
     @classmethod
     def from_job(cls, job: Mapping[str, Any]) -> JobState:
-        """The state in the job's status; from the old annotation if status has none yet."""
+        """The state in the job's status."""
         status = job.get("status") or {}
         state = cls(
             phase=_phase(status.get("phase")),
@@ -144,32 +139,11 @@ class JobState:
             start_time=parse_time(status.get("startTime")),
             completion_time=parse_time(status.get("completionTime")),
         )
-        if state.phase is not None and OWNED_KEYS.isdisjoint(status):
-            _read(state, _annotation(job), legacy=True)
-        else:
-            _read(state, status, legacy=False)
+        _read(state, status)
         return state
 
 
-# The keys only this state writes (``message`` and ``gangRetries`` always): a status with a phase
-# but none of them was written by an operator that kept its bookkeeping in the annotation. A job
-# without a phase was never reconciled: its annotation, if any, is the user's and is ignored.
-OWNED_KEYS = frozenset(
-    {
-        "message",
-        "attemptStartTime",
-        "activeSince",
-        "nextAttemptTime",
-        "gangRetries",
-        "disruptions",
-        "lastFailure",
-        "lastStepChange",
-        "invalidSpec",
-    }
-)
-
-
-def _read(state: JobState, source: Mapping[str, Any], legacy: bool) -> None:
+def _read(state: JobState, source: Mapping[str, Any]) -> None:
     message = source.get("message")
     state.message = message if isinstance(message, str) else ""
     state.attempt_start_time = parse_time(source.get("attemptStartTime"))
@@ -179,27 +153,8 @@ def _read(state: JobState, source: Mapping[str, Any], legacy: bool) -> None:
     state.disruptions = _int(source.get("disruptions")) or 0
     state.attempt_generation = _int(source.get("attemptGeneration"))
     state.last_failure = _last_failure(source.get("lastFailure"))
-    if legacy:
-        state.last_step_change = _step_change(
-            {
-                "attempt": source.get("progressAttempt"),
-                "step": source.get("progressStep"),
-                "time": source.get("lastProgressTime"),
-            }
-        )
-        state.invalid_spec = _legacy_invalid_spec(source, state.message)
-    else:
-        state.last_step_change = _step_change(source.get("lastStepChange"))
-        state.invalid_spec = _invalid_spec(source.get("invalidSpec"))
-
-
-def _annotation(job: Mapping[str, Any]) -> Mapping[str, Any]:
-    annotations = (job.get("metadata") or {}).get("annotations") or {}
-    try:
-        data = json.loads(annotations.get(names.ANNOTATION_STATE) or "{}")
-    except ValueError:
-        return {}
-    return data if isinstance(data, dict) else {}
+    state.last_step_change = _step_change(source.get("lastStepChange"))
+    state.invalid_spec = _invalid_spec(source.get("invalidSpec"))
 
 
 def _time(moment: datetime | None) -> str | None:
@@ -257,12 +212,3 @@ def _invalid_spec(value: object) -> InvalidSpec | None:
     if field is None or rule is None:
         return None
     return InvalidSpec(field=field, rule=rule, generation=_int(value.get("generation")))
-
-
-def _legacy_invalid_spec(source: Mapping[str, Any], message: str) -> InvalidSpec | None:
-    """The annotation kept the field and generation; the rule was the message after the field."""
-    field = _str(source.get("invalidField"))
-    if field is None:
-        return None
-    rule = message.removeprefix(f"{field}: ")
-    return InvalidSpec(field=field, rule=rule, generation=_int(source.get("invalidGeneration")))

@@ -8,13 +8,12 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from meshrun_operator import names
 from meshrun_operator.bodies import with_unwritten, without_none
 from meshrun_operator.lifecycle.failures import FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure, StepChange
 from meshrun_operator.vocabulary import Phase
 from operator_factories import at, make_job, make_pod, observe
-from operator_lifecycle_helpers import condition, run, started_job
+from operator_lifecycle_helpers import run, started_job
 
 from meshrun.api.crd import VERSION, crd
 
@@ -76,65 +75,13 @@ def test_every_bookkeeping_field_is_declared_in_the_crd_status() -> None:
     assert undeclared(without_none(decision.status), status_schema(), "status") == []
 
 
-def legacy_job(**spec: Any) -> dict[str, Any]:
-    """A running job as an operator that kept its bookkeeping in the annotation left it."""
-    annotation = {
-        "message": "all pods are running",
-        "attemptStartTime": "2026-01-01T12:00:00Z",
-        "activeSince": "2026-01-01T12:00:00Z",
-        "nextAttemptTime": None,
-        "gangRetries": 2,
-        "lastFailure": {
-            "pod": "job-0",
-            "reason": "Killed",
-            "message": "exit code 137",
-            "class": "Retryable",
-            "exitCode": 137,
-            "time": "2026-01-01T11:59:00Z",
-        },
-        "progressAttempt": 1,
-        "progressStep": 5,
-        "lastProgressTime": "2026-01-01T12:00:04Z",
-    }
-    status = {"phase": "Running", "attempt": 1, "restarts": 1, "startTime": "2026-01-01T12:00:01Z"}
-    return make_job(status=status, legacy_state=annotation, **spec)
-
-
-def test_an_upgraded_operator_carries_the_annotation_over_once() -> None:
-    state = JobState.from_job(legacy_job())
-    assert state.phase is Phase.RUNNING and state.attempt == 1 and state.restarts == 1
-    assert state.active_since == at(0) and state.attempt_start_time == at(0)
-    assert state.gang_retries == 2 and state.message == "all pods are running"
-    assert state.last_failure is not None and state.last_failure.exit_code == 137
-    assert state.last_step_change == StepChange(attempt=1, step=5, time=at(4))
-    assert state.invalid_spec is None
-    refused = {
-        "message": "spec.podTemplate: Pod is invalid",
-        "invalidField": "spec.podTemplate",
-        "invalidGeneration": 1,
-    }
-    state = JobState.from_job(make_job(status={"phase": "Failed"}, legacy_state=refused))
-    assert state.invalid_spec == InvalidSpec("spec.podTemplate", "Pod is invalid", 1)
-
-
-def test_a_new_job_cannot_bring_its_own_clocks() -> None:
+def test_a_job_cannot_bring_its_own_clocks_in_an_annotation() -> None:
+    # Only the status, which users cannot write, carries the bookkeeping.
+    job = make_job(status={"phase": "Running", "attempt": 1})
     forged = {"activeSince": "2099-01-01T00:00:00Z", "gangRetries": 9}
-    state = JobState.from_job(make_job(legacy_state=forged))
+    job["metadata"]["annotations"] = {"meshrun.dev/state": json.dumps(forged)}
+    state = JobState.from_job(job)
     assert state.active_since is None and state.gang_retries == 0
-
-
-def test_a_running_job_keeps_its_deadline_across_the_upgrade_and_edits_of_the_annotation() -> None:
-    job = legacy_job(runPolicy={"activeDeadlineSeconds": 60})
-    pods = (make_pod(0, attempt=1), make_pod(1, attempt=1))
-    job, first = run(job, observe(*pods), 30)
-    assert first.status["phase"] == "Running" and first.create_pods == ()
-    assert first.status["activeSince"] == "2026-01-01T12:00:00Z"
-    # A user moves the clock in the annotation: the status, which users cannot write, decides.
-    moved = {"activeSince": "2026-01-01T13:00:00Z", "attemptStartTime": "2026-01-01T13:00:00Z"}
-    job["metadata"]["annotations"] = {names.ANNOTATION_STATE: json.dumps(moved)}
-    _, late = run(job, observe(*pods), 61)
-    assert late.status["phase"] == "Failed"
-    assert condition(late, "Failed")["reason"] == "DeadlineExceeded"
 
 
 def test_a_lost_write_is_carried_into_the_next_pass() -> None:

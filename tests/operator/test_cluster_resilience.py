@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import json
 import re
-import time
 from pathlib import Path
 
 import pytest
@@ -61,39 +59,6 @@ def test_operator_killed_mid_creation_leaves_no_duplicates_or_orphans(
         second.stop()
 
 
-def test_an_operator_upgrade_keeps_the_clocks_of_a_job_it_finds_running(
-    cluster: Cluster, kubeconfig: str, namespace: str, crds_installed: list[str], tmp_path: Path
-) -> None:
-    # A job as an operator that kept its bookkeeping in the annotation left it: started an
-    # hour ago, with a 10-minute deadline. The new operator must read that clock and fail it.
-    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() - 3600))
-    manifest = job_manifest("upgraded", runPolicy={"activeDeadlineSeconds": 600})
-    legacy = {"activeSince": started, "attemptStartTime": started, "message": "pods are starting"}
-    manifest["metadata"]["annotations"] = {names.ANNOTATION_STATE: json.dumps(legacy)}
-    cluster.apply(manifest)
-    old_status = {"status": {"phase": "Pending", "attempt": 0, "restarts": 0}}
-    cluster.kubectl(
-        "patch",
-        names.PLURAL,
-        "upgraded",
-        "-n",
-        namespace,
-        "--subresource=status",
-        "--type=merge",
-        "-p",
-        json.dumps(old_status),
-    )
-    operator = OperatorProcess(kubeconfig, namespace, tmp_path).start()
-    try:
-        status = cluster.wait_phase("upgraded", "Failed")
-        assert cluster.condition("upgraded", "Failed")["reason"] == "DeadlineExceeded"
-        assert status["activeSince"] == started
-        assert cluster.pods("upgraded") == []
-    finally:
-        operator.stop()
-
-
-@pytest.mark.parametrize("how", ["not-ready", "deleted"])
 def test_a_lost_node_force_deletes_its_pods_and_restarts_the_gang(
     how: str, cluster: Cluster, private_node: str, operator_process: OperatorProcess
 ) -> None:

@@ -12,7 +12,7 @@ import yaml
 
 pytestmark = pytest.mark.unit
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def _section(path: Path, heading: str) -> str:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from meshrun_operator import names
 from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
-from test_operator_cluster_stalls import assert_cleaned_up, one_pod_per_index
+from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]

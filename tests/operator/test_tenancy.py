@@ -8,7 +8,7 @@ from meshrun_operator import names
 from meshrun_operator.children.netpolicy import OperatorPeer, build_network_policy, parse_labels
 from meshrun_operator.main import parse_args
 from meshrun_operator.runtime.leader import LeaseTiming
-from test_operator_builders import JOB, pod_for
+from test_builders import JOB, pod_for
 
 pytestmark = pytest.mark.unit
 

@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 from meshrun_operator.children.podtemplate import NCCL_DEFAULTS
-from test_operator_builders import container, env_of, pod_for
+from test_builders import container, env_of, pod_for
 
 pytestmark = pytest.mark.unit
 

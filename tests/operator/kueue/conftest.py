@@ -24,7 +24,7 @@ import pytest
 from kueue_support import Kubectl, KueueEnv
 from waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # The operator's cluster-test harness (the operator as a subprocess, kubectl helpers) serves the
 # Kueue tests too.
 sys.path.insert(0, str(ROOT / "tests" / "operator"))

@@ -1,4 +1,4 @@
-"""The job life cycle (lifecycle.decide / status.compute_status) scenario by scenario."""
+"""The job life cycle (lifecycle.decide) scenario by scenario."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from meshrun_operator.bodies import without_none
 from meshrun_operator.lifecycle.decide import decide
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate
 from meshrun_operator.seen.views import Observed
-from meshrun_operator.status import compute_status
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import TUNING, advance, condition, reasons, run, started_job
 
@@ -248,11 +247,11 @@ def test_a_too_long_name_is_invalid_with_the_metadata_field() -> None:
     assert condition(decision, "Invalid")["message"].startswith("metadata.name:")
 
 
-def test_compute_status_is_the_status_of_the_decision() -> None:
+def test_the_same_job_children_and_time_give_the_same_status() -> None:
     job = started_job()
     observed = observe(make_pod(0), make_pod(1))
     assert (
-        compute_status(job, observed, at(2), TUNING) == decide(job, observed, at(2), TUNING).status
+        decide(job, observed, at(2), TUNING).status == decide(job, observed, at(2), TUNING).status
     )
 
 

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.lifecycle.summary import MAX_ROWS, PER_POD_ROWS, placement
 from meshrun_operator.seen.views import PodView
 from operator_harness import job_manifest
 
 from meshrun.planner.plan import Plan
+
+pytestmark = pytest.mark.unit
 
 
 def plan_of(nodes: int, strategy: dict[str, object] | None = None) -> Plan:

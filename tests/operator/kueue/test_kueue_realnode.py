@@ -27,7 +27,7 @@ from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "realnode"))
 from e2e_support import TRAINER_IMAGE  # noqa: E402
 

@@ -18,6 +18,8 @@ from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.login import LoginError, from_kubeconfig, login
 from meshrun_operator.client.rest import Rest
 
+pytestmark = pytest.mark.unit
+
 
 def kubeconfig(folder: Path, user: dict[str, Any], server: str = "https://10.0.0.1:6443") -> Path:
     cluster = {"server": server}

@@ -16,7 +16,7 @@ from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pinned_kube_version() -> str:
