@@ -66,14 +66,16 @@ class PodFailurePolicy:
     """Tried in order; the first match decides."""
 
 
-P = "spec.runPolicy.podFailurePolicy"
+POLICY_FIELD = "spec.runPolicy.podFailurePolicy"
+"""Where the failure policy sits in a spec; its rules name fields under it."""
 ONE_PATTERN = Rule(
-    f"{P}.rules",
-    f"{P}.rules needs exactly one of onExitCodes, onPodConditions and onReasons in each rule",
+    f"{POLICY_FIELD}.rules",
+    f"{POLICY_FIELD}.rules needs exactly one of onExitCodes, onPodConditions and onReasons in"
+    " each rule",
 )
 NO_ZERO_IN = Rule(
-    f"{P}.rules.onExitCodes",
-    f"{P}.rules.onExitCodes with operator In must not list 0 (exit code 0 is success)",
+    f"{POLICY_FIELD}.rules.onExitCodes",
+    f"{POLICY_FIELD}.rules.onExitCodes with operator In must not list 0 (exit code 0 is success)",
 )
 POLICY_RULES = (ONE_PATTERN, NO_ZERO_IN)
 """The rules of this module, all CEL rules of the CRD too."""

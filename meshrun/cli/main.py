@@ -17,6 +17,8 @@ from typing import Any
 
 import yaml
 
+from meshrun.files.mountflag import add_mount_flag
+
 EXIT_OK = 0
 EXIT_INVALID = 2
 """Invalid spec: message on stderr."""
@@ -45,14 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="PATH",
         help="also draw nodes x processes to PATH (.svg, or .png with matplotlib)",
     )
-    plan.add_argument(
-        "--mount",
-        action="append",
-        default=[],
-        metavar="CONTAINER=LOCAL",
-        help="read the job's container path CONTAINER (model folder, data, export) at LOCAL on "
-        "this machine, so its files are checked; repeatable",
-    )
+    add_mount_flag(plan, "so its files are checked")
     for name, text in (
         ("run", "run a job locally with torchrun-style processes (needs meshrun[trainer])"),
         ("operator", "run the Kubernetes operator (needs meshrun[operator])"),

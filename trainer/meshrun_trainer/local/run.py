@@ -28,6 +28,7 @@ from meshrun.api.userspec import Data
 from meshrun.envcontract import TRAINER_COMMAND
 from meshrun.files.checks import mount, plan_checked
 from meshrun.files.hf import HFModel
+from meshrun.files.mountflag import add_mount_flag
 from meshrun_trainer.components.data.windows import dataset_tokens
 from meshrun_trainer.config.layout import ConfigError
 from meshrun_trainer.config.read import from_env
@@ -58,14 +59,7 @@ def _parser() -> argparse.ArgumentParser:
         help="checkpoint here and resume from the newest complete checkpoint in it",
     )
     parser.add_argument("--quiet", action="store_true", help="no progress bar")
-    parser.add_argument(
-        "--mount",
-        action="append",
-        default=[],
-        metavar="CONTAINER=LOCAL",
-        help="run with the job's container path CONTAINER (model folder, data, export) at LOCAL "
-        "on this machine; repeatable",
-    )
+    add_mount_flag(parser, "where the run reads and writes it")
     return parser
 
 
