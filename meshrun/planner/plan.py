@@ -8,11 +8,13 @@ from typing import Any
 
 from meshrun.layout import Layout, Stage
 from meshrun.namerules import check_job_name
-from meshrun.planner.auto import Choice, choose_auto, fit_degrees, search_hybrid
+from meshrun.planner.auto import Choice, fit_degrees, search_hybrid
 from meshrun.planner.explain import describe, warn
 from meshrun.planner.layout import explicit_degrees
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
+from meshrun.planner.search import choose_fastest
+from meshrun.planner.steptime import StepEstimate
 from meshrun.presets import ModelShape
 from meshrun.rules import check_spec
 from meshrun.spec import JobSpec
@@ -49,6 +51,8 @@ class Plan:
     """Why this layout, in sentences."""
     warnings: list[str]
     """Allowed but questionable choices."""
+    estimate: StepEstimate | None = None
+    """The predicted optimizer step (docs/planner.md, "The step-time model")."""
 
     @property
     def world_size(self) -> int:
@@ -75,6 +79,19 @@ class Plan:
             },
             "acceleratorBytes": m.accelerator_bytes,
             "fits": m.fits,
+        }
+
+    def estimate_dict(self) -> dict[str, Any] | None:
+        """``estimate`` of ``meshrun plan -o json``: step seconds, tokens/s per GPU, MFU and the
+        step's seconds by part."""
+        est = self.estimate
+        if est is None:
+            return None
+        return {
+            "stepSeconds": round(est.step_seconds, 6),
+            "tokensPerSecondPerGpu": round(est.tokens_per_second_per_gpu, 3),
+            "mfu": round(est.mfu, 4),
+            "breakdown": {part: round(seconds, 6) for part, seconds in est.breakdown.items()},
         }
 
     def layout_dict(self) -> dict[str, Any]:
@@ -124,6 +141,7 @@ class Plan:
                 {"pp": s.pp, "virtual": s.virtual, "layers": [s.first, s.last]} for s in self.stages
             ],
             "memory": self.memory_dict(),
+            "estimate": self.estimate_dict(),
             "explanation": self.explanation,
             "warnings": list(self.warnings),
         }
@@ -140,9 +158,18 @@ class Plan:
             "worldSize": self.world_size,
             "gpus": self.gpus,
             "memory": self.memory_dict(),
+            "estimate": self.estimate_dict(),
+            "predictedTokensPerSecond": self.predicted_tokens_per_second(),
             "explanation": self.explanation,
             "warnings": list(self.warnings),
         }
+
+    def predicted_tokens_per_second(self) -> float | None:
+        """The whole job's predicted tokens/s (what ``status.progress.tokensPerSecond``
+        measures)."""
+        if self.estimate is None:
+            return None
+        return round(self.estimate.tokens_per_second_per_gpu * self.world_size, 1)
 
 
 def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
@@ -170,13 +197,14 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
         preset=job.model.preset,
         explanation=" ".join(reasons),
         warnings=warn(job, choice.layout, choice.memory),
+        estimate=choice.estimate,
     )
 
 
 def _choose(job: JobSpec) -> Choice:
     s = job.strategy
     if s.type == "auto":
-        return choose_auto(job)
+        return choose_fastest(job)
     unset = [s.data_parallel, s.pipeline_parallel, s.tensor_parallel].count(None)
     if s.type == "hybrid" and unset >= 2:
         return search_hybrid(job)
