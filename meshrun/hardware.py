@@ -21,6 +21,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+"""The node label naming its GPU product (GPU Feature Discovery), which ``acceleratorProduct``
+selects."""
 PCIE_GBPS = {4: 25.0, 5: 50.0}
 """What a PCIe x16 link moves per direction in practice, GB/s, by generation (the raw rate is
 32 and 64 GB/s; NCCL over PCIe and host bridges gets about 80% of it)."""

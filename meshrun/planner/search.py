@@ -24,7 +24,7 @@ from meshrun.planner.auto import (
 )
 from meshrun.planner.layout import complete_layout, stage_split, tp_fits_model
 from meshrun.planner.memory import MemoryEstimate, estimate_memory
-from meshrun.planner.steptime import estimate_step
+from meshrun.planner.steptime import WorkCache, estimate_step
 from meshrun.spec import GIB, JobSpec
 
 VIRTUAL_CHOICES = (2, 4)
@@ -67,6 +67,7 @@ def enumerate_layouts(job: JobSpec) -> tuple[list[Choice], Choice | None]:
     fitting: list[Choice] = []
     smallest: Choice | None = None
     splits: dict[tuple[int, int], list[Stage]] = {}
+    works: WorkCache = {}
     for tp in divisors(res.num_proc_per_node):
         if not tp_fits_model(job, tp):
             continue
@@ -74,10 +75,14 @@ def enumerate_layouts(job: JobSpec) -> tuple[list[Choice], Choice | None]:
             if pp > job.shape.layers:
                 break
             dp = world // (tp * pp)
-            zeros: tuple[int, ...] = (0, 1, 2, 3) if dp > 1 else (0,)
-            if pp > 1:  # ZeRO-3 keeps a stage gathered under pipelining: ZeRO-2's memory
-                zeros = tuple(z for z in zeros if z < 3)
+            # ZeRO-1 moves no more than DDP (a reduce-scatter and an all-gather for the
+            # all-reduce) and steps 1/dp of the optimizer: it comes first, DDP (more memory,
+            # no faster) last. ZeRO-3 under pipelining keeps stages gathered: ZeRO-2's memory.
+            zeros: tuple[int, ...] = ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if dp > 1 else (0,)
             for schedule in schedules(job, pp):
+                # A higher ZeRO stage moves as much or more and recomputing more only costs, so
+                # once a stage fits with a mode, later stages only count with less recompute.
+                allowed = len(modes)
                 for zero in zeros:
                     try:
                         layout = complete_layout(job, dp, pp, tp, zero, schedule)
@@ -87,14 +92,16 @@ def enumerate_layouts(job: JobSpec) -> tuple[list[Choice], Choice | None]:
                     stages = splits.get(key) or splits.setdefault(
                         key, stage_split(job.shape, pp, layout.virtual_stages)
                     )
-                    for mode in modes:
+                    for index, mode in enumerate(modes[:allowed]):
                         memory = estimate_memory(job, layout, stages, mode)
                         if not memory.fits:
                             if smallest is None or memory.total < smallest.memory.total:
-                                smallest = _choice(job, layout, stages, memory, mode, False)
+                                smallest = _choice(job, layout, stages, memory, mode, None)
                             continue
-                        # More recomputation only slows a layout that already fits.
-                        fitting.append(_choice(job, layout, stages, memory, mode, True))
+                        fitting.append(_choice(job, layout, stages, memory, mode, works))
+                        allowed = index
+                        break
+                    if allowed == 0:
                         break
     fitting.sort(key=_speed, reverse=True)
     return fitting, None if fitting else smallest
@@ -106,10 +113,11 @@ def _choice(
     stages: list[Stage],
     memory: MemoryEstimate,
     mode: str,
-    timed: bool,
+    works: WorkCache | None,
 ) -> Choice:
+    """A layout that fits, timed with ``works`` (None: one that does not, untimed)."""
     name = strategy_name(layout.dp, layout.pp, layout.tp, layout.zero_stage)
-    estimate = estimate_step(job, layout, stages, mode) if timed else None
+    estimate = None if works is None else estimate_step(job, layout, stages, mode, works)
     return Choice(name, layout, stages, memory, mode, estimate=estimate)
 
 

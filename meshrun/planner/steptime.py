@@ -211,22 +211,32 @@ def rank_work(
     return RankWork(forward, total - forward, parts, -(-parameters // t))
 
 
+WorkCache = dict[tuple[int, bool, bool, int, str], "RankWork"]
+"""A pipeline rank's work by (blocks, first, last, tp, checkpointing), for one job."""
+
+
 def estimate_step(
-    job: JobSpec, layout: Layout, stages: list[Stage], checkpointing: str = "none"
+    job: JobSpec,
+    layout: Layout,
+    stages: list[Stage],
+    checkpointing: str = "none",
+    cache: WorkCache | None = None,
 ) -> StepEstimate:
-    """The predicted optimizer step of ``layout`` (see the module docstring)."""
+    """The predicted optimizer step of ``layout`` (see the module docstring); ``cache`` keeps
+    the ranks' work between calls for the same job (the search times hundreds of layouts)."""
     res, shape, training = job.resources, job.shape, job.training
     p, v, m, n, t = layout.pp, layout.virtual_stages, layout.micro_batches, layout.dp, layout.tp
     profile: AcceleratorProfile = res.profile
     layers_on = [0] * p
     for stage in stages:
         layers_on[stage.pp] += stage.last - stage.first + 1
-    works: dict[tuple[int, bool, bool], RankWork] = {}
-    for rank in range(p):  # balanced stages repeat a few shapes: compute each once
-        key = (layers_on[rank], rank == 0, rank == p - 1)
-        if key not in works:
-            works[key] = rank_work(job, layout, *key, checkpointing)
-    busiest = max(works.values(), key=lambda w: w.forward + w.backward)
+    known: WorkCache = {} if cache is None else cache
+    works = []
+    for key in {(layers_on[r], r == 0, r == p - 1, t, checkpointing) for r in range(p)}:
+        if key not in known:  # balanced stages repeat a few shapes: compute each once
+            known[key] = rank_work(job, layout, key[0], key[1], key[2], checkpointing)
+        works.append(known[key])
+    busiest = max(works, key=lambda w: (w.forward + w.backward, w.parameters))
     slot = busiest.forward + busiest.backward
     passes = layout.grad_accumulation * (m if p > 1 else 1)
     breakdown = {part: seconds * passes for part, seconds in busiest.parts.items()}

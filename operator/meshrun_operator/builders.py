@@ -12,6 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshrun.envcontract import TRAINER_COMMAND
+from meshrun.hardware import PRODUCT_LABEL
 from meshrun.planner import Plan
 from meshrun.planner.ranks import compress_ranks
 from meshrun.spec import CPU, JobSpec, Scheduling
@@ -122,6 +123,9 @@ def build_pod(
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
     elif kind == "scheduler-plugins":
         metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
+    product = settings.resources.accelerator_product
+    if product is not None:  # the template's own choice of the label wins
+        pod_spec.setdefault("nodeSelector", {}).setdefault(PRODUCT_LABEL, product)
     if scheduling.topology_key and domains and domains.get(stage):
         domain_affinity(pod_spec, scheduling.topology_key, domains[stage])
     elif scheduling.topology_key:
