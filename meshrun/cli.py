@@ -170,7 +170,7 @@ def _print_plans(results: list[Any], output: str, layouts: list[list[Any]] | Non
     object, several a list in document order; ``layouts``: each plan's fastest layouts for
     ``--candidates``."""
     from meshrun.errors import SpecError
-    from meshrun.planner.search import candidate_dict
+    from meshrun.planner.fastest import candidate_dict
 
     if output == "text":
         from rich.console import Console

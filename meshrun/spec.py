@@ -187,7 +187,7 @@ class Training:
     global_batch_size: int
     """Sequences per optimizer step across all data-parallel ranks."""
     micro_batch_size: int
-    """Sequences per forward pass on one rank."""
+    """Sequences per forward pass on one rank (1 when the spec leaves it unset)."""
     precision: Precision
     """bf16 mixed precision (fp32 master weights) or plain fp32."""
     activation_checkpointing: Checkpointing | None
@@ -280,6 +280,8 @@ class JobSpec:
 
     shape: ModelShape = field(metadata=DERIVED)
     """The model's sizes: the preset's, overridden by the explicit ones in ``model``."""
+    micro_batch_size_set: bool = field(metadata=DERIVED)
+    """Whether ``training.microBatchSize`` was given; unset, strategy auto chooses it."""
 
     @property
     def dataset(self) -> Dataset:

@@ -62,6 +62,8 @@ class Choice:
     """Sentences explaining the choice."""
     estimate: StepEstimate | None = None
     """The predicted step (None when the layout was not timed)."""
+    micro_batch_size: int | None = None
+    """The micro-batch size the search chose; None: the spec's."""
 
 
 def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
@@ -164,7 +166,7 @@ def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> li
     world, fast = res.world_size, res.fast_intra_node
     found = []
     for tp in divisors(res.num_proc_per_node):
-        for pp in divisors(world // tp):
+        for pp in divisors(world // tp, job.shape.layers):  # a stage needs a layer
             if (tp == 1 and pp == 1) or (need_both and (tp == 1 or pp == 1)):
                 continue
             key = (tp * pp, 0 if tp > 1 and pp > 1 else 1, -tp if fast else tp)

@@ -10,10 +10,10 @@ from meshrun.layout import Layout, Stage
 from meshrun.namerules import check_job_name
 from meshrun.planner.auto import Choice, fit_degrees, search_hybrid
 from meshrun.planner.explain import describe, warn
+from meshrun.planner.fastest import choose_fastest
 from meshrun.planner.layout import explicit_degrees
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
-from meshrun.planner.search import choose_fastest
 from meshrun.planner.steptime import StepEstimate
 from meshrun.presets import ModelShape
 from meshrun.rules import check_spec
@@ -53,6 +53,8 @@ class Plan:
     """Allowed but questionable choices."""
     estimate: StepEstimate | None = None
     """The predicted optimizer step (docs/planner.md, "The step-time model")."""
+    micro_batch_size: int = 1
+    """Sequences per forward pass on one rank: the spec's, or auto's choice when unset."""
 
     @property
     def world_size(self) -> int:
@@ -105,6 +107,7 @@ class Plan:
             "microBatches": lay.micro_batches,
             "virtualStages": lay.virtual_stages,
             "gradAccumulation": lay.grad_accumulation,
+            "microBatchSize": self.micro_batch_size,
             "bubbleFraction": round(lay.bubble_fraction(), 4),
             "activationCheckpointing": self.activation_checkpointing,
         }
@@ -198,6 +201,7 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
         explanation=" ".join(reasons),
         warnings=warn(job, choice.layout, choice.memory),
         estimate=choice.estimate,
+        micro_batch_size=choice.micro_batch_size or job.training.micro_batch_size,
     )
 
 

@@ -27,8 +27,7 @@ The parts, on the busiest rank (the pipeline rank with the most compute):
 * **optimizer**: fused AdamW reading and writing each local parameter's states (memory bound).
 
 Collectives follow the ring cost model: each rank moves ``(n - 1) / n`` of the buffer for an
-all-gather or a reduce-scatter and twice that for an all-reduce (NCCL's "bus bandwidth").
-"""
+all-gather or a reduce-scatter, twice that for an all-reduce (NCCL's "bus bandwidth")."""
 
 from __future__ import annotations
 
@@ -182,8 +181,7 @@ def rank_work(
         saved = kept - layer_activation_elements(shape, t, "selective")
         recompute = tokens * max(saved, 0.0) * act_bytes * 2 / memory_rate
         tp_recompute = 2 * collective if t > 1 else 0.0  # the norms' all-gathers again
-    head = 0.0
-    head_forward = 0.0
+    head = head_forward = 0.0
     if last:
         head = gemm_seconds(tokens, shape.vocab / t, shape.hidden, peak)
         head_forward = (
@@ -245,7 +243,10 @@ def estimate_step(
     intra, inter = res.intra_node_bytes_per_second, res.inter_node_bytes_per_second
     bubble = transfer = 0.0
     if p > 1:
-        slots = (p - 1) / v if layout.schedule == "interleaved-1f1b" else float(p - 1)
+        chunks = v if layout.schedule == "interleaved-1f1b" else 1
+        # (p - 1) / v idle slots once m micro-batches fill the ring of p * v chunks; with m < p
+        # one micro-batch's trip through all p ranks is the floor, however interleaved.
+        slots = max((p - 1) / chunks, p + (m - 1) / chunks - m)
         bubble = slots * slot * layout.grad_accumulation
         # Sequence-parallel stages send each rank's 1/t of the activation (Megatron's
         # scatter-gather), forward and backward, for each of the rank's v chunks.

@@ -9,9 +9,9 @@ from rich.text import Text
 
 from meshrun.planner.auto import Choice
 from meshrun.planner.explain import parameter_text
+from meshrun.planner.fastest import describe_layout
 from meshrun.planner.plan import Plan
 from meshrun.planner.ranks import compress_ranks
-from meshrun.planner.search import describe_layout
 from meshrun.planner.steptime import StepEstimate
 
 MAX_POD_ROWS = 16

@@ -7,9 +7,11 @@ from typing import Any
 
 import pytest
 
+from meshrun.envcontract import pod_env
 from meshrun.planner import plan_job
 from meshrun.planner.auto import table_choice
-from meshrun.planner.search import best_layouts, describe_layout, enumerate_layouts
+from meshrun.planner.fastest import describe_layout
+from meshrun.planner.search import best_layouts, enumerate_layouts
 from meshrun.specread import read_spec
 
 pytestmark = pytest.mark.unit
@@ -205,3 +207,20 @@ def test_nothing_fits_reports_the_smallest_and_fits_false() -> None:
         key=lambda p: p.memory.total,
     )
     assert plan.memory.total <= smallest.memory.total
+
+
+def test_auto_chooses_the_micro_batch_size_only_when_unset() -> None:
+    spec = make_spec({"preset": "7b"}, nodes=4, batch=256)
+    del spec["training"]["microBatchSize"]
+    plan = plan_job(spec)
+    sizes = {c.micro_batch_size for c in enumerate_layouts(read_spec(spec))[0]}
+    assert sizes >= {1, 2}, sizes
+    assert "spec.training.microBatchSize is unset" in plan.explanation
+    assert plan.to_dict()["layout"]["microBatchSize"] == plan.micro_batch_size
+    env = pod_env(
+        plan, read_spec(spec), job_name="job", namespace="ns", pod_index=0, master_addr="job-0"
+    )
+    assert env["MESHRUN_MICRO_BATCH_SIZE"] == str(plan.micro_batch_size)
+    given_spec = make_spec({"preset": "7b"}, nodes=4, batch=256)
+    assert plan_job(given_spec).micro_batch_size == 1
+    assert {c.micro_batch_size for c in enumerate_layouts(read_spec(given_spec))[0]} == {1}
