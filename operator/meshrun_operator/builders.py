@@ -12,7 +12,6 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshrun.envcontract import TRAINER_COMMAND
-from meshrun.hardware import PRODUCT_LABEL
 from meshrun.planner import Plan
 from meshrun.planner.ranks import compress_ranks
 from meshrun.spec import CPU, JobSpec, Scheduling
@@ -25,6 +24,7 @@ from meshrun_operator.podtemplate import (
     domain_affinity,
     merge_env,
     restricted_security,
+    select_product,
     shared_memory,
     stage_affinity,
     trainer_container,
@@ -123,9 +123,7 @@ def build_pod(
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
     elif kind == "scheduler-plugins":
         metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
-    product = settings.resources.accelerator_product
-    if product is not None:  # the template's own choice of the label wins
-        pod_spec.setdefault("nodeSelector", {}).setdefault(PRODUCT_LABEL, product)
+    select_product(pod_spec, settings.resources.accelerator_product)
     if scheduling.topology_key and domains and domains.get(stage):
         domain_affinity(pod_spec, scheduling.topology_key, domains[stage])
     elif scheduling.topology_key:

@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 from meshrun_operator.builders import JobRef, build_pod
 from meshrun_operator.lifecycle import evaluate
+from meshrun_operator.nodewatch import NodeWatch, node_info
 from meshrun_operator.observe import Observed
 from meshrun_operator.throughput import BELOW_FRACTION, judge_throughput, warmed_up
 from meshrun_operator.vocabulary import ConditionType
@@ -119,3 +120,23 @@ def test_pods_select_the_product() -> None:
     template = {"spec": {"nodeSelector": {PRODUCT_LABEL: H100, "zone": "a"}}}
     chosen = pod(resources={"acceleratorProduct": H200}, podTemplate=template)
     assert chosen["spec"]["nodeSelector"] == {PRODUCT_LABEL: H100, "zone": "a"}
+
+
+def gpu_node(name: str, product: str | None) -> dict[str, Any]:
+    labels = {PRODUCT_LABEL: product} if product else {}
+    return {"metadata": {"name": name, "labels": labels}, "status": {"conditions": []}}
+
+
+def test_the_node_watch_counts_nodes_per_product() -> None:
+    watch = NodeWatch(None, lambda: None)  # type: ignore[arg-type]  # no API calls here
+    assert watch.gpu_products() is None  # not listed yet: unknown, not "none"
+    watch._apply({n: node_info(gpu_node(n, H100)) for n in ("a", "b")}, [])
+    watch._apply({"c": node_info(gpu_node("c", None))}, [])
+    watch.listed.set()
+    assert watch.gpu_products() == {H100}
+    watch._apply({"b": node_info(gpu_node("b", H200))}, [])  # relabelled
+    assert watch.gpu_products() == {H100, H200}
+    watch._apply({}, ["a"])
+    assert watch.gpu_products() == {H200}
+    watch._apply({}, ["b"])
+    assert watch.gpu_products() == frozenset()
