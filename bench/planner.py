@@ -51,7 +51,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=20, help="runs per measurement")
     repeat = parser.parse_args().repeat
-    auto_spec = {**SPEC, "strategy": {"type": "auto"}}
+    # auto as a user would write it: degrees and the micro-batch size left to the planner.
+    auto_spec = {**SPEC, "strategy": {"type": "auto"}, "training": {"globalBatchSize": 4096}}
     plan = plan_job(SPEC, "bench")
     data = plan.to_dict()
     rows = [
@@ -72,7 +73,7 @@ def main() -> int:
     speed = f", predicted {est.tokens_per_second_per_gpu:,.0f} tokens/s per GPU" if est else ""
     print(
         f"  auto chose {auto.strategy} {auto.layout.text()} ZeRO-{auto.layout.zero_stage} "
-        f"{auto.layout.schedule} v{auto.layout.virtual_stages} "
+        f"{auto.layout.schedule} v{auto.layout.virtual_stages} mbs{auto.micro_batch_size} "
         f"({auto.activation_checkpointing} recompute){speed}"
     )
     passed = True
