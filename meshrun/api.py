@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -140,6 +141,8 @@ def _check_bounds(value: Any, schema: Schema, path: str) -> None:
             raise SpecError(path, f"must have at least {schema['minLength']} characters")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise SpecError(path, f"must have at most {schema['maxLength']} characters")
+        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+            raise SpecError(path, f"{value!r} does not match {schema['pattern']}")
 
 
 def _article(kind: str) -> str:

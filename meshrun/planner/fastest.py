@@ -69,6 +69,9 @@ def choose_fastest(job: JobSpec) -> Choice:
         return choice
     fitting, smallest = enumerate_layouts(job)
     _, _, sentence = situation(job)
+    if not fitting and smallest is None:
+        # No layout is valid at all: the table's fallback raises the rule that refuses it.
+        return table_choice(job)
     if not fitting:
         assert smallest is not None
         choice = _timed(job, smallest)

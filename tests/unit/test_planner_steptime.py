@@ -139,3 +139,11 @@ def test_mfu_matches_tokens_per_second() -> None:
     assert plan.status_summary()["predictedTokensPerSecond"] == pytest.approx(
         est.tokens_per_second_per_gpu * 16, rel=1e-3
     )
+
+
+@pytest.mark.parametrize("product", ["bad value!", "-NVIDIA", "NVIDIA-H100-"])
+def test_a_product_must_be_a_label_value(product: str) -> None:
+    with pytest.raises(SpecError) as error:
+        plan_job(make_spec({"type": "ddp"}, preset="tiny", acceleratorProduct=product))
+    assert error.value.field == "spec.resources.acceleratorProduct"
+    assert "does not match" in str(error.value)
