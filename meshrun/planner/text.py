@@ -114,11 +114,12 @@ PART_NAMES = {
 
 def render_estimate(est: StepEstimate, cpu: bool) -> RenderableType:
     """The predicted step: time, tokens/s per GPU, MFU, and seconds by part."""
-    title = (
-        f"Predicted step: {seconds(est.step_seconds)}, "
-        f"{est.tokens_per_second_per_gpu:,.0f} tokens/s per GPU, MFU {est.mfu:.0%}"
-        + (" (nominal CPU figures)" if cpu else "")
-    )
+    speed = f"{est.tokens_per_second_per_gpu:,.0f} tokens/s per"
+    if cpu:  # a nominal CPU profile: a ranking, not a promise, and no peak to compare with
+        speed += " process (nominal CPU figures)"
+    else:
+        speed += f" GPU, MFU {est.mfu:.0%}"
+    title = f"Predicted step: {seconds(est.step_seconds)}, {speed}"
     table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
     for column in ("part", "time", "share"):
         table.add_column(column, justify="left" if column == "part" else "right")
