@@ -6,6 +6,9 @@ import copy
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_planner_properties import hybrid_specs
 
 from meshrun.errors import SpecError
 from meshrun.hardware import PROFILES
@@ -147,3 +150,26 @@ def test_a_product_must_be_a_label_value(product: str) -> None:
         plan_job(make_spec({"type": "ddp"}, preset="tiny", acceleratorProduct=product))
     assert error.value.field == "spec.resources.acceleratorProduct"
     assert "does not match" in str(error.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    spec=hybrid_specs(),
+    intra=st.sampled_from([25.0, 100.0, 450.0]),
+    inter=st.sampled_from([10.0, 100.0, 400.0]),
+    faster=st.sampled_from([2.0, 10.0]),
+)
+def test_faster_links_never_slow_a_layout(
+    spec: dict[str, Any], intra: float, inter: float, faster: float
+) -> None:
+    spec["resources"].update(accelerator="nvidia.com/gpu", acceleratorMemoryGiB=4096)
+    spec["resources"]["interconnect"] = {"intraNodeGBps": intra, "interNodeGbps": inter}
+    slow = plan_job(spec).estimate
+    spec["resources"]["interconnect"] = {
+        "intraNodeGBps": intra * faster,
+        "interNodeGbps": inter * faster,
+    }
+    fast = plan_job(spec).estimate
+    assert slow is not None and fast is not None
+    assert fast.step_seconds <= slow.step_seconds * (1 + 1e-9)
+    assert fast.breakdown["compute"] == pytest.approx(slow.breakdown["compute"])
