@@ -39,6 +39,7 @@ def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
     procs = min(int(resources.get("numProcPerNode", 1)), MAX_PROCS)
     resources.update(numNodes=nodes, numProcPerNode=procs, accelerator="cpu")
     resources.pop("acceleratorMemoryGiB", None)
+    resources.pop("acceleratorProduct", None)  # a GPU product; these pods run on CPUs
     strategy = spec.setdefault("strategy", {})
     tp = min(int(strategy.get("tensorParallel", 1)), MAX_DEGREE, procs)
     pp = min(int(strategy.get("pipelineParallel", 1)), MAX_DEGREE)

@@ -152,7 +152,7 @@ def pod_env(
         # training
         "MESHRUN_STEPS": str(training.steps),
         "MESHRUN_GLOBAL_BATCH_SIZE": str(training.global_batch_size),
-        "MESHRUN_MICRO_BATCH_SIZE": str(training.micro_batch_size),
+        "MESHRUN_MICRO_BATCH_SIZE": str(plan.micro_batch_size),
         "MESHRUN_PRECISION": training.precision,
         "MESHRUN_ACTIVATION_CHECKPOINTING": plan.activation_checkpointing,
         "MESHRUN_COMPILE": "true" if training.compile else "false",

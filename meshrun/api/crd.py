@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import re
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -140,6 +141,8 @@ def _check_bounds(value: Any, schema: Schema, path: str) -> None:
             raise SpecError(path, f"must have at least {schema['minLength']} characters")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise SpecError(path, f"must have at most {schema['maxLength']} characters")
+        if "pattern" in schema and re.search(schema["pattern"], value) is None:
+            raise SpecError(path, f"{value!r} does not match {schema['pattern']}")
 
 
 def _article(kind: str) -> str:
@@ -170,20 +173,33 @@ def load_jobs(path: str | Path) -> list[dict[str, Any]]:
 
     Raises SpecError when the file cannot be read or parsed, or holds something else.
     """
-    source = Path(path)
-    try:
-        text = source.read_text(encoding="utf-8")
-    except OSError as error:
-        raise SpecError(str(source), f"cannot be read ({error.strerror or error})") from None
-    return parse_jobs(text, str(source))
+    documents, source = read_documents(path), str(Path(path))
+    return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]
 
 
 def parse_jobs(text: str, source: str = "<stdin>") -> list[dict[str, Any]]:
     """The ParallelTrainingJob objects in YAML ``text``; ``source`` names it in errors."""
+    documents = documents_of(text, source)
+    return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]
+
+
+def documents_of(text: str, source: str = "<stdin>") -> list[Any]:
+    """The YAML documents of ``text``, unchecked (SpecError when it does not parse or holds
+    none)."""
     try:
         documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
     except yaml.YAMLError as error:
         raise SpecError(source, f"is not valid YAML ({error})") from None
     if not documents:
         raise SpecError(source, "holds no ParallelTrainingJob")
-    return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]
+    return documents
+
+
+def read_documents(path: str | Path) -> list[Any]:
+    """:func:`documents_of` a file."""
+    source = Path(path)
+    try:
+        text = source.read_text(encoding="utf-8")
+    except OSError as error:
+        raise SpecError(str(source), f"cannot be read ({error.strerror or error})") from None
+    return documents_of(text, str(source))

@@ -82,6 +82,7 @@ def split_layers(layers: int, pp: int, virtual: int) -> list[Stage]:
     ]
 
 
-def divisors(n: int) -> list[int]:
-    """The positive divisors of ``n``, ascending."""
-    return [d for d in range(1, n + 1) if n % d == 0]
+def divisors(n: int, at_most: int | None = None) -> list[int]:
+    """The positive divisors of ``n`` (up to ``at_most``), ascending."""
+    limit = n if at_most is None else min(n, at_most)
+    return [d for d in range(1, limit + 1) if n % d == 0]

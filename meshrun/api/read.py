@@ -36,7 +36,12 @@ def read_spec(spec: Mapping[str, Any] | JobSpec) -> JobSpec:
     validate_spec(spec)
     full = with_defaults(spec)
     model = read_section(Model, full["model"])
-    return read_section(JobSpec, full, shape=resolve_model(model))
+    # The one value read_spec fills in: an unset microBatchSize is 1 unless auto chooses it
+    # (the CRD has no default, so the API server's stored spec still says it was unset).
+    training = full.setdefault("training", {})
+    given = training.get("microBatchSize") is not None
+    training.setdefault("microBatchSize", 1)
+    return read_section(JobSpec, full, shape=resolve_model(model), micro_batch_size_set=given)
 
 
 def crd_key_of(field: dataclasses.Field[Any]) -> str:

@@ -16,15 +16,23 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from meshrun.api.hardware import (
+    DEFAULT_PRODUCT,
+    PROFILES,
+    AcceleratorProfile,
+    inter_node_rate,
+    intra_node_rate,
+    job_profile,
+)
 from meshrun.api.policyspec import PodFailurePolicy
 from meshrun.api.presets import ModelShape
-from meshrun.api.userspec import Data, Export, HuggingFace, LRSchedule, Optimizer
+from meshrun.api.userspec import Data, Export, HuggingFace, Interconnect, LRSchedule, Optimizer
 
 GIB = 1024**3
 CPU = "cpu"
 """``spec.resources.accelerator`` of a CPU-only job (no accelerator request)."""
-DEFAULT_GPU_MEMORY_GIB = 80
-"""Accelerator memory the planner assumes when a GPU job gives none (A100/H100 80 GB class)."""
+DEFAULT_GPU_MEMORY_GIB = PROFILES[DEFAULT_PRODUCT].memory_gib
+"""GiB the planner assumes for a GPU job with neither memory nor a known product (H100)."""
 
 Accelerator = Literal["nvidia.com/gpu", "cpu"]
 StrategyType = Literal["auto", "ddp", "zero", "pipeline", "tensor", "hybrid"]
@@ -50,16 +58,6 @@ DERIVED = {"derived": "true"}
 
 
 @dataclass(frozen=True, kw_only=True)
-class Interconnect:
-    """``spec.resources.interconnect``: how the processes talk."""
-
-    intra_node: Literal["nvlink", "pcie"]
-    """Links between the accelerators of one node."""
-    inter_node: Literal["infiniband", "ethernet"]
-    """Network between nodes (infiniband counts as fast)."""
-
-
-@dataclass(frozen=True, kw_only=True)
 class Resources:
     """``spec.resources``: the machines."""
 
@@ -69,8 +67,10 @@ class Resources:
     """Processes per pod, one per accelerator."""
     accelerator: Accelerator
     """``nvidia.com/gpu``, or ``cpu`` for CPU-only pods."""
+    accelerator_product: str | None
+    """The nodes' ``nvidia.com/gpu.product`` label the pods must run on; None: any GPU node."""
     accelerator_memory_gib: int | None = field(metadata=crd_key("acceleratorMemoryGiB"))
-    """Memory of one accelerator for the fit check; None: 80 for GPUs, unchecked for CPUs."""
+    """Memory of one accelerator; None: the product's, else 80 for GPUs, unchecked for CPUs."""
     shared_memory_gib: int | None = field(metadata=crd_key("sharedMemoryGiB"))
     """Size limit of each pod's memory-backed /dev/shm; None: no limit of its own."""
     interconnect: Interconnect
@@ -82,15 +82,33 @@ class Resources:
 
     @property
     def memory_assumed(self) -> bool:
-        """True when a GPU job gives no accelerator memory and the planner assumes some."""
-        return self.accelerator != CPU and self.accelerator_memory_gib is None
+        """True when a GPU job gives neither memory nor a known product: the planner assumes."""
+        known = self.accelerator_memory_gib is not None or self.accelerator_product in PROFILES
+        return self.accelerator != CPU and not known
+
+    @property
+    def profile(self) -> AcceleratorProfile:
+        """The hardware the step-time model assumes (meshrun.api.hardware.job_profile)."""
+        return job_profile(self.accelerator == CPU, self.accelerator_product)
 
     @property
     def accelerator_bytes(self) -> int:
         """Memory of one accelerator in bytes; 0 means unknown (a CPU job without a size)."""
         if self.accelerator_memory_gib is not None:
             return self.accelerator_memory_gib * GIB
-        return 0 if self.accelerator == CPU else DEFAULT_GPU_MEMORY_GIB * GIB
+        return 0 if self.accelerator == CPU else self.profile.memory_gib * GIB
+
+    @property
+    def intra_node_bytes_per_second(self) -> float:
+        """Per accelerator and direction between the accelerators of one node."""
+        link = self.interconnect
+        return intra_node_rate(self.profile, link.intra_node, link.intra_node_gbps)
+
+    @property
+    def inter_node_bytes_per_second(self) -> float:
+        """Per accelerator between nodes."""
+        link = self.interconnect
+        return inter_node_rate(self.profile, link.inter_node, link.inter_node_gbps)
 
     @property
     def fast_intra_node(self) -> bool:
@@ -169,7 +187,7 @@ class Training:
     global_batch_size: int
     """Sequences per optimizer step across all data-parallel ranks."""
     micro_batch_size: int
-    """Sequences per forward pass on one rank."""
+    """Sequences per forward pass on one rank (1 when the spec leaves it unset)."""
     precision: Precision
     """bf16 mixed precision (fp32 master weights) or plain fp32."""
     activation_checkpointing: Checkpointing | None
@@ -262,6 +280,8 @@ class JobSpec:
 
     shape: ModelShape = field(metadata=DERIVED)
     """The model's sizes: the preset's, overridden by the explicit ones in ``model``."""
+    micro_batch_size_set: bool = field(metadata=DERIVED)
+    """Whether ``training.microBatchSize`` was given; unset, strategy auto chooses it."""
 
     @property
     def dataset(self) -> Dataset:

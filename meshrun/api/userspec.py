@@ -1,6 +1,6 @@
 """The typed sections of a spec that name the job's own things: a Hugging Face model folder
 (``spec.model.hf``), its data (``spec.training.data``), the optimizer, the learning-rate
-schedule and the export folder.
+schedule and the export folder; and the interconnect of ``spec.resources``.
 
 Read by :func:`meshrun.api.read.read_spec` like every other section (kw_only dataclasses whose
 field names are the snake_case of the CRD's keys, no defaults of their own).
@@ -8,7 +8,7 @@ field names are the snake_case of the CRD's keys, no defaults of their own).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 DataFormat = Literal["jsonl", "parquet", "arrow", "tokens"]
@@ -75,3 +75,18 @@ class Export:
 
     path: str
     """The folder to write at the end."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Interconnect:
+    """``spec.resources.interconnect``: how the processes talk (``key``: the CRD key where it is
+    not the camelCase of the name, as meshrun.api.spec.crd_key writes it)."""
+
+    intra_node: Literal["nvlink", "pcie"]
+    """Links between the accelerators of one node."""
+    inter_node: Literal["infiniband", "ethernet"]
+    """Network between nodes (infiniband counts as fast)."""
+    intra_node_gbps: float | None = field(metadata={"key": "intraNodeGBps"})
+    """GB/s per accelerator and direction inside a node; None: the product's (intra_node)."""
+    inter_node_gbps: float | None = field(metadata={"key": "interNodeGbps"})
+    """Gb/s of network per accelerator; None: the product's usual one (inter_node)."""

@@ -43,6 +43,13 @@ def build_parser() -> argparse.ArgumentParser:
         "-o", "--output", choices=("text", "json", "yaml"), default="text", help="format"
     )
     plan.add_argument(
+        "--candidates",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also list the N fastest layouts that fit (predicted tokens/s per GPU)",
+    )
+    plan.add_argument(
         "--picture",
         metavar="PATH",
         help="also draw nodes x processes to PATH (.svg, or .png with matplotlib)",
@@ -70,7 +77,10 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
-        return plan_command(args.file, args.output, args.picture, args.mount)
+        if args.candidates < 0:
+            print("meshrun plan: --candidates must be 0 or more", file=sys.stderr)
+            return EXIT_INVALID
+        return plan_command(args.file, args.output, args.picture, args.mount, args.candidates)
     except BrokenPipeError:
         # `meshrun plan ... | head`: the reader left. Point stdout at /dev/null so the
         # interpreter's final flush does not fail again (Python docs, "Note on SIGPIPE").
@@ -100,44 +110,85 @@ def _delegate(command: str, argv: list[str]) -> int:
     return int(module.main(argv))
 
 
-def plan_command(file: str, output: str, picture: str | None, mounts: Sequence[str] = ()) -> int:
+def plan_command(
+    file: str,
+    output: str,
+    picture: str | None,
+    mounts: Sequence[str] = (),
+    candidates: int = 0,
+) -> int:
     """Plan every job in ``file`` and check the files it names that are visible here (through
-    ``mounts``); print the plans; return the exit code."""
-    from meshrun.api.crd import load_jobs, parse_jobs
+    ``mounts``); print the plans (a refused document as its error, the others still planned);
+    return the exit code."""
+    from meshrun.api.crd import check_job, documents_of, read_documents
     from meshrun.api.errors import SpecError
+    from meshrun.api.read import read_spec
     from meshrun.files.checks import mount, plan_checked
-    from meshrun.planner.plan import Plan
+    from meshrun.planner.search import best_layouts
 
     if picture is not None and Path(picture).suffix.lower() not in (".svg", ".png"):
         print(f"meshrun plan: --picture: {picture} must end in .svg or .png", file=sys.stderr)
         return EXIT_INVALID
+    source = "<stdin>" if file == "-" else str(Path(file))
     try:
-        jobs = parse_jobs(sys.stdin.read()) if file == "-" else load_jobs(file)
-        plans: list[Plan] = [
-            plan_checked(mount(job["spec"], mounts), job["metadata"]["name"]) for job in jobs
-        ]
+        documents = documents_of(sys.stdin.read()) if file == "-" else read_documents(file)
     except SpecError as error:
         print(f"meshrun plan: invalid job in {file}: {error}", file=sys.stderr)
         return EXIT_INVALID
-    _print_plans(plans, output)
-    if picture is not None:
+    results: list[Any] = []
+    layouts: list[list[Any]] = []
+    for index, document in enumerate(documents):
+        where = f"{source}[{index}]" if len(documents) > 1 else source
+        try:
+            job = check_job(document, f"{source}[{index}]")
+            spec = read_spec(mount(job["spec"], mounts))
+            results.append(plan_checked(spec, job["metadata"]["name"]))
+            layouts.append(best_layouts(spec, candidates) if candidates else [])
+        except SpecError as error:
+            print(f"meshrun plan: invalid job in {where}: {error}", file=sys.stderr)
+            results.append(error)
+            layouts.append([])
+    plans = [r for r in results if not isinstance(r, SpecError)]
+    if output != "text" or plans:
+        _print_plans(results, output, layouts if candidates else None)
+    if picture is not None and plans:
         error_code = _draw(plans, picture)
         if error_code:
             return error_code
+    if len(plans) < len(results):
+        return EXIT_INVALID
     return EXIT_OK if all(plan.memory.fits for plan in plans) else EXIT_DOES_NOT_FIT
 
 
-def _print_plans(plans: list[Any], output: str) -> None:
+def _print_plans(results: list[Any], output: str, layouts: list[list[Any]] | None) -> None:
+    """Plans (and refused documents' errors) as text, JSON or YAML; one document prints one
+    object, several a list in document order; ``layouts``: each plan's fastest layouts for
+    ``--candidates``."""
+    from meshrun.api.errors import SpecError
+    from meshrun.planner.fastest import candidate_dict
+
     if output == "text":
         from rich.console import Console
 
-        from meshrun.cli.text import render
+        from meshrun.cli.text import render, render_candidates
 
         console = Console()
-        for plan in plans:
-            console.print(render(plan))
+        for index, result in enumerate(results):
+            if isinstance(result, SpecError):
+                continue  # said on stderr
+            console.print(render(result))
+            if layouts is not None:
+                console.print(render_candidates(layouts[index]))
         return
-    data = [plan.to_dict() for plan in plans]
+    data: list[dict[str, Any]] = []
+    for index, result in enumerate(results):
+        if isinstance(result, SpecError):
+            data.append({"error": str(result)})
+            continue
+        entry = result.to_dict()
+        if layouts is not None:
+            entry["candidates"] = [candidate_dict(c) for c in layouts[index]]
+        data.append(entry)
     document: Any = data[0] if len(data) == 1 else data
     if output == "json":
         json.dump(document, sys.stdout, indent=2)

@@ -7,9 +7,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from meshrun.planner.auto import Choice
 from meshrun.planner.explain import parameter_text
+from meshrun.planner.fastest import describe_layout
 from meshrun.planner.plan import Plan
 from meshrun.planner.ranks import compress_ranks
+from meshrun.planner.steptime import StepEstimate
 
 MAX_POD_ROWS = 16
 """Pods listed at most; large jobs show the first ones and a count."""
@@ -89,9 +92,68 @@ def render(plan: Plan) -> RenderableType:
         )
     if plan.num_nodes > MAX_POD_ROWS:
         pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", "", "", "", "")
-    parts: list[RenderableType] = [header, layout, memory, stages, pods, Text(plan.explanation)]
+    parts: list[RenderableType] = [header, layout, memory]
+    if plan.estimate is not None:
+        parts.append(render_estimate(plan.estimate, plan.accelerator == "cpu"))
+    parts += [stages, pods, Text(plan.explanation)]
     parts.extend(Text(f"warning: {w}", "yellow") for w in plan.warnings)
     return Group(*parts)
+
+
+PART_NAMES = {
+    "compute": "compute (matmuls, attention)",
+    "recompute": "activation recomputation",
+    "elementwise": "element-wise (memory bound)",
+    "tensorParallel": "tensor-parallel collectives",
+    "pipelineBubble": "pipeline bubble",
+    "pipelineTransfer": "stage-to-stage transfers",
+    "dataParallel": "data-parallel traffic (exposed)",
+    "optimizer": "optimizer step",
+}
+
+
+def render_estimate(est: StepEstimate, cpu: bool) -> RenderableType:
+    """The predicted step: time, tokens/s per GPU, MFU, and seconds by part."""
+    speed = f"{est.tokens_per_second_per_gpu:,.0f} tokens/s per"
+    if cpu:  # a nominal CPU profile: a ranking, not a promise, and no peak to compare with
+        speed += " process (nominal CPU figures)"
+    else:
+        speed += f" GPU, MFU {est.mfu:.0%}"
+    title = f"Predicted step: {seconds(est.step_seconds)}, {speed}"
+    table = Table(box=box.SIMPLE_HEAD, title=title, title_justify="left")
+    for column in ("part", "time", "share"):
+        table.add_column(column, justify="left" if column == "part" else "right")
+    for part, value in est.breakdown.items():
+        if value > 0:
+            share = value / est.step_seconds if est.step_seconds else 0.0
+            table.add_row(PART_NAMES.get(part, part), seconds(value), f"{share:.0%}")
+    return table
+
+
+def seconds(value: float) -> str:
+    """Seconds with three significant digits, in ms below one second."""
+    return f"{value:.3g} s" if value >= 1 else f"{value * 1e3:.3g} ms"
+
+
+def render_candidates(choices: list[Choice]) -> RenderableType:
+    """``--candidates``: the fastest layouts that fit, fastest first."""
+    table = Table(box=box.SIMPLE_HEAD, title="Fastest layouts that fit", title_justify="left")
+    for column in ("#", "layout", "memory", "step", "tokens/s/GPU", "MFU"):
+        table.add_column(column, justify="left" if column == "layout" else "right")
+    for index, choice in enumerate(choices, 1):
+        est = choice.estimate
+        assert est is not None
+        table.add_row(
+            str(index),
+            describe_layout(choice),
+            gib(choice.memory.total),
+            seconds(est.step_seconds),
+            f"{est.tokens_per_second_per_gpu:,.0f}",
+            f"{est.mfu:.0%}",
+        )
+    if not choices:
+        table.add_row("", "no layout fits", "", "", "", "")
+    return table
 
 
 def to_text(plan: Plan, width: int = 100) -> str:

@@ -1,6 +1,9 @@
-"""``strategy: auto``: the strategy table (docs/planner.md), decided by the memory estimate.
+"""The strategy table (docs/planner.md), decided by the memory estimate, and the evaluation of a
+layout (memory and predicted step) that every strategy shares.
 
-The table (from the Transformers guide "Parallelism methods"):
+``strategy: auto`` itself takes the fastest layout that fits (:mod:`meshrun.planner.search`);
+the table's choice is what it compares itself with and explains against. The table (from the
+Transformers guide "Parallelism methods"):
 
 * one node, model fits one GPU: DDP (ZeRO would also work; DDP communicates least);
 * one node, model does not fit: ZeRO, PP or TP -- on par with NVLink, and without it PP is
@@ -35,6 +38,7 @@ from meshrun.planner.memory import (
     estimate_memory,
     layer_activation_bytes,
 )
+from meshrun.planner.steptime import StepEstimate, estimate_step
 
 Degrees = tuple[int, int, int, int]
 """(dp, pp, tp, zeroStage)."""
@@ -56,6 +60,10 @@ class Choice:
     """Activation checkpointing the estimate assumes (none, selective or full)."""
     reasons: list[str] = field(default_factory=list)
     """Sentences explaining the choice."""
+    estimate: StepEstimate | None = None
+    """The predicted step (None when the layout was not timed)."""
+    micro_batch_size: int | None = None
+    """The micro-batch size the search chose; None: the spec's."""
 
 
 def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
@@ -78,7 +86,8 @@ def evaluate(
     stages = stage_split(job.shape, pp, layout.virtual_stages)
     memory = estimate_memory(job, layout, stages, checkpointing)
     name = strategy or strategy_name(dp, pp, tp, zero)
-    return Choice(name, layout, stages, memory, checkpointing)
+    estimate = estimate_step(job, layout, stages, checkpointing)
+    return Choice(name, layout, stages, memory, checkpointing, estimate=estimate)
 
 
 def checkpointing_modes(job: JobSpec) -> tuple[str, ...]:
@@ -157,7 +166,7 @@ def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> li
     world, fast = res.world_size, res.fast_intra_node
     found = []
     for tp in divisors(res.num_proc_per_node):
-        for pp in divisors(world // tp):
+        for pp in divisors(world // tp, job.shape.layers):  # a stage needs a layer
             if (tp == 1 and pp == 1) or (need_both and (tp == 1 or pp == 1)):
                 continue
             key = (tp * pp, 0 if tp > 1 and pp > 1 else 1, -tp if fast else tp)
@@ -192,45 +201,44 @@ def situation(job: JobSpec) -> tuple[bool, bool, str]:
     return single.fits, layer_fits, sentence
 
 
-def choose_auto(job: JobSpec) -> Choice:
-    """Apply the strategy table (docs/planner.md) to this job."""
+def table_row(job: JobSpec) -> tuple[str, list[Degrees]]:
+    """The strategy table's row for this job (docs/planner.md) and its candidates in order."""
     res, world = job.resources, job.resources.world_size
     ddp: Degrees = (world, 1, 1, 0)
-    if res.accelerator_bytes == 0:
-        choice = evaluate(job, ddp, "ddp")
-        choice.reasons.append(
-            "No accelerator memory to respect (accelerator cpu without acceleratorMemoryGiB), "
-            "so the simplest strategy, DDP, is chosen."
-        )
-        return choice
-    fits_one, layer_fits, sentence = situation(job)
+    fits_one, layer_fits, _ = situation(job)
     zero = [(world, 1, 1, stage) for stage in (1, 2, 3)]
     if world == 1:
-        row, candidates = "a single GPU: DDP with one process", [ddp]
-    elif res.num_nodes == 1 and fits_one:
-        row = "one node, model fits one GPU: DDP (ZeRO also works but communicates more)"
-        candidates = [ddp]
-    elif res.num_nodes == 1 and layer_fits:
+        return "a single GPU: DDP with one process", [ddp]
+    if res.num_nodes == 1 and fits_one:
+        return "one node, model fits one GPU: DDP (ZeRO also works but communicates more)", [ddp]
+    if res.num_nodes == 1 and layer_fits:
         tensor = [d for d in model_parallel(job, 0) if d[1] == 1]
         pipeline = [d for d in model_parallel(job, 0) if d[2] == 1]
         if res.fast_intra_node:
             row = "one node, model does not fit one GPU, NVLink: ZeRO, PP and TP are on par; "
             row += "ZeRO first, as it needs no model changes"
-            candidates = [*zero, *pipeline, *tensor]
-        else:
-            row = "one node, model does not fit one GPU, PCIe: PP first (faster than TP or ZeRO "
-            row += "without NVLink)"
-            candidates = [*pipeline, *zero, *tensor]
-    elif res.num_nodes == 1:
+            return row, [*zero, *pipeline, *tensor]
+        row = "one node, model does not fit one GPU, PCIe: PP first (faster than TP or ZeRO "
+        row += "without NVLink)"
+        return row, [*pipeline, *zero, *tensor]
+    if res.num_nodes == 1:
         row = "one node, largest layer does not fit one GPU: TP (PP and ZeRO-3 hold whole layers)"
-        candidates = [d for z in (0, 1, 2, 3) for d in model_parallel(job, z) if d[1] == 1]
-    elif res.fast_inter_node:
+        return row, [d for z in (0, 1, 2, 3) for d in model_parallel(job, z) if d[1] == 1]
+    if res.fast_inter_node:
         row = "many nodes, fast interconnect: ZeRO (no model changes), else 3D (PP + TP + DP)"
-        candidates = [*zero, *model_parallel(job, 1)]
-    else:
-        row = "many nodes, slow interconnect: ZeRO-1/2 (as much traffic as DDP), else 3D "
-        row += "(PP across nodes, TP inside, DP) with ZeRO-1"
-        candidates = [*zero[:2], *model_parallel(job, 1)]
+        return row, [*zero, *model_parallel(job, 1)]
+    row = "many nodes, slow interconnect: ZeRO-1/2 (as much traffic as DDP), else 3D "
+    row += "(PP across nodes, TP inside, DP) with ZeRO-1"
+    return row, [*zero[:2], *model_parallel(job, 1)]
+
+
+def table_choice(job: JobSpec) -> Choice:
+    """Apply the strategy table (docs/planner.md) to this job; its first reasons are the
+    situation and the row."""
+    world = job.resources.world_size
+    ddp: Degrees = (world, 1, 1, 0)
+    _, _, sentence = situation(job)
+    row, candidates = table_row(job)
     choice = first_fit(job, candidates) or evaluate(job, ddp, "ddp")
     choice.reasons.insert(0, f"Strategy table row (docs/planner.md): {row}.")
     choice.reasons.insert(0, sentence)
@@ -261,7 +269,13 @@ def search_hybrid(job: JobSpec) -> Choice:
             "numProcPerNode and the head counts; pipelineParallel at most spec.model.layers)",
         )
     choice = Choice(
-        "hybrid", choice.layout, choice.stages, choice.memory, choice.checkpointing, choice.reasons
+        "hybrid",
+        choice.layout,
+        choice.stages,
+        choice.memory,
+        choice.checkpointing,
+        choice.reasons,
+        choice.estimate,
     )
     choice.reasons.append(
         "Hybrid with degrees left unset: the planner took the least model parallelism that "

@@ -32,7 +32,7 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
             _quotient(world, s.data_parallel, "dataParallel") if s.data_parallel else None
         )
         tp = tp or max(
-            t for t in divisors(job.resources.num_proc_per_node) if _tp_fits_model(job, t)
+            t for t in divisors(job.resources.num_proc_per_node) if tp_fits_model(job, t)
         )
         return _quotient(world, tp, "tensorParallel"), 1, tp
     if s.type == "pipeline":
@@ -68,7 +68,7 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
     return given["dataParallel"] or 1, given["pipelineParallel"] or 1, given["tensorParallel"] or 1
 
 
-def _tp_fits_model(job: JobSpec, tp: int) -> bool:
+def tp_fits_model(job: JobSpec, tp: int) -> bool:
     """Whether TP degree ``tp`` divides every dimension TP splits."""
     m = job.shape
     return all(size % tp == 0 for size in (m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.seq_len))
@@ -93,20 +93,29 @@ def chunks_per_rank(job: JobSpec, pp: int) -> int:
     return job.strategy.virtual_stages or 2
 
 
-def complete_layout(job: JobSpec, dp: int, pp: int, tp: int, zero_stage: int) -> Layout:
+def complete_layout(
+    job: JobSpec,
+    dp: int,
+    pp: int,
+    tp: int,
+    zero_stage: int,
+    schedule: tuple[str, int] | None = None,
+) -> Layout:
     """The full layout for these degrees (micro-batches, virtual stages, gradient accumulation),
-    checked by the rules every component shares."""
+    checked by the rules every component shares; ``schedule`` (name, virtual stages) replaces
+    the spec's."""
     s, t = job.strategy, job.training
     passes = max(1, t.global_batch_size // (dp * t.micro_batch_size))
     micro = 1 if pp == 1 else s.micro_batches or passes
+    name, virtual = schedule or (s.pipeline_schedule, chunks_per_rank(job, pp))
     layout = Layout(
         dp=dp,
         pp=pp,
         tp=tp,
         zero_stage=zero_stage,
-        schedule=s.pipeline_schedule,
+        schedule=name,
         micro_batches=micro,
-        virtual_stages=chunks_per_rank(job, pp),
+        virtual_stages=virtual if pp > 1 else 1,
         grad_accumulation=max(1, passes // micro),
     )
     check_layout(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from meshrun.api.hardware import DEFAULT_PRODUCT, PROFILES
 from meshrun.api.layout import Layout
 from meshrun.api.spec import CPU, DEFAULT_GPU_MEMORY_GIB, JobSpec
 from meshrun.planner.memory import MemoryEstimate
@@ -75,6 +76,13 @@ def warn(job: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
     if res.memory_assumed:
         warnings.append(
             f"spec.resources.acceleratorMemoryGiB is unset: assuming {DEFAULT_GPU_MEMORY_GIB} GiB."
+        )
+    product = res.accelerator_product
+    if product is not None and product not in PROFILES:
+        warnings.append(
+            f"spec.resources.acceleratorProduct {product} has no built-in profile: the step-time "
+            f"estimate assumes an {DEFAULT_PRODUCT}"
+            + ("." if res.accelerator_memory_gib else " and its memory.")
         )
     if layout.tp > 1 and not res.fast_intra_node:
         warnings.append(

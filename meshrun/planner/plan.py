@@ -10,11 +10,13 @@ from meshrun.api.layout import Layout, Stage
 from meshrun.api.presets import ModelShape
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
-from meshrun.planner.auto import Choice, choose_auto, fit_degrees, search_hybrid
+from meshrun.planner.auto import Choice, fit_degrees, search_hybrid
 from meshrun.planner.degrees import explicit_degrees
 from meshrun.planner.explain import describe, warn
+from meshrun.planner.fastest import choose_fastest
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
+from meshrun.planner.steptime import StepEstimate
 from meshrun.rules.names import check_job_name
 from meshrun.rules.strategy import check_spec
 
@@ -49,6 +51,10 @@ class Plan:
     """Why this layout, in sentences."""
     warnings: list[str]
     """Allowed but questionable choices."""
+    estimate: StepEstimate | None = None
+    """The predicted optimizer step (docs/planner.md, "The step-time model")."""
+    micro_batch_size: int = 1
+    """Sequences per forward pass on one rank: the spec's, or auto's choice when unset."""
 
     @property
     def world_size(self) -> int:
@@ -77,6 +83,19 @@ class Plan:
             "fits": m.fits,
         }
 
+    def estimate_dict(self) -> dict[str, Any] | None:
+        """``estimate`` of ``meshrun plan -o json``: step seconds, tokens/s per GPU, MFU and the
+        step's seconds by part."""
+        est = self.estimate
+        if est is None:
+            return None
+        return {
+            "stepSeconds": round(est.step_seconds, 6),
+            "tokensPerSecondPerGpu": round(est.tokens_per_second_per_gpu, 3),
+            "mfu": round(est.mfu, 4),
+            "breakdown": {part: round(seconds, 6) for part, seconds in est.breakdown.items()},
+        }
+
     def layout_dict(self) -> dict[str, Any]:
         lay = self.layout
         return {
@@ -88,6 +107,7 @@ class Plan:
             "microBatches": lay.micro_batches,
             "virtualStages": lay.virtual_stages,
             "gradAccumulation": lay.grad_accumulation,
+            "microBatchSize": self.micro_batch_size,
             "bubbleFraction": round(lay.bubble_fraction(), 4),
             "activationCheckpointing": self.activation_checkpointing,
         }
@@ -124,6 +144,7 @@ class Plan:
                 {"pp": s.pp, "virtual": s.virtual, "layers": [s.first, s.last]} for s in self.stages
             ],
             "memory": self.memory_dict(),
+            "estimate": self.estimate_dict(),
             "explanation": self.explanation,
             "warnings": list(self.warnings),
         }
@@ -140,9 +161,18 @@ class Plan:
             "worldSize": self.world_size,
             "gpus": self.gpus,
             "memory": self.memory_dict(),
+            "estimate": self.estimate_dict(),
+            "predictedTokensPerSecond": self.predicted_tokens_per_second(),
             "explanation": self.explanation,
             "warnings": list(self.warnings),
         }
+
+    def predicted_tokens_per_second(self) -> float | None:
+        """The whole job's predicted tokens/s (what ``status.progress.tokensPerSecond``
+        measures)."""
+        if self.estimate is None:
+            return None
+        return round(self.estimate.tokens_per_second_per_gpu * self.world_size, 1)
 
 
 def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
@@ -170,13 +200,15 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
         preset=job.model.preset,
         explanation=" ".join(reasons),
         warnings=warn(job, choice.layout, choice.memory),
+        estimate=choice.estimate,
+        micro_batch_size=choice.micro_batch_size or job.training.micro_batch_size,
     )
 
 
 def _choose(job: JobSpec) -> Choice:
     s = job.strategy
     if s.type == "auto":
-        return choose_auto(job)
+        return choose_fastest(job)
     unset = [s.data_parallel, s.pipeline_parallel, s.tensor_parallel].count(None)
     if s.type == "hybrid" and unset >= 2:
         return search_hybrid(job)

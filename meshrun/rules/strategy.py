@@ -98,6 +98,10 @@ ROTARY = Rule(
     f"{M}.heads",
     f"{M}.hidden / {M}.heads (the head size) must be even for rotary embeddings",
 )
+PRODUCT_GPU = Rule(
+    f"{R}.acceleratorProduct",
+    f"{R}.acceleratorProduct names a GPU product and needs {R}.accelerator nvidia.com/gpu",
+)
 CORPUS_VOCAB = Rule(
     f"{T}.dataset",
     f"{T}.dataset corpus is byte-tokenized and needs {M}.vocab >= {BYTE_VOCAB}",
@@ -123,6 +127,7 @@ ALL_RULES = (
     KV_HEADS,
     ROTARY,
     CORPUS_VOCAB,
+    PRODUCT_GPU,
     *INPUT_RULES,
     *NAME_RULES,
     *POLICY_RULES,
@@ -159,6 +164,8 @@ def check_spec(job: JobSpec) -> None:
         raise TP_PROCS.error(f"{tp} does not divide numProcPerNode={res.num_proc_per_node}")
     if dp is not None and pp is not None and tp is not None and dp * pp * tp != res.world_size:
         raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {res.world_size}")
+    if res.accelerator_product is not None and res.accelerator != "nvidia.com/gpu":
+        raise PRODUCT_GPU.error(f"accelerator is {res.accelerator}")
     if t.global_batch_size % t.micro_batch_size:
         raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
     check_model(job.shape)

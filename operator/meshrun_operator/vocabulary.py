@@ -54,6 +54,8 @@ class ConditionType(StrEnum):
     """The API server refused some of the attempt's children (quota, PodSecurity, 5xx)."""
     SPEC_UPDATE = "SpecUpdate"
     """True while the running attempt uses another spec than the current one."""
+    BELOW_PREDICTION = "BelowPrediction"
+    """True while the measured tokens/s is far below the planner's prediction (never fails)."""
     SUCCEEDED = "Succeeded"
     FAILED = "Failed"
 
@@ -91,6 +93,11 @@ class Reason(StrEnum):
         "only {bound} of {total} pods were bound within gangTimeoutSeconds={timeout}; "
         "released them to retry later",
     )
+    NO_NODE_WITH_PRODUCT = (
+        "NoNodeWithProduct",
+        "no node has {label}={product} (spec.resources.acceleratorProduct); the nodes have: "
+        "{present}",
+    )
     POD_GROUP_UNAVAILABLE = (
         "PodGroupUnavailable",
         "{api_version} PodGroup is not served by this cluster",
@@ -107,6 +114,18 @@ class Reason(StrEnum):
     BACKOFF_LIMIT_EXCEEDED = (
         "BackoffLimitExceeded",
         "{failure}; the backoffLimit of {limit} restart(s) is used up",
+    )
+    # Throughput against the plan's prediction
+    BELOW_PREDICTION = (
+        "BelowPrediction",
+        "measured {measured:,.0f} tokens/s at step {step} is {share:.0%} of the predicted "
+        "{predicted:,.0f} (below {threshold:.0%}): a slow or throttled GPU, a link slower than "
+        "spec.resources.interconnect says, or another product than acceleratorProduct",
+    )
+    AS_PREDICTED = (
+        "AsPredicted",
+        "measured {measured:,.0f} tokens/s at step {step} is {share:.0%} of the predicted "
+        "{predicted:,.0f}",
     )
     # Suspension
     SUSPENDED = "Suspended", "spec.runPolicy.suspend is true"

@@ -238,3 +238,45 @@ def test_delegated_subcommands_receive_their_own_flags(command: str, flag: str) 
     assert result.returncode == 0, result.stderr
     assert f"usage: meshrun {command}" in result.stdout
     assert flag in result.stdout
+
+
+def test_several_jobs_one_refused_plans_the_others_in_order(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = write_job(tmp_path, name="a").read_text()
+    bad = write_job(tmp_path, strategy="{type: tensor, tensorParallel: 3}", name="b").read_text()
+    last = write_job(tmp_path, preset="small", name="c").read_text()
+    three = tmp_path / "three.yaml"
+    three.write_text(good + "---\n" + bad + "---\n" + last)
+    assert main(["plan", str(three), "-o", "json"]) == EXIT_INVALID
+    captured = capsys.readouterr()
+    data = json.loads(captured.out)
+    assert [entry.get("name") for entry in data] == ["a", None, "c"]
+    assert set(data[1]) == {"error"}
+    assert data[1]["error"].startswith("spec.strategy.tensorParallel: must divide")
+    assert "three.yaml[1]" in captured.err
+    for entry in (data[0], data[2]):
+        estimate = entry["estimate"]
+        assert set(estimate) == {"stepSeconds", "tokensPerSecondPerGpu", "mfu", "breakdown"}
+        total = sum(estimate["breakdown"].values())
+        assert total == pytest.approx(estimate["stepSeconds"], abs=1e-5)
+        tokens = 8 * 2048 / estimate["stepSeconds"] / 8  # globalBatchSize 8 of the 1b's 2,048
+        if entry["name"] == "a":
+            assert estimate["tokensPerSecondPerGpu"] == pytest.approx(tokens, 1e-3)
+
+
+def test_text_shows_the_predicted_step_and_candidates(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = write_job(tmp_path, strategy="{type: auto}", preset="7b")
+    assert main(["plan", str(job), "--candidates", "3"]) == EXIT_OK
+    out = " ".join(capsys.readouterr().out.split())  # the console wraps long titles
+    assert "Predicted step: " in out and "tokens/s per GPU, MFU " in out
+    assert "pipeline bubble" in out or "compute (matmuls, attention)" in out
+    assert "Fastest layouts that fit" in out
+    assert main(["plan", str(job), "--candidates", "3", "-o", "json"]) == EXIT_OK
+    data = json.loads(capsys.readouterr().out)
+    speeds = [c["tokensPerSecondPerGpu"] for c in data["candidates"]]
+    assert len(speeds) == 3 and speeds == sorted(speeds, reverse=True)
+    assert data["estimate"]["tokensPerSecondPerGpu"] == pytest.approx(speeds[0])
+    assert data["layoutString"] == data["candidates"][0]["layoutString"]

@@ -10,6 +10,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from meshrun.api.errors import SpecError
+from meshrun.api.read import read_spec
+from meshrun.planner.auto import table_choice
 from meshrun.planner.plan import Plan, plan_job
 from meshrun.planner.ranks import dp_groups, pp_groups, tp_groups
 
@@ -141,6 +143,14 @@ def test_auto_always_plans_a_consistent_layout(
     check_invariants(plan)
     assert plan.strategy in {"ddp", "zero", "pipeline", "tensor", "hybrid"}
     assert "Strategy table row (docs/planner.md): " in plan.explanation
+    # auto searches a superset of the table's layouts: never predicted slower than its pick.
+    table = table_choice(read_spec(spec))
+    assert plan.estimate is not None and table.estimate is not None
+    if table.memory.fits:
+        assert plan.memory.fits
+        chosen, tabled = plan.estimate, table.estimate
+        assert chosen.tokens_per_second_per_gpu >= tabled.tokens_per_second_per_gpu * (1 - 1e-9)
+    assert sum(plan.estimate.breakdown.values()) == pytest.approx(plan.estimate.step_seconds)
 
 
 JUNK = st.one_of(st.none(), st.booleans(), st.integers(-3, 100), st.text(max_size=6), st.just([1]))

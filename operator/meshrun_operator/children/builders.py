@@ -23,6 +23,7 @@ from meshrun_operator.children.podtemplate import (
     domain_affinity,
     merge_env,
     restricted_security,
+    select_product,
     shared_memory,
     stage_affinity,
     trainer_container,
@@ -112,6 +113,7 @@ def build_pod(
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
     elif kind == "scheduler-plugins":
         metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
+    select_product(pod_spec, settings.resources.accelerator_product)
     if scheduling.topology_key and domains and domains.get(stage):
         domain_affinity(pod_spec, scheduling.topology_key, domains[stage])
     elif scheduling.topology_key:

@@ -22,6 +22,7 @@ node watch (``--no-watch-nodes``) there is no placer at all.
 
 from __future__ import annotations
 
+import copy
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -32,6 +33,7 @@ from meshrun.planner.plan import Plan
 from meshrun_operator.children.domains import StagePlacement, choose, domain_room
 from meshrun_operator.children.nodefit import node_filter
 from meshrun_operator.children.owner import JobRef, pod_stage
+from meshrun_operator.children.podtemplate import select_product
 from meshrun_operator.seen.nodes import NodeInfo
 from meshrun_operator.vocabulary import PodPhase
 
@@ -104,7 +106,9 @@ class Placer:
             for pod in store:
                 if pod.node and pod.phase not in ENDED and pod.owner_uid != job.uid:
                     used[pod.node] = used.get(pod.node, 0) + pod.accelerators
-        fits = node_filter((settings.pod_template or {}).get("spec") or {})
+        pod_spec = copy.deepcopy((settings.pod_template or {}).get("spec") or {})
+        select_product(pod_spec, settings.resources.accelerator_product)  # as build_pod does
+        fits = node_filter(pod_spec)
         room = domain_room(key, self.nodes, per_pod, used, self._promised(job.uid, key), fits)
         placements = choose(stages, room)
         if placements is None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from meshrun.api.hardware import PRODUCT_LABEL
 from meshrun_operator import names
 
 # Checkpoints live here in every pod: on the PVC named by spec.training.checkpoint.volume (so a
@@ -49,6 +50,13 @@ def restricted_security(pod_spec: dict[str, Any], container: dict[str, Any]) -> 
     security = container.setdefault("securityContext", {})
     security.setdefault("allowPrivilegeEscalation", False)
     security.setdefault("capabilities", {"drop": ["ALL"]})
+
+
+def select_product(pod_spec: dict[str, Any], product: str | None) -> None:
+    """Only nodes of GPU ``product`` (their nvidia.com/gpu.product label), unless the template
+    selects a value of that label itself."""
+    if product is not None:
+        pod_spec.setdefault("nodeSelector", {}).setdefault(PRODUCT_LABEL, product)
 
 
 def domain_affinity(pod_spec: dict[str, Any], topology_key: str, domains: Sequence[str]) -> None:

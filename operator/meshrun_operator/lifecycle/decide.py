@@ -12,13 +12,13 @@ so two gangs never hold GPUs at once and the stable pod names (DNS) never clash.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
 from meshrun.api.errors import SpecError
-from meshrun.api.spec import JobSpec
+from meshrun.api.spec import CPU, JobSpec
 from meshrun.planner.plan import Plan
 from meshrun_operator import vocabulary as words
 from meshrun_operator.kueue import KueueActions, QueueRef
@@ -36,6 +36,7 @@ from meshrun_operator.lifecycle.summary import (
     progress_status,
     step_change,
 )
+from meshrun_operator.lifecycle.throughput import judge_throughput, missing_product
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.tuning import Tuning
 from meshrun_operator.vocabulary import ConditionType, PodPhase, Reason
@@ -180,19 +181,46 @@ def _run(
     if reported is None and pod0 is not None:
         reported = pod0.progress
     if reported is not None:
-        draft.derived["progress"] = progress_status(reported)
+        progress = progress_status(reported)
+        predicted = _predicted(settings, plan)
+        if predicted is not None:  # beside the measured tokensPerSecond
+            progress["predictedTokensPerSecond"] = predicted
+        draft.derived["progress"] = progress
         state.last_step_change = step_change(state.last_step_change, reported, draft.attempt, now)
-    _schedule_and_run(draft, settings, current)
+        verdict = judge_throughput(predicted, progress)
+        if verdict is not None and verdict[0]:
+            draft.condition(
+                ConditionType.BELOW_PREDICTION, True, Reason.BELOW_PREDICTION, verdict[1]
+            )
+        elif verdict is not None:
+            draft.clear(ConditionType.BELOW_PREDICTION, Reason.AS_PREDICTED, verdict[1])
+    _schedule_and_run(draft, settings, current, observed.products)
 
 
-def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -> None:
+def _predicted(settings: JobSpec, plan: Plan | None) -> float | None:
+    """The plan's predicted tokens/s of the whole job (none for CPU jobs: nominal figures)."""
+    if plan is None or settings.resources.accelerator == CPU:
+        return None
+    return plan.predicted_tokens_per_second()
+
+
+def _schedule_and_run(
+    draft: Draft,
+    settings: JobSpec,
+    current: list[PodView],
+    products: Collection[str] | None = None,
+) -> None:
     state, now = draft.state, draft.now
     total = settings.resources.num_nodes
     unbound = [p for p in current if not p.node]
     if unbound:
         bound = total - len(unbound)
-        message = Reason.WAITING_FOR_GANG.message(bound=bound, total=total)
-        draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_GANG, message)
+        missing = missing_product(settings, products)
+        if missing is not None:
+            draft.condition(ConditionType.SCHEDULED, False, Reason.NO_NODE_WITH_PRODUCT, missing)
+        else:
+            message = Reason.WAITING_FOR_GANG.message(bound=bound, total=total)
+            draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_GANG, message)
         attempt_start = state.attempt_start_time or now
         timeout = settings.scheduling.gang_timeout_seconds
         # Under Kueue, its waitForPodsReady is the gang timeout (tearing down a gang Kueue

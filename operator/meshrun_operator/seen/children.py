@@ -40,9 +40,11 @@ def observe(
         }
         nodes = {name: view.ready for name, view in views.items()}
         since = {n: v.since for n, v in views.items() if not v.ready and v.since is not None}
+    products = getattr(nodes_index, "gpu_products", None)  # the node watch keeps labels
     return Observed(
         pods=pods,
         nodes=nodes,
+        products=products() if products is not None else None,
         not_ready_since=since,
         foreign=foreign,
         gone=tombstones.of(str(uid)),

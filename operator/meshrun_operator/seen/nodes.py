@@ -22,10 +22,12 @@ import asyncio
 import json
 import logging
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshrun.api.hardware import PRODUCT_LABEL
 from meshrun_operator import metrics
 from meshrun_operator.client.errors import NO_ANSWER, ApiError
 from meshrun_operator.client.rest import Rest
@@ -102,6 +104,8 @@ class NodeWatch:
         """Called when a node's readiness changes or it is deleted."""
         self.nodes: dict[str, NodeInfo] = {}
         self.labels = NodeLabels(self.nodes)
+        self._products: Counter[str] = Counter()
+        """Nodes per value of their GPU product label."""
         self.listed = asyncio.Event()
         """Set once the first listing is complete."""
         self._task: asyncio.Task[None] | None = None
@@ -111,6 +115,13 @@ class NodeWatch:
 
     def __getitem__(self, name: str) -> tuple[NodeView]:
         return (self.nodes[name].view,)
+
+    def gpu_products(self) -> frozenset[str] | None:
+        """The GPU products some node has (its nvidia.com/gpu.product label); None before the
+        first listing is complete."""
+        if not self.listed.is_set():
+            return None
+        return frozenset(product for product, count in self._products.items() if count > 0)
 
     def start(self) -> None:
         """Start listing and watching (a task of the running loop)."""
@@ -180,13 +191,20 @@ class NodeWatch:
     def _apply(self, changed: Mapping[str, NodeInfo], gone: list[str]) -> None:
         touched = bool(gone)
         for name in gone:
-            self.nodes.pop(name, None)
+            self._count_product(self.nodes.pop(name, None), -1)
         for name, info in changed.items():
             old = self.nodes.get(name)
+            self._count_product(old, -1)
+            self._count_product(info, 1)
             self.nodes[name] = info
             touched = touched or (old is not None and old.view.ready != info.view.ready)
         if touched:
             self.on_change()
+
+    def _count_product(self, info: NodeInfo | None, change: int) -> None:
+        product = info.labels.get(PRODUCT_LABEL) if info is not None else None
+        if product:
+            self._products[product] += change
 
 
 def _event(line: bytes) -> tuple[str, dict[str, Any]]:

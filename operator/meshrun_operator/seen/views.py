@@ -7,7 +7,7 @@ clusters and the pure decision code never touches a raw API object.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -283,3 +283,6 @@ class Observed:
     """The job's Workload (or why it has none); None when the operator runs without Kueue."""
     domains: Mapping[str, str] | None = None
     """Node name -> its value of the job's spec.scheduling.topologyKey (e.g. its rack)."""
+    products: Collection[str] | None = None
+    """The values of the nodes' nvidia.com/gpu.product label; None when the operator does not
+    see node labels (then no product check)."""

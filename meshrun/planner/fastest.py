@@ -1,0 +1,179 @@
+"""``strategy: auto``: the fastest predicted layout that fits (meshrun.planner.search), and the
+explanation: its prediction, the runners-up, and what the strategy table of docs/planner.md
+would have picked and why that is slower when it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from meshrun.api.spec import GIB, JobSpec
+from meshrun.planner.auto import Choice, evaluate, situation, table_choice, table_row
+from meshrun.planner.search import MICRO_BATCH_SIZES, enumerate_layouts, with_micro_batch
+from meshrun.planner.steptime import estimate_step
+
+RUNNERS_UP = 3
+"""Runners-up the explanation names."""
+
+PART_WORDS = {
+    "compute": "compute (smaller matrices per rank run further from peak)",
+    "recompute": "activation recomputation",
+    "elementwise": "memory-bound element-wise work",
+    "tensorParallel": "tensor-parallel collectives",
+    "pipelineBubble": "the pipeline bubble",
+    "pipelineTransfer": "stage-to-stage transfers",
+    "dataParallel": "data-parallel traffic not hidden behind compute",
+    "optimizer": "the optimizer step",
+}
+"""The breakdown's parts in words, for the explanation."""
+
+
+def describe_layout(choice: Choice) -> str:
+    """``dp8 x pp1 x tp1 ZeRO-1`` with the schedule and recomputation when they matter."""
+    lay = choice.layout
+    text = f"{lay.text()} ZeRO-{lay.zero_stage}"
+    if choice.micro_batch_size not in (None, 1):
+        text += f" mbs{choice.micro_batch_size}"
+    if lay.pp > 1:
+        text += f" {lay.schedule}"
+        if lay.virtual_stages > 1:
+            text += f" v{lay.virtual_stages}"
+    if choice.checkpointing != "none":
+        text += f" {choice.checkpointing} recompute"
+    return text
+
+
+def speed_text(choice: Choice) -> str:
+    est = choice.estimate
+    assert est is not None
+    return f"{est.tokens_per_second_per_gpu:,.0f} tokens/s per GPU"
+
+
+def same_layout(a: Choice, b: Choice) -> bool:
+    return (a.layout, a.checkpointing, a.micro_batch_size or 1) == (
+        b.layout,
+        b.checkpointing,
+        b.micro_batch_size or 1,
+    )
+
+
+def choose_fastest(job: JobSpec) -> Choice:
+    """``strategy: auto``: the fastest predicted layout that fits, explained."""
+    if job.resources.accelerator_bytes == 0:
+        choice = evaluate(job, (job.resources.world_size, 1, 1, 0), "ddp")
+        choice.reasons.append(
+            "No accelerator memory to respect (accelerator cpu without acceleratorMemoryGiB), "
+            "so the simplest strategy, DDP, is chosen."
+        )
+        return choice
+    fitting, smallest = enumerate_layouts(job)
+    _, _, sentence = situation(job)
+    if not fitting and smallest is None:
+        # No layout is valid at all: the table's fallback raises the rule that refuses it.
+        return table_choice(job)
+    if not fitting:
+        assert smallest is not None
+        choice = _timed(job, smallest)
+        row, _ = table_row(job)
+        choice.reasons.extend(
+            [
+                sentence,
+                "No layout fits in accelerator memory, with any ZeRO stage, pipeline, tensor "
+                "parallelism or activation checkpointing; this is the one with the smallest "
+                f"estimate ({smallest.memory.total / GIB:.1f} GiB).",
+                f"Strategy table row (docs/planner.md): {row}; none of its layouts fits either.",
+            ]
+        )
+        return choice
+    best = fitting[0]
+    est = best.estimate
+    assert est is not None
+    best.reasons.append(sentence)
+    best.reasons.append(
+        f"Fastest of the {len(fitting)} layouts that fit: {describe_layout(best)}, predicted "
+        f"{speed_text(best)} ({est.step_seconds:.3g} s per step, MFU {est.mfu:.0%})."
+    )
+    others = [c for c in fitting[1:] if not same_layout(c, best)][:RUNNERS_UP]
+    if others:
+        best.reasons.append(
+            "Runners-up: "
+            + "; ".join(
+                f"{describe_layout(c)} at {speed_text(c)} ({_relative(c, best)})" for c in others
+            )
+            + "."
+        )
+    if not job.micro_batch_size_set:
+        sizes = ", ".join(str(b) for b in MICRO_BATCH_SIZES)
+        best.reasons.append(
+            f"spec.training.microBatchSize is unset: of {sizes}, {best.micro_batch_size} is "
+            "the fastest that fits."
+        )
+    if best.checkpointing != "none" and job.training.activation_checkpointing is None:
+        best.reasons.append(
+            f"Activation checkpointing ({best.checkpointing}) is on: without it this layout "
+            "does not fit, and no layout without it is faster."
+        )
+    best.reasons.append(_against_table(job, best))
+    return best
+
+
+def _against_table(job: JobSpec, best: Choice) -> str:
+    """What the strategy table would have picked, and why it is slower."""
+    row, _ = table_row(job)
+    table = table_choice(job)
+    lead = f"Strategy table row (docs/planner.md): {row}"
+    if same_layout(table, best):
+        return f"{lead}; it picks the same layout."
+    if not table.memory.fits:
+        return f"{lead}; its pick, {describe_layout(table)}, does not fit."
+    assert table.estimate is not None and best.estimate is not None
+    gaps = {
+        part: table.estimate.breakdown.get(part, 0.0) - seconds
+        for part, seconds in best.estimate.breakdown.items()
+    }
+    part, gap = max(gaps.items(), key=lambda item: item[1])
+    why = (
+        f"it spends {gap:.3g} s more per step on {PART_WORDS[part]}"
+        if gap > 0
+        else "the two are within the model's accuracy"
+    )
+    return (
+        f"{lead}; it would pick {describe_layout(table)}, predicted {speed_text(table)} "
+        f"({_relative(table, best)}): {why}."
+    )
+
+
+def _relative(choice: Choice, best: Choice) -> str:
+    assert choice.estimate is not None and best.estimate is not None
+    ratio = choice.estimate.tokens_per_second_per_gpu / best.estimate.tokens_per_second_per_gpu
+    return f"{1 - ratio:.0%} slower" if ratio < 1 else "as fast"
+
+
+def _timed(job: JobSpec, choice: Choice) -> Choice:
+    sized = with_micro_batch(job, choice.micro_batch_size or job.training.micro_batch_size)
+    estimate = estimate_step(sized, choice.layout, choice.stages, choice.checkpointing)
+    return replace(choice, reasons=[], estimate=estimate)
+
+
+def candidate_dict(choice: Choice) -> dict[str, Any]:
+    """One entry of ``candidates`` in ``meshrun plan --candidates N -o json``."""
+    lay, est = choice.layout, choice.estimate
+    assert est is not None
+    return {
+        "layoutString": lay.text(),
+        "strategy": choice.strategy,
+        "dp": lay.dp,
+        "pp": lay.pp,
+        "tp": lay.tp,
+        "zeroStage": lay.zero_stage,
+        "pipelineSchedule": lay.schedule,
+        "virtualStages": lay.virtual_stages,
+        "microBatches": lay.micro_batches,
+        "microBatchSize": choice.micro_batch_size,
+        "activationCheckpointing": choice.checkpointing,
+        "memoryBytes": choice.memory.total,
+        "stepSeconds": round(est.step_seconds, 6),
+        "tokensPerSecondPerGpu": round(est.tokens_per_second_per_gpu, 3),
+        "mfu": round(est.mfu, 4),
+    }

@@ -1,0 +1,147 @@
+"""Every layout the machines allow that fits, fastest predicted first (``strategy: auto`` takes
+the first: meshrun.planner.fastest).
+
+The search runs over TP degrees inside a pod, pipeline depths, ZeRO stages, the pipeline
+schedule and its virtual stages, and activation checkpointing (the spec's, when it sets one),
+keeps the layouts whose memory estimate fits, and ranks them by the step-time model's tokens/s
+per GPU (:mod:`meshrun.planner.steptime`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from meshrun.api.errors import SpecError
+from meshrun.api.layout import Layout, Stage, divisors
+from meshrun.api.spec import JobSpec
+from meshrun.planner.auto import (
+    Choice,
+    checkpointing_modes,
+    strategy_name,
+)
+from meshrun.planner.degrees import complete_layout, stage_split, tp_fits_model
+from meshrun.planner.memory import MemoryEstimate, estimate_memory
+from meshrun.planner.steptime import WorkCache, estimate_step
+
+MICRO_BATCH_SIZES = (1, 2, 4, 8)
+"""Micro-batch sizes the search tries when the spec leaves microBatchSize unset: larger ones
+lengthen the backward that hides gradient traffic and amortise per-micro-batch costs, at the
+price of activation memory and, under pipelining, fewer micro-batches to fill the bubble."""
+VIRTUAL_CHOICES = (2, 4)
+"""Virtual stages the search tries for interleaved 1F1B (more cut the bubble further but add
+point-to-point traffic; Megatron's runs use 2 to 8)."""
+
+
+def schedules(job: JobSpec, pp: int) -> list[tuple[str, int]]:
+    """(schedule, virtual stages) to try at pipeline depth ``pp``: the spec's when it sets
+    virtualStages or asks for GPipe, else 1F1B and interleaved 1F1B."""
+    s = job.strategy
+    if pp == 1:
+        return [(s.pipeline_schedule, 1)]
+    if s.virtual_stages is not None or s.pipeline_schedule == "gpipe":
+        default = s.virtual_stages or (2 if s.pipeline_schedule == "interleaved-1f1b" else 1)
+        return [(s.pipeline_schedule, default)]
+    found = [] if s.pipeline_schedule == "interleaved-1f1b" else [("1f1b", 1)]
+    found += [("interleaved-1f1b", v) for v in VIRTUAL_CHOICES if pp * v <= job.shape.layers]
+    return found
+
+
+def micro_batch_sizes(job: JobSpec) -> tuple[int, ...]:
+    """The micro-batch sizes to try: the spec's, or (unset) MICRO_BATCH_SIZES."""
+    if job.micro_batch_size_set:
+        return (job.training.micro_batch_size,)
+    return MICRO_BATCH_SIZES
+
+
+def with_micro_batch(job: JobSpec, size: int) -> JobSpec:
+    """``job`` with ``training.microBatchSize`` = ``size``."""
+    if job.training.micro_batch_size == size:
+        return job
+    return replace(job, training=replace(job.training, micro_batch_size=size))
+
+
+def enumerate_layouts(job: JobSpec) -> tuple[list[Choice], Choice | None]:
+    """(every layout that fits, fastest first; the smallest estimate when none fits)."""
+    fitting: list[Choice] = []
+    smallest: Choice | None = None
+    splits: dict[tuple[int, int], list[Stage]] = {}
+    for size in micro_batch_sizes(job):
+        if job.training.global_batch_size % size:
+            continue
+        found, least = _layouts_of(with_micro_batch(job, size), splits)
+        fitting += found
+        if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
+            smallest = least
+    fitting.sort(key=_speed, reverse=True)
+    return fitting, None if fitting else smallest
+
+
+def _layouts_of(
+    job: JobSpec, splits: dict[tuple[int, int], list[Stage]]
+) -> tuple[list[Choice], Choice | None]:
+    """The layouts of one micro-batch size: those that fit, and the smallest that does not."""
+    res, world = job.resources, job.resources.world_size
+    modes = checkpointing_modes(job)
+    fitting: list[Choice] = []
+    smallest: Choice | None = None
+    works: WorkCache = {}
+    for tp in divisors(res.num_proc_per_node):
+        if not tp_fits_model(job, tp):
+            continue
+        for pp in divisors(world // tp, job.shape.layers):
+            dp = world // (tp * pp)
+            # ZeRO-1 moves no more than DDP (a reduce-scatter and an all-gather for the
+            # all-reduce) and steps 1/dp of the optimizer: it comes first, DDP (more memory,
+            # no faster) last. ZeRO-3 under pipelining keeps stages gathered: ZeRO-2's memory.
+            zeros: tuple[int, ...] = ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if dp > 1 else (0,)
+            for schedule in schedules(job, pp):
+                # A higher ZeRO stage moves as much or more and recomputing more only costs, so
+                # once a stage fits with a mode, later stages only count with less recompute.
+                allowed = len(modes)
+                for zero in zeros:
+                    try:
+                        layout = complete_layout(job, dp, pp, tp, zero, schedule)
+                    except SpecError:
+                        break  # the degrees or schedule break a rule for every stage
+                    key = (pp, layout.virtual_stages)
+                    stages = splits.get(key) or splits.setdefault(
+                        key, stage_split(job.shape, pp, layout.virtual_stages)
+                    )
+                    for index, mode in enumerate(modes[:allowed]):
+                        memory = estimate_memory(job, layout, stages, mode)
+                        if not memory.fits:
+                            if smallest is None or memory.total < smallest.memory.total:
+                                smallest = _choice(job, layout, stages, memory, mode, None)
+                            continue
+                        fitting.append(_choice(job, layout, stages, memory, mode, works))
+                        allowed = index
+                        break
+                    if allowed == 0:
+                        break
+    return fitting, smallest
+
+
+def _choice(
+    job: JobSpec,
+    layout: Layout,
+    stages: list[Stage],
+    memory: MemoryEstimate,
+    mode: str,
+    works: WorkCache | None,
+) -> Choice:
+    """A layout that fits, timed with ``works`` (None: one that does not, untimed)."""
+    name = strategy_name(layout.dp, layout.pp, layout.tp, layout.zero_stage)
+    estimate = None if works is None else estimate_step(job, layout, stages, mode, works)
+    size = job.training.micro_batch_size
+    return Choice(name, layout, stages, memory, mode, estimate=estimate, micro_batch_size=size)
+
+
+def _speed(choice: Choice) -> float:
+    return choice.estimate.tokens_per_second_per_gpu if choice.estimate else 0.0
+
+
+def best_layouts(job: JobSpec, count: int) -> list[Choice]:
+    """The ``count`` fastest layouts that fit (``meshrun plan --candidates``), whatever the
+    spec's strategy type."""
+    fitting, _ = enumerate_layouts(job)
+    return fitting[:count]

@@ -1,0 +1,175 @@
+"""The step-time model's parts behave as the physics says, and the hardware profiles feed it."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from test_plan_properties import hybrid_specs
+
+from meshrun.api.errors import SpecError
+from meshrun.api.hardware import PROFILES
+from meshrun.api.presets import PRESETS
+from meshrun.api.read import read_spec
+from meshrun.api.spec import GIB
+from meshrun.planner.plan import Plan, plan_job
+from meshrun.planner.steptime import gemm_efficiency, layer_compute_seconds
+
+pytestmark = pytest.mark.unit
+
+
+def make_spec(
+    strategy: dict[str, Any],
+    nodes: int = 2,
+    preset: str = "7b",
+    batch: int = 64,
+    **resources: Any,
+) -> dict[str, Any]:
+    return {
+        "image": "trainer:1",
+        "resources": {"numNodes": nodes, "numProcPerNode": 8, **resources},
+        "strategy": strategy,
+        "model": {"preset": preset},
+        "training": {"globalBatchSize": batch, "activationCheckpointing": "none"},
+    }
+
+
+def parts(plan: Plan) -> dict[str, float]:
+    assert plan.estimate is not None
+    return plan.estimate.breakdown
+
+
+def test_a_product_gives_memory_and_peak() -> None:
+    h200 = read_spec(make_spec({"type": "ddp"}, acceleratorProduct="NVIDIA-H200"))
+    assert h200.resources.accelerator_bytes == PROFILES["NVIDIA-H200"].memory_gib * GIB
+    assert not h200.resources.memory_assumed
+    given = read_spec(
+        make_spec({"type": "ddp"}, acceleratorProduct="NVIDIA-H200", acceleratorMemoryGiB=100)
+    )
+    assert given.resources.accelerator_bytes == 100 * GIB
+    a100 = read_spec(make_spec({"type": "ddp"}, acceleratorProduct="NVIDIA-A100-SXM4-40GB"))
+    assert a100.resources.accelerator_bytes == 40 * GIB
+
+
+def test_faster_products_predict_faster_steps() -> None:
+    strategy = {"type": "hybrid", "dataParallel": 4, "pipelineParallel": 1, "tensorParallel": 4}
+    speeds = [
+        plan_job(make_spec(strategy, acceleratorProduct=p)).estimate
+        for p in ("NVIDIA-A100-SXM4-80GB", "NVIDIA-H100-80GB-HBM3", "NVIDIA-B200")
+    ]
+    tokens = [s.tokens_per_second_per_gpu for s in speeds if s is not None]
+    assert tokens == sorted(tokens) and len(tokens) == 3
+
+
+def test_unknown_product_warns_and_assumes_the_default() -> None:
+    plan = plan_job(make_spec({"type": "ddp"}, preset="1b", acceleratorProduct="Acme-X1"))
+    assert any("Acme-X1 has no built-in profile" in w for w in plan.warnings)
+    assert plan.memory.accelerator_bytes == 80 * GIB
+
+
+def test_a_product_needs_a_gpu_job() -> None:
+    spec = make_spec({"type": "ddp"}, preset="tiny", acceleratorProduct="NVIDIA-H200")
+    spec["resources"]["accelerator"] = "cpu"
+    with pytest.raises(SpecError) as error:
+        plan_job(spec)
+    assert error.value.field == "spec.resources.acceleratorProduct"
+
+
+def test_slower_links_slow_the_collectives_that_use_them() -> None:
+    tensor = {"type": "hybrid", "dataParallel": 2, "pipelineParallel": 1, "tensorParallel": 8}
+    fast = parts(plan_job(make_spec(tensor)))
+    slow = parts(plan_job(make_spec(tensor, interconnect={"intraNodeGBps": 45})))
+    assert slow["tensorParallel"] > 5 * fast["tensorParallel"]
+    zero = {"type": "zero", "zeroStage": 3}
+    wide = parts(plan_job(make_spec(zero, nodes=8, batch=64)))
+    thin = parts(plan_job(make_spec(zero, nodes=8, batch=64, interconnect={"interNodeGbps": 25})))
+    assert thin["dataParallel"] > wide["dataParallel"]
+
+
+def test_a_tp_split_layer_is_slower_per_flop() -> None:
+    shape = PRESETS["7b"]
+    whole, _ = layer_compute_seconds(shape, 4096, 1, 989e12)
+    split, _ = layer_compute_seconds(shape, 4096, 8, 989e12)
+    assert split * 8 > whole * 1.03
+    assert gemm_efficiency(4096, 512, 4096) < gemm_efficiency(4096, 4096, 4096)
+
+
+def test_interleaving_shrinks_the_bubble_by_the_virtual_stages() -> None:
+    base = {"type": "hybrid", "dataParallel": 2, "pipelineParallel": 8, "tensorParallel": 1}
+    plain = parts(plan_job(make_spec(base, batch=32)))
+    interleaved = parts(
+        plan_job(
+            make_spec(
+                {**base, "pipelineSchedule": "interleaved-1f1b", "virtualStages": 4}, batch=32
+            )
+        )
+    )
+    ratio = interleaved["pipelineBubble"] / plain["pipelineBubble"]
+    assert ratio == pytest.approx(1 / 4, rel=0.25)
+    assert interleaved["pipelineTransfer"] > plain["pipelineTransfer"]
+
+
+def test_full_recomputation_costs_about_one_more_forward() -> None:
+    spec = make_spec({"type": "zero", "zeroStage": 1})
+    none = parts(plan_job(spec))
+    full_spec = copy.deepcopy(spec)
+    full_spec["training"]["activationCheckpointing"] = "full"
+    full = parts(plan_job(full_spec))
+    assert none["recompute"] == 0
+    # Forward is about a third of forward + backward (flash attention's backward is 2.5x).
+    assert 0.25 < full["recompute"] / full["compute"] < 0.4
+
+
+def test_zero3_moves_more_than_zero1_on_the_same_machines() -> None:
+    z1 = parts(plan_job(make_spec({"type": "zero", "zeroStage": 1}, nodes=16, batch=128)))
+    z3 = parts(plan_job(make_spec({"type": "zero", "zeroStage": 3}, nodes=16, batch=128)))
+    assert z3["dataParallel"] > z1["dataParallel"]
+    assert z3["optimizer"] == pytest.approx(z1["optimizer"])
+
+
+def test_mfu_matches_tokens_per_second() -> None:
+    plan = plan_job(make_spec({"type": "zero", "zeroStage": 1}, acceleratorProduct="NVIDIA-H200"))
+    est = plan.estimate
+    assert est is not None
+    shape = PRESETS["7b"]
+    flops = 6 * (shape.layers * shape.layer_parameters() + shape.vocab * shape.hidden)
+    flops += 12 * shape.layers * shape.seq_len * shape.hidden
+    assert est.mfu == pytest.approx(est.tokens_per_second_per_gpu * flops / 989e12)
+    assert sum(est.breakdown.values()) == pytest.approx(est.step_seconds)
+    assert plan.status_summary()["predictedTokensPerSecond"] == pytest.approx(
+        est.tokens_per_second_per_gpu * 16, rel=1e-3
+    )
+
+
+@pytest.mark.parametrize("product", ["bad value!", "-NVIDIA", "NVIDIA-H100-"])
+def test_a_product_must_be_a_label_value(product: str) -> None:
+    with pytest.raises(SpecError) as error:
+        plan_job(make_spec({"type": "ddp"}, preset="tiny", acceleratorProduct=product))
+    assert error.value.field == "spec.resources.acceleratorProduct"
+    assert "does not match" in str(error.value)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    spec=hybrid_specs(),
+    intra=st.sampled_from([25.0, 100.0, 450.0]),
+    inter=st.sampled_from([10.0, 100.0, 400.0]),
+    faster=st.sampled_from([2.0, 10.0]),
+)
+def test_faster_links_never_slow_a_layout(
+    spec: dict[str, Any], intra: float, inter: float, faster: float
+) -> None:
+    spec["resources"].update(accelerator="nvidia.com/gpu", acceleratorMemoryGiB=4096)
+    spec["resources"]["interconnect"] = {"intraNodeGBps": intra, "interNodeGbps": inter}
+    slow = plan_job(spec).estimate
+    spec["resources"]["interconnect"] = {
+        "intraNodeGBps": intra * faster,
+        "interNodeGbps": inter * faster,
+    }
+    fast = plan_job(spec).estimate
+    assert slow is not None and fast is not None
+    assert fast.step_seconds <= slow.step_seconds * (1 + 1e-9)
+    assert fast.breakdown["compute"] == pytest.approx(slow.breakdown["compute"])
