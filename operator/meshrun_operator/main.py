@@ -24,7 +24,7 @@ from meshrun_operator.handlers import OperatorMemo, register
 from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_link import KueueLink
 from meshrun_operator.leader import LeaderOptions
-from meshrun_operator.login import LoginError, login
+from meshrun_operator.login import Login, LoginError
 from meshrun_operator.netpolicy import PolicyOptions
 from meshrun_operator.phases import Tuning
 from meshrun_operator.progress import ProgressReader
@@ -141,7 +141,8 @@ def parse_args(argv: list[str]) -> Options:
         "--stall-seconds",
         type=float,
         default=300.0,
-        help="/healthz fails once a job waited this long for a reconcile (default 300)",
+        help="/healthz fails once a job waited this long for a reconcile, or the node watch, "
+        "lease loop or resync loop made no progress (default 300)",
     )
     parser.add_argument(
         "--no-watch-nodes",
@@ -259,18 +260,16 @@ def main(argv: list[str] | None = None) -> int:
         # and job): keep warnings.
         for noisy in ("kopf.objects", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    credentials = Login()
     try:
-        login()  # fail early and plainly: kopf would retry a failing login forever
+        credentials.login_now()  # fail early and plainly: kopf would retry a login forever
     except (LoginError, OSError, ValueError) as error:
-        print(
-            f"meshrun operator: no cluster to talk to (in-cluster service account or "
-            f"KUBECONFIG): {error}",
-            file=sys.stderr,
-        )
+        where = "in-cluster service account or KUBECONFIG"
+        print(f"meshrun operator: no cluster to talk to ({where}): {error}", file=sys.stderr)
         return 1
     timeout = ApiTimeout.of(options.api_timeout_seconds)
     ctx = OperatorContext(
-        kube=Kube(Rest(login, timeout, connections=options.workers)),
+        kube=Kube(Rest(credentials, timeout, connections=options.workers)),
         network_policy=options.network_policy,
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
@@ -279,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
         kueue=KueueLink() if options.kueue else None,
     )
     # The Lease's requests have connections of their own: a renewal never waits for one.
-    lease = Rest(login, timeout, connections=2)
-    elector = options.leader.elector(lease) if options.leader else None
+    lease = Rest(credentials, timeout, connections=2)
+    elector = options.leader.elector(lease, options.stall_seconds) if options.leader else None
     registry = kopf.OperatorRegistry()
     register(registry, options.watch_nodes, options.stall_seconds, options.namespaces)
     kueue_watch.register(registry, with_kueue=options.kueue)

@@ -12,7 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from meshrun_operator import nodewatch
 from meshrun_operator.apiclient import ApiTimeout
-from meshrun_operator.login import from_kubeconfig
+from meshrun_operator.login import Login
 from meshrun_operator.nodewatch import NodeWatch
 from meshrun_operator.rest import Rest
 from operator_harness import Kubectl
@@ -61,7 +61,7 @@ def test_the_node_watch_follows_readiness_labels_and_deletion(
 
     async def scenario() -> None:
         changes: list[float] = []
-        rest = Rest(lambda: from_kubeconfig(kubeconfig), ApiTimeout.of(10))
+        rest = Rest(Login(kubeconfig), ApiTimeout.of(10))
         watch = NodeWatch(rest, lambda: changes.append(1.0))
         watch.start()
         try:
