@@ -159,34 +159,46 @@ class Rest:
             headers["Content-Type"] = content_type
         limit = timeout or self.timeout
         totals = [t for t in (limit.total, deadline) if t is not None]
-        bounds = aiohttp.ClientTimeout(
-            total=min(totals) if totals else None, sock_connect=limit.connect, sock_read=limit.read
-        )
+        bounds = aiohttp.ClientTimeout(sock_connect=limit.connect, sock_read=limit.read)
         token = BEFORE_SEND.set(before_send)
         try:
-            for attempt in (0, 1):
-                used = await self._acquire()
-                try:
-                    async with used.session.request(
-                        method,
-                        used.info.server.rstrip("/") + path,
-                        params=query,
-                        data=payload,
-                        headers=headers,
-                        timeout=bounds,
-                    ) as response:
-                        data = await response.read()
-                        status, reason = response.status, response.reason or ""
-                finally:
-                    self._release(used)
-                if status == 401 and attempt == 0:
-                    await self._refused(used)
-                    continue
-                if status >= 400:
-                    raise ApiError(status, reason, data.decode(errors="replace"))
-                return json.loads(data) if data and read else None
+            # The whole of it: the login, the wait for a connection, a second try after a 401.
+            async with asyncio.timeout(min(totals) if totals else None):
+                return await self._send(method, path, query, payload, headers, bounds, read)
         finally:
             BEFORE_SEND.reset(token)
+
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        payload: bytes | None,
+        headers: dict[str, str],
+        bounds: aiohttp.ClientTimeout,
+        read: bool,
+    ) -> Any:
+        for attempt in (0, 1):
+            used = await self._acquire()
+            try:
+                async with used.session.request(
+                    method,
+                    used.info.server.rstrip("/") + path,
+                    params=query,
+                    data=payload,
+                    headers=headers,
+                    timeout=bounds,
+                ) as response:
+                    data = await response.read()
+                    status, reason = response.status, response.reason or ""
+            finally:
+                self._release(used)
+            if status == 401 and attempt == 0:
+                await self._refused(used)
+                continue
+            if status >= 400:
+                raise ApiError(status, reason, data.decode(errors="replace"))
+            return json.loads(data) if data and read else None
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def lines(
