@@ -257,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not options.verbose:
         # kopf logs every successful handler call at INFO (one per watch event of every pod
-        # and job): keep warnings.
-        for noisy in ("kopf.objects", "aiohttp.access"):
+        # and job, three per /healthz request): keep warnings.
+        for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
     credentials = Login()
     try:
