@@ -16,8 +16,9 @@ COPY pyproject.toml hack/pydeps.py ./
 
 # ---- operator: kopf and its aiohttp, no torch; non-root, read-only-rootfs friendly ------
 FROM base AS operator
-# The operator extra only (kopf, aiohttp, prometheus-client); the import check fails the build
-# if torch ever creeps in through a dependency, which would add gigabytes to a small controller.
+# The operator extra only (kopf, aiohttp, prometheus-client, the kubernetes config loader); the
+# import check fails the build if torch ever creeps in through a dependency, which would add
+# gigabytes to a small controller.
 RUN python pydeps.py operator > requirements.txt && pip install -r requirements.txt
 COPY README.md ./
 COPY meshrun ./meshrun

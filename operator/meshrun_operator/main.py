@@ -21,7 +21,7 @@ from meshrun_operator.children import netpolicy
 from meshrun_operator.children.netpolicy import PolicyOptions
 from meshrun_operator.client.errors import ApiTimeout
 from meshrun_operator.client.kube import Kube
-from meshrun_operator.client.login import LoginError, login
+from meshrun_operator.client.login import Login, LoginError
 from meshrun_operator.client.rest import Rest
 from meshrun_operator.runtime import kueue_watch, leader
 from meshrun_operator.runtime.context import OperatorContext
@@ -143,7 +143,8 @@ def parse_args(argv: list[str]) -> Options:
         "--stall-seconds",
         type=float,
         default=300.0,
-        help="/healthz fails once a job waited this long for a reconcile (default 300)",
+        help="/healthz fails once a job waited this long for a reconcile, or the node watch, "
+        "lease loop or resync loop made no progress (default 300)",
     )
     parser.add_argument(
         "--no-watch-nodes",
@@ -258,21 +259,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     if not options.verbose:
         # kopf logs every successful handler call at INFO (one per watch event of every pod
-        # and job): keep warnings.
-        for noisy in ("kopf.objects", "aiohttp.access"):
+        # and job, three per /healthz request): keep warnings.
+        for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    credentials = Login()
     try:
-        login()  # fail early and plainly: kopf would retry a failing login forever
+        credentials.login_now()  # fail early and plainly: kopf would retry a login forever
     except (LoginError, OSError, ValueError) as error:
-        print(
-            f"meshrun operator: no cluster to talk to (in-cluster service account or "
-            f"KUBECONFIG): {error}",
-            file=sys.stderr,
-        )
+        where = "in-cluster service account or KUBECONFIG"
+        print(f"meshrun operator: no cluster to talk to ({where}): {error}", file=sys.stderr)
         return 1
     timeout = ApiTimeout.of(options.api_timeout_seconds)
     ctx = OperatorContext(
-        kube=Kube(Rest(login, timeout, connections=options.workers)),
+        kube=Kube(Rest(credentials, timeout, connections=options.workers)),
         network_policy=options.network_policy,
         tuning=options.tuning,
         resync_seconds=options.resync_seconds,
@@ -281,8 +280,8 @@ def main(argv: list[str] | None = None) -> int:
         kueue=KueueLink() if options.kueue else None,
     )
     # The Lease's requests have connections of their own: a renewal never waits for one.
-    lease = Rest(login, timeout, connections=2)
-    elector = options.leader.elector(lease) if options.leader else None
+    lease = Rest(credentials, timeout, connections=2)
+    elector = options.leader.elector(lease, options.stall_seconds) if options.leader else None
     registry = kopf.OperatorRegistry()
     register(registry, options.watch_nodes, options.stall_seconds, options.namespaces)
     kueue_watch.register(registry, with_kueue=options.kueue)

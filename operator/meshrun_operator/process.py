@@ -1,20 +1,70 @@
 """The one way into the operator's process: ``meshrun operator`` and ``python -m meshrun_operator``.
 
-The operator talks to the API server itself (client/rest.py). kopf imports the kubernetes client
-whenever it is installed (a development environment has it; the operator image does not), only
-to recognise the client's model objects, which the operator never hands it: a fifth of the
-operator's memory for nothing. Importing it is refused here, before kopf is imported, on both
-paths into the process (tests that import ``meshrun_operator.main`` keep their client).
+The operator logs in with the ``kubernetes`` package's config loader (client/credentials.py) and
+talks to the API server itself (client/rest.py). Importing ``kubernetes`` the usual way runs its
+package ``__init__``s, which import every generated API class and model: a fifth of the
+operator's memory for objects it never makes, and kopf imports them too whenever the package is
+installed, only to recognise model objects the operator never hands it. So before kopf is
+imported, ``kubernetes`` and ``kubernetes.client`` are registered as bare packages over their
+real folders: the loader's modules (``kubernetes.config``, ``kubernetes.client.configuration``)
+import as usual, the models never do, and kopf finds no model classes to recognise.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import sys
+import types
+from importlib.machinery import ModuleSpec
+from pathlib import Path
+from typing import Any
+
+
+class DeferredApiClient:
+    """``kubernetes.client.ApiClient``, imported (models and all) only when one is made: the
+    config loader names it at import time but uses it only to refresh an OIDC token."""
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        from kubernetes.client.api_client import ApiClient
+
+        return ApiClient(*args, **kwargs)
+
+
+def bare_package(name: str, folder: Path) -> types.ModuleType:
+    """A package module over ``folder`` whose ``__init__`` is never run."""
+    module = types.ModuleType(name)
+    module.__path__ = [str(folder)]
+    module.__spec__ = ModuleSpec(name, None, is_package=True)
+    module.__spec__.submodule_search_locations = [str(folder)]
+    return module
+
+
+def lean_kubernetes() -> None:
+    """Register ``kubernetes`` and ``kubernetes.client`` as bare packages (see the module's
+    docstring); nothing happens when the package is missing or already imported."""
+    if "kubernetes" in sys.modules:
+        return
+    spec = importlib.util.find_spec("kubernetes")
+    if spec is None or not spec.submodule_search_locations:
+        return
+    root = bare_package("kubernetes", Path(next(iter(spec.submodule_search_locations))))
+    client = bare_package("kubernetes.client", Path(root.__path__[0]) / "client")
+
+    def lazy(name: str) -> Any:
+        if name == "Configuration":
+            return importlib.import_module("kubernetes.client.configuration").Configuration
+        if name == "ApiClient":
+            return DeferredApiClient
+        raise AttributeError(f"module 'kubernetes.client' has no attribute {name!r} here")
+
+    client.__getattr__ = lazy  # type: ignore[method-assign]
+    root.client = client  # type: ignore[attr-defined]
+    sys.modules["kubernetes"], sys.modules["kubernetes.client"] = root, client
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Refuse the kubernetes client, then run the operator (``meshrun_operator.main.main``)."""
-    sys.modules.setdefault("kubernetes", None)  # type: ignore[arg-type]
+    """Keep the generated kubernetes client out, then run the operator."""
+    lean_kubernetes()
     from meshrun_operator.main import main as run_operator
 
     return run_operator(argv)

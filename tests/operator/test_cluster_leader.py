@@ -1,7 +1,8 @@
 """On the real control plane: two operators with leader election, only the Lease holder acts.
 
-A leader frozen in place (SIGSTOP: a partitioned node, a paused VM) is replaced within the
-lease duration and, when it wakes up, writes nothing; a leader killed outright is replaced the
+A leader frozen in place (SIGSTOP: a partitioned node, a paused VM) while a pod fails is
+replaced within the lease duration, the standby restarts the gang once, and the old leader,
+when it wakes up, writes nothing; a leader killed outright is replaced the
 same way; a leader stopped cleanly hands the Lease over at once.
 """
 
@@ -76,23 +77,29 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(
         lease = cluster.kubectl("get", "lease", "meshrun-test", "-n", namespace, "-o", holder)
         assert lease.stdout.strip(), "the Lease names its holder"
 
-        # The leader freezes (its node lost the network): b takes over after the lease ran out.
+        # The leader freezes (its node lost the network) and a pod fails while it is frozen:
+        # b takes over once the lease ran out and restarts the gang.
         assert a.proc is not None
         before = writes(a)
         a.proc.send_signal(signal.SIGSTOP)
-        took = takeover(b, time.monotonic(), "a frozen")
+        frozen = time.monotonic()
+        cluster.finish("gang-1", "Failed", exit_code=1)
+        took = takeover(b, frozen, "a frozen")
         print(f"takeover after the leader froze: {took:.1f} s")
         assert took < LEASE_SECONDS + 4 * RETRY + 5, f"takeover took {took:.1f} s"
-        cluster.finish("gang-1", "Failed", exit_code=1)  # b must restart the gang
         wait_for(lambda: cluster.status("gang").get("restarts") == 1, 60, "b restarting gang")
-        cluster.wait_running_pods("gang", 2, attempt=1)
-        # a wakes up late: it must notice it is no longer the leader before writing anything.
+        restarted = {p["metadata"]["uid"] for p in cluster.wait_running_pods("gang", 2, attempt=1)}
+        # a wakes up past its lease, with the failed pod's events waiting in its watch: it must
+        # notice it no longer leads before writing anything (no second restart, no pods).
         a.proc.send_signal(signal.SIGCONT)
         cluster.apply(job_manifest("after"))
         cluster.wait_running_pods("after", 2)
         wait_seconds(3 * RETRY + 1)
         assert writes(a) == before, "the old leader wrote after it lost the lease"
         assert not leads(a) and leads(b)
+        assert cluster.status("gang")["restarts"] == 1, "the gang was restarted twice"
+        live = cluster.live_pods("gang")
+        assert {p["metadata"]["uid"] for p in live} == restarted, "a second set of pods"
 
         # The leader dies without a word: a takes over within the lease duration.
         b.kill()

@@ -11,7 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 from meshrun_operator.client.errors import ApiTimeout
-from meshrun_operator.client.login import from_kubeconfig
+from meshrun_operator.client.login import Login
 from meshrun_operator.client.rest import Rest
 from meshrun_operator.seen import nodes
 from meshrun_operator.seen.nodes import NodeWatch
@@ -61,7 +61,7 @@ def test_the_node_watch_follows_readiness_labels_and_deletion(
 
     async def scenario() -> None:
         changes: list[float] = []
-        rest = Rest(lambda: from_kubeconfig(kubeconfig), ApiTimeout.of(10))
+        rest = Rest(Login(kubeconfig), ApiTimeout.of(10))
         watch = NodeWatch(rest, lambda: changes.append(1.0))
         watch.start()
         try:

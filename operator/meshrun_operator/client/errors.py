@@ -48,6 +48,9 @@ class ApiTimeout:
     """Seconds to open a connection (TCP and TLS)."""
     read: float = 30.0
     """Seconds to wait for the answer (between two reads of it)."""
+    total: float | None = None
+    """Seconds the whole request may take, its waits for a login and a connection included
+    (None: bounded by ``connect`` and ``read`` only)."""
 
     @classmethod
     def of(cls, seconds: float) -> ApiTimeout:

@@ -75,13 +75,33 @@ class Kube:
         self.timeout = timeout or rest.timeout
         self.may_write: Callable[[], bool] = lambda: True
         """False while another operator holds the lease: every write raises NotLeader."""
+        self.write_seconds: Callable[[], float | None] = lambda: None
+        """How long a write started now may take: until this operator's lease would end (None:
+        no lease, only the request timeouts)."""
 
     async def call(self, verb: str, resource: str, method: str, path: str, **options: Any) -> Any:
-        """One request, counted; NotLeader for a write while another operator leads."""
-        if verb in WRITES and not self.may_write():
+        """One request, counted when sent; NotLeader for a write while another operator leads.
+
+        A write is checked twice: before it waits for anything, and once it holds a connection
+        (after the login and the wait for a free connection), right before it is sent; and it
+        must end within the lease (``write_seconds``), so an operator frozen or slowed down while
+        a write waited never sends it after a standby may have taken over.
+        """
+        write = verb in WRITES
+        deadline = self.write_seconds() if write else None
+        if write and (not self.may_write() or (deadline is not None and deadline <= 0)):
             raise NotLeader(f"{verb} {resource} not sent: this operator is not the leader")
-        metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
-        return await self.rest.request(method, path, timeout=self.timeout, **options)
+
+        def sending() -> None:
+            if write and not self.may_write():
+                raise NotLeader(
+                    f"{verb} {resource} not sent: the lease ended while it waited to be sent"
+                )
+            metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+
+        return await self.rest.request(
+            method, path, timeout=self.timeout, deadline=deadline, before_send=sending, **options
+        )
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create ``obj``; False when it already exists. ChildRejected when it is invalid."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshrun_operator.client.errors import ApiError
+from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.kube import Kube, group_path
 from meshrun_operator.client.rest import Rest
 
@@ -15,10 +15,10 @@ class LeaseApi:
     """Read, create and replace one Lease through a session of its own (``rest``): renewals
     never queue behind the reconciler's requests for a connection."""
 
-    def __init__(self, rest: Rest) -> None:
+    def __init__(self, rest: Rest, timeout: ApiTimeout | None = None) -> None:
         self.rest = rest
         # Counted like every request; never refused: the Lease is how leadership is won.
-        self.kube = Kube(rest)
+        self.kube = Kube(rest, timeout)
 
     async def _call(self, verb: str, method: str, path: str, body: Any = None) -> Any:
         return await self.kube.call(verb, PLURAL, method, path, body=body)

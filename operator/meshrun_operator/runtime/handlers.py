@@ -16,15 +16,23 @@ from typing import Any
 import kopf
 
 from meshrun_operator import metrics, names
+from meshrun_operator.background import Liveness, Stalled
 from meshrun_operator.bodies import kept
 from meshrun_operator.children.placer import Placer
-from meshrun_operator.client.login import login
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.leader import Elector
-from meshrun_operator.runtime.resync import Resyncer, Stalled
+from meshrun_operator.runtime.resync import Resyncer
 from meshrun_operator.seen.nodes import NodeWatch
 from meshrun_operator.seen.relist import Auditor, LiveIndex
 from meshrun_operator.seen.views import PodView, pod_view
+
+
+def alive(liveness: Liveness, what: object) -> dict[str, Any]:
+    """A background loop's probe answer; kopf.PermanentError (HTTP 500) when it stalled."""
+    try:
+        return {**liveness.check(), "state": what}
+    except Stalled as stalled:
+        raise kopf.PermanentError(str(stalled)) from stalled
 
 
 def always() -> bool:
@@ -65,9 +73,10 @@ def register(
     """
 
     @kopf.on.login(id="login", registry=registry)
-    def credentials(**_: Any) -> Any:
-        # The operator's own credentials (login.py): kopf's watches and its requests agree.
-        return login()
+    async def credentials(memo: OperatorMemo, **_: Any) -> Any:
+        # The process's one login (login.py): kopf's watches and the operator's requests agree,
+        # and kopf asking again after a 401 joins any login already under way.
+        return await memo.ctx.kube.rest.login.for_kopf()
 
     @kopf.index(
         "v1", "pods", id="meshrun_pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
@@ -100,15 +109,20 @@ def register(
         nodes = None
         if watch_nodes:
             # A node's change of readiness (or its deletion) concerns every job.
-            nodes = NodeWatch(memo.ctx.kube.rest, lambda: memo.resync.poke_all())
+            nodes = NodeWatch(
+                memo.ctx.kube.rest, lambda: memo.resync.poke_all(), deadline=stall_seconds
+            )
             memo.ctx.node_labels = nodes.labels
             memo.ctx.placer = Placer(nodes.nodes, kwargs["meshrun_pods"])
             memo.nodes = nodes
             nodes.start()
         elector: Elector | None = memo.get("elector")
         leading = elector.leading if elector is not None else always
-        memo.resync = Resyncer(memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading)
+        memo.resync = Resyncer(
+            memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading, stall_seconds=stall_seconds
+        )
         memo.task = asyncio.create_task(memo.resync.run(), name="meshrun-resync")
+        memo.resync.liveness.task = memo.task
         resync = memo.resync
         versions = kwargs["meshrun_pod_versions"]
         memo.auditor = Auditor(memo.ctx.kube, resync.jobs, resync.forget, versions, namespaces)
@@ -118,8 +132,10 @@ def register(
         else:
             # Every index stays warm on a standby; only its writes are refused.
             memo.ctx.kube.may_write = elector.leading
+            memo.ctx.kube.write_seconds = elector.write_seconds
             run = elector.run(memo.resync.leadership_changed)
             memo.lead_task = asyncio.create_task(run, name="meshrun-lease")
+            elector.liveness.task = memo.lead_task
 
     @kopf.on.cleanup(id="stop-resync", registry=registry)
     async def stop_resync(memo: OperatorMemo, **_: Any) -> None:
@@ -147,16 +163,29 @@ def register(
 
     @kopf.on.probe(id="resync", registry=registry)
     def resync_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
-        """/healthz fails (HTTP 500) when the resync loop died or reconciles stopped
+        """/healthz fails (HTTP 500) when the resync loop ended or reconciles stopped
         completing: the operator would silently stop acting. A permanent error, because kopf
         retries any other error of a probe while the request waits."""
-        if memo.task.done():
-            why = "cancelled" if memo.task.cancelled() else repr(memo.task.exception())
-            raise kopf.PermanentError(f"the resync loop ended: {why}")
         try:
             return memo.resync.health(stall_seconds)
         except Stalled as stalled:
             raise kopf.PermanentError(str(stalled)) from stalled
+
+    @kopf.on.probe(id="nodes", registry=registry)
+    def nodes_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
+        """/healthz fails when the node watch ended or heard nothing for its deadline: lost
+        nodes would go unnoticed."""
+        nodes: NodeWatch | None = memo.get("nodes")
+        return {"watched": False} if nodes is None else alive(nodes.liveness, len(nodes.nodes))
+
+    @kopf.on.probe(id="lease", registry=registry)
+    def lease_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
+        """/healthz fails when the lease loop ended or completed no attempt for its deadline:
+        a leader would stop renewing, a standby would never take over."""
+        elector: Elector | None = memo.get("elector")
+        if elector is None:
+            return {"election": False}
+        return alive(elector.liveness, elector.leading())
 
     @kopf.on.event(
         "v1", "pods", id="pod-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry

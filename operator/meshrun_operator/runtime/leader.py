@@ -4,14 +4,20 @@ Several operator processes (two replicas, or an old pod on a node that lost its 
 one) may run at once: all watch and keep their indexes warm, only the holder of the Lease acts.
 
 - A candidate takes the Lease when it is free, released, or unchanged for its
-  ``leaseDurationSeconds`` as measured on the candidate's own clock since it last saw the record
-  change (so clock skew between nodes does not matter).
+  ``leaseDurationSeconds`` as measured on the candidate's own clock from the moment its read of
+  the changed record returned (client-go's observedTime; so clock skew between nodes does not
+  matter, and a slow read cannot make a standby start counting before the holder's renewal).
 - The holder renews it every ``retry`` seconds and counts itself leader only while its last
   successful renewal started less than ``renew_deadline`` ago; ``renew_deadline`` is shorter
   than ``duration``, so a holder cut off from the API server stops acting before anyone else
-  may take over. The API door refuses every write while this process is not the leader (kube.py),
-  so an old leader that wakes up late (a frozen VM, a partitioned node) writes nothing.
+  may take over. The API door refuses every write while this process is not the leader, checks
+  again once the write holds a connection (after its login and its wait for a free connection),
+  and gives every write a deadline at the end of the lease (kube.py), so an old leader that wakes
+  up late (a frozen VM, a partitioned node) writes nothing.
 - On a clean shutdown the holder releases the Lease, and a standby takes over at once.
+- The loop survives any failure of its own (background.py): an error answer or none is tried
+  again at the next retry, anything else after a backoff; /healthz fails when it ended or has not
+  completed an attempt for its deadline.
 
 The kubernetes client's own ``leaderelection`` blocks a thread per candidate, talks through the
 global default client without request timeouts, and gives up for good after losing the lease; this
@@ -33,7 +39,8 @@ from datetime import UTC, datetime
 from typing import Any
 
 from meshrun_operator import metrics
-from meshrun_operator.client.errors import NO_ANSWER, ApiError
+from meshrun_operator.background import Liveness
+from meshrun_operator.client.errors import NO_ANSWER, ApiError, ApiTimeout
 from meshrun_operator.client.lease import LeaseApi
 from meshrun_operator.client.login import own_namespace
 from meshrun_operator.client.rest import Rest
@@ -80,19 +87,37 @@ def _micro_time(moment: datetime) -> str:
 class Elector:
     """Acquires and renews the Lease; ``leading()`` says whether this process may act now."""
 
-    def __init__(self, api: LeaseApi, lease: LeaseRef, timing: LeaseTiming | None = None) -> None:
+    def __init__(
+        self,
+        api: LeaseApi,
+        lease: LeaseRef,
+        timing: LeaseTiming | None = None,
+        deadline: float = 300.0,
+    ) -> None:
         self.api, self.lease = api, lease
         self.timing = timing or LeaseTiming()
+        self.liveness = Liveness(
+            "lease loop", deadline, backoff_base=self.timing.retry, backoff_max=self.timing.duration
+        )
+        """Progress: an attempt that got its answers (whoever holds the lease)."""
         self._renewed_at: float | None = None
         """Monotonic time when the last successful acquire or renewal was sent."""
         self._observed: tuple[Any, ...] | None = None
         """The last Lease record seen (holder, renew time, duration)."""
         self._observed_at = 0.0
-        """Monotonic time when that record was first seen."""
+        """Monotonic time when a read first returned that record."""
 
     def leading(self) -> bool:
+        return self.write_seconds() > 0
+
+    def write_seconds(self) -> float:
+        """How long this process may still act (0 when it does not lead): until its last
+        successful renewal, counted from before that renewal was sent, is ``renew_deadline``
+        old."""
         renewed = self._renewed_at
-        return renewed is not None and time.monotonic() - renewed < self.timing.renew_deadline
+        if renewed is None:
+            return 0.0
+        return max(0.0, renewed + self.timing.renew_deadline - time.monotonic())
 
     async def run(self, on_change: Callable[[bool], None]) -> None:
         """Try to acquire or renew every ``retry`` seconds forever; ``on_change(leading)`` on
@@ -101,8 +126,11 @@ class Elector:
         while True:
             try:
                 await self._try_acquire_or_renew()
+                self.liveness.progressed()
             except (ApiError, *NO_ANSWER) as error:
                 logger.warning("leader election: lease %s: %s", self.lease.name, error)
+            except (Exception, asyncio.CancelledError) as error:
+                await self.liveness.failed(error)
             now = self.leading()
             if now != was:
                 logger.info(
@@ -118,10 +146,11 @@ class Elector:
             await asyncio.sleep(self.timing.retry)
 
     async def _try_acquire_or_renew(self) -> None:
-        sent = time.monotonic()
-        wall = _micro_time(datetime.now(UTC))
+        sent = time.monotonic()  # a renewal counts from before it was sent: the safe side
         me = self.lease.identity
         current = await self.api.read(self.lease.namespace, self.lease.name)
+        seen = time.monotonic()  # another's record counts from when the read returned
+        wall = _micro_time(datetime.now(UTC))
         duration = max(1, round(self.timing.duration))
         if current is None:
             first: dict[str, Any] = {
@@ -138,7 +167,7 @@ class Elector:
         holder = spec.get("holderIdentity") or None
         record = (holder, spec.get("renewTime"), spec.get("leaseDurationSeconds"))
         if record != self._observed:
-            self._observed, self._observed_at = record, sent
+            self._observed, self._observed_at = record, seen
         held_for = float(spec.get("leaseDurationSeconds") or self.timing.duration)
         if holder not in (None, me) and time.monotonic() < self._observed_at + held_for:
             return  # someone else holds it, and renewed it recently enough
@@ -194,11 +223,19 @@ class LeaderOptions:
     timing: LeaseTiming
     """Duration, renew deadline and retry period."""
 
-    def elector(self, rest: Rest) -> Elector:
+    def elector(self, rest: Rest, deadline: float = 300.0) -> Elector:
         """An Elector for this process (identity: host name and a random suffix), talking
-        through ``rest``, a session of its own."""
+        through ``rest``, a session of its own; each Lease request ends within the renew
+        deadline; /healthz fails after ``deadline`` seconds without a completed attempt."""
         identity = f"{socket.gethostname()}_{uuid.uuid4().hex[:8]}"
-        return Elector(LeaseApi(rest), LeaseRef(self.lease, self.namespace, identity), self.timing)
+        bounded = ApiTimeout(
+            connect=min(rest.timeout.connect, self.timing.renew_deadline),
+            read=min(rest.timeout.read, self.timing.renew_deadline),
+            total=self.timing.renew_deadline,
+        )
+        api = LeaseApi(rest, bounded)
+        ref = LeaseRef(self.lease, self.namespace, identity)
+        return Elector(api, ref, self.timing, deadline)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -28,6 +28,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from meshrun_operator import metrics
+from meshrun_operator.background import Liveness, Stalled
 from meshrun_operator.client.errors import NO_ANSWER, NotLeader
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
@@ -37,10 +38,6 @@ from meshrun_operator.runtime.reconcile import reconcile
 from meshrun_operator.vocabulary import Phase
 
 logger = logging.getLogger("meshrun.operator")
-
-
-class Stalled(Exception):
-    """Reconciles stopped completing: /healthz fails with this."""
 
 
 class Resyncer:
@@ -54,6 +51,7 @@ class Resyncer:
         concurrency: int = 32,
         leading: Callable[[], bool] = lambda: True,
         batch_seconds: float = 0.25,
+        stall_seconds: float = 300.0,
     ) -> None:
         self.ctx = ctx
         self.pods_index = pods_index
@@ -79,6 +77,10 @@ class Resyncer:
         self.wake = asyncio.Event()
         self.limit = asyncio.Semaphore(concurrency)
         self.last_pass = time.monotonic()
+        """When the last pass completed (monotonic)."""
+        self._last_full = 0.0
+        self.liveness = Liveness("resync loop", stall_seconds)
+        """Progress: a completed pass (its deadline: /healthz's ``stall_seconds``)."""
 
     def poke(self, uid: str | None, batch: bool = False) -> None:
         """Reconcile ``uid`` now, or with ``batch`` within ``batch_seconds``: a launch's pods
@@ -119,50 +121,58 @@ class Resyncer:
         self.waiting_since.clear()
 
     async def run(self) -> None:
-        last_full = 0.0
+        """Pass after pass until cancelled; a pass that fails is logged and the loop goes on
+        after a backoff (background.py)."""
         listed = getattr(self.nodes_index, "listed", None)
         if listed is not None:
             # Until the nodes are listed, every pod's node would look deleted.
             await listed.wait()
         try:
             while True:
-                now = time.monotonic()
-                wait = last_full + self.ctx.resync_seconds - now
-                if self.batched:
-                    wait = min(wait, min(self.batched.values()) - now)
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.wake.wait(), timeout=max(wait, 0.0))
-                self.wake.clear()
-                now = time.monotonic()
-                self.last_pass = now
-                if not self.leading():
-                    self.dirty.clear()
-                    self.batched.clear()
-                    self.stop_all()
-                    continue
-                ripe = [uid for uid, at in self.batched.items() if at <= now]
-                for uid in ripe:
-                    del self.batched[uid]
-                self.dirty.update(ripe)
-                if now - last_full >= self.ctx.resync_seconds:
-                    wall = datetime.now(UTC)
-                    periodic = {
-                        uid for uid, body in self.jobs.items() if self._periodic(uid, body, wall)
-                    }
-                    due, last_full = periodic | (self.dirty & set(self.jobs)), now
-                    for uid in periodic:
-                        self.batched.pop(uid, None)
+                try:
+                    await self._pass()
+                except (Exception, asyncio.CancelledError) as error:
+                    await self.liveness.failed(error)
                 else:
-                    due = self.dirty & set(self.jobs)
-                self.dirty.clear()
-                for uid in due:
-                    self.waiting_since.setdefault(uid, now)
-                    if uid in self.running:
-                        self.dirty.add(uid)  # once the running one ends (see _done)
-                    else:
-                        self._start(uid)
+                    self.last_pass = time.monotonic()
+                    self.liveness.progressed()
         finally:
             self.stop_all()
+
+    async def _pass(self) -> None:
+        """Wait for a change or the next periodic pass, then start the due reconciles."""
+        now = time.monotonic()
+        wait = self._last_full + self.ctx.resync_seconds - now
+        if self.batched:
+            wait = min(wait, min(self.batched.values()) - now)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.wake.wait(), timeout=max(wait, 0.0))
+        self.wake.clear()
+        now = time.monotonic()
+        if not self.leading():
+            self.dirty.clear()
+            self.batched.clear()
+            self.stop_all()
+            return
+        ripe = [uid for uid, at in self.batched.items() if at <= now]
+        for uid in ripe:
+            del self.batched[uid]
+        self.dirty.update(ripe)
+        if now - self._last_full >= self.ctx.resync_seconds:
+            wall = datetime.now(UTC)
+            periodic = {uid for uid, body in self.jobs.items() if self._periodic(uid, body, wall)}
+            due, self._last_full = periodic | (self.dirty & set(self.jobs)), now
+            for uid in periodic:
+                self.batched.pop(uid, None)
+        else:
+            due = self.dirty & set(self.jobs)
+        self.dirty.clear()
+        for uid in due:
+            self.waiting_since.setdefault(uid, now)
+            if uid in self.running:
+                self.dirty.add(uid)  # once the running one ends (see _done)
+            else:
+                self._start(uid)
 
     def _periodic(self, uid: str, body: dict[str, Any], now: datetime) -> bool:
         """Whether the periodic pass looks at the job: not when it ended, unless its TTL ran
@@ -228,12 +238,13 @@ class Resyncer:
 
     def health(self, stall_seconds: float) -> dict[str, Any]:
         """What /healthz reports; raises Stalled when reconciles stopped completing: the loop
-        has not passed, or a job has waited for a completed reconcile, for ``stall_seconds``."""
+        ended, has not completed a pass, or a job has waited for a completed reconcile, for
+        ``stall_seconds``."""
+        self.liveness.deadline = stall_seconds
+        self.liveness.check()
         now = time.monotonic()
         since_pass = now - self.last_pass
         oldest = max((now - t for t in self.waiting_since.values()), default=0.0)
-        if since_pass > stall_seconds:
-            raise Stalled(f"the resync loop has not run for {since_pass:.0f} s")
         if oldest > stall_seconds:
             raise Stalled(
                 f"a job has waited {oldest:.0f} s for a reconcile to complete "

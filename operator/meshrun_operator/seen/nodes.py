@@ -12,8 +12,12 @@ repeat across nodes) and the whole object dropped, and a heartbeat, which change
 goes no further. A change of readiness, or a deletion, concerns every job (``on_change``).
 
 A watch that cannot resume (410 Gone) lists again, and the nodes absent from the new list are
-dropped as deleted. As with kopf's index, a node the operator does not hold counts as deleted,
-and the jobs are looked at only once the first listing is complete (``listed``).
+dropped as deleted. Any other failure (an error answer, none, a malformed event, a bug) is
+logged and the watch starts again after a backoff (background.py); /healthz fails when the
+watch ended or has received nothing (no page, no event, no bookmark) for its deadline.
+
+As with kopf's index, a node the operator does not hold counts as deleted, and the jobs are
+looked at only once the first listing is complete (``listed``).
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from typing import Any
 
 from meshrun.api.hardware import PRODUCT_LABEL
 from meshrun_operator import metrics
-from meshrun_operator.client.errors import NO_ANSWER, ApiError
+from meshrun_operator.background import Liveness
+from meshrun_operator.client.errors import ApiError
 from meshrun_operator.client.rest import Rest
 from meshrun_operator.seen.views import ACCELERATOR, NodeView, node_view, whole_quantity
 
@@ -98,8 +103,18 @@ class NodeWatch:
     node's ``NodeView``, once.
     """
 
-    def __init__(self, rest: Rest, on_change: Callable[[], None]) -> None:
+    def __init__(
+        self,
+        rest: Rest,
+        on_change: Callable[[], None],
+        deadline: float = 300.0,
+        watch_seconds: int = WATCH_SECONDS,
+    ) -> None:
         self.rest = rest
+        self.watch_seconds = watch_seconds
+        """How long the API server keeps one watch open (a new one follows)."""
+        # A quiet cluster sends nothing but a new watch's answer for a whole watch.
+        self.liveness = Liveness("node watch", max(deadline, 2.0 * (watch_seconds + 30)))
         self.on_change = on_change
         """Called when a node's readiness changes or it is deleted."""
         self.nodes: dict[str, NodeInfo] = {}
@@ -126,6 +141,7 @@ class NodeWatch:
     def start(self) -> None:
         """Start listing and watching (a task of the running loop)."""
         self._task = asyncio.create_task(self._run(), name="meshrun-nodes")
+        self.liveness.task = self._task
 
     def stop(self) -> None:
         if self._task is not None:
@@ -142,11 +158,9 @@ class NodeWatch:
                 if error.status == 410:  # the version was compacted away: list again
                     version = ""
                     continue
-                logger.warning("node watch: %s; retrying", error)
-                await asyncio.sleep(2)
-            except (*NO_ANSWER, ValueError) as error:
-                logger.warning("node watch interrupted: %r; retrying", error)
-                await asyncio.sleep(2)
+                await self.liveness.failed(error)
+            except (Exception, asyncio.CancelledError) as error:
+                await self.liveness.failed(error)
 
     async def _list(self) -> str:
         found: dict[str, NodeInfo] = {}
@@ -157,6 +171,7 @@ class NodeWatch:
             for item in page.get("items") or []:
                 found[str(item["metadata"]["name"])] = node_info(item)
             del page["items"]  # a page of whole nodes is the largest thing the operator reads
+            self.liveness.progressed()
             meta = page.get("metadata") or {}
             if not meta.get("continue"):
                 break
@@ -172,11 +187,12 @@ class NodeWatch:
             "watch": "true",
             "resourceVersion": version,
             "allowWatchBookmarks": "true",
-            "timeoutSeconds": str(WATCH_SECONDS),
+            "timeoutSeconds": str(self.watch_seconds),
         }
         metrics.API_REQUESTS.labels(verb="watch", resource="nodes").inc()
-        async for line in self.rest.lines("/api/v1/nodes", query, WATCH_SECONDS + 30):
+        async for line in self.rest.lines("/api/v1/nodes", query, self.watch_seconds + 30):
             kind, obj = _event(line)
+            self.liveness.progressed()
             meta = obj.get("metadata") or {}
             name = str(meta.get("name") or "")
             if kind in ("ADDED", "MODIFIED"):
@@ -186,6 +202,7 @@ class NodeWatch:
             elif kind == "DELETED" and name in self.nodes:
                 self._apply({}, [name])
             version = str(meta.get("resourceVersion") or version)
+        self.liveness.progressed()  # the API server ended the watch: it answers
         return version
 
     def _apply(self, changed: Mapping[str, NodeInfo], gone: list[str]) -> None:
