@@ -25,6 +25,10 @@ from meshrun_operator.placer import Placer
 from meshrun_operator.relist import Auditor, LiveIndex
 from meshrun_operator.resync import Resyncer, Stalled
 
+LABELLED = (("v1", "pods"), ("v1", "services"), ("networking.k8s.io", "networkpolicies"))
+"""kopf's selectors of what the operator watches by the job-name label (server-side): the jobs'
+pods, Services and NetworkPolicies, not every one of the cluster."""
+
 
 def always() -> bool:
     """Without leader election, this operator always acts."""
@@ -55,13 +59,41 @@ def register(
     watch_nodes: bool,
     stall_seconds: float = 300.0,
     namespaces: tuple[str, ...] = (),
+    network_policies: bool = False,
 ) -> None:
     """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global).
 
     /healthz fails when no reconcile completed for ``stall_seconds`` while one was due. After
     each listing of the served ``namespaces`` (all when empty), jobs and pods deleted while a
-    watch was down are dropped (relist.py).
+    watch was down are dropped (relist.py). The jobs' Services (and, with
+    ``network_policies``, their NetworkPolicies) are watched too: one deleted while its job runs
+    is created again.
     """
+
+    async def owner_of(meta: kopf.Meta, **_: Any) -> str | None:
+        owners = meta.get("ownerReferences") or []
+        return next((str(o.get("uid")) for o in owners if o.get("controller")), None)
+
+    def child_index(resource: tuple[str, ...], id: str) -> None:
+        @kopf.index(*resource, id=id, labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
+        async def children(
+            namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, **_: Any
+        ) -> dict[tuple[str, str], str]:
+            # (namespace, job name) -> the controller's uid: whose child it is.
+            return {(str(namespace), str(labels[names.LABEL_JOB])): await owner_of(meta) or ""}
+
+        @kopf.on.event(
+            *resource, id=f"{id}-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
+        )
+        async def child_changed(
+            memo: OperatorMemo, meta: kopf.Meta, type: str | None, **_: Any
+        ) -> None:
+            if type == "DELETED":
+                memo.resync.poke(await owner_of(meta))
+
+    child_index(("v1", "services"), "meshrun_services")
+    if network_policies:
+        child_index(("networking.k8s.io", "v1", "networkpolicies"), "meshrun_policies")
 
     @kopf.on.login(id="login", registry=registry)
     def credentials(**_: Any) -> Any:
@@ -106,6 +138,9 @@ def register(
             nodes.start()
         elector: Elector | None = memo.get("elector")
         leading = elector.leading if elector is not None else always
+        memo.ctx.children = {"Service": kwargs["meshrun_services"]}
+        if "meshrun_policies" in kwargs:
+            memo.ctx.children["NetworkPolicy"] = kwargs["meshrun_policies"]
         memo.resync = Resyncer(memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading)
         memo.task = asyncio.create_task(memo.resync.run(), name="meshrun-resync")
         resync = memo.resync

@@ -56,6 +56,8 @@ class Decision:
     force_delete_pods: tuple[str, ...] = ()
     """Pod names to delete with grace period 0 (on a lost node no kubelet confirms a graceful
     delete)."""
+    restore: tuple[str, ...] = ()
+    """Kinds of children (Service, NetworkPolicy) to create again while the gang runs."""
     delete_job: bool = False
     """ttlSecondsAfterFinished has passed: delete the job itself."""
     events: tuple[Event, ...] = ()
@@ -113,6 +115,7 @@ def decide(
         delete_pods=tuple(n for n in dict.fromkeys(draft.delete) if n not in force),
         force_delete_pods=tuple(sorted(force)),
         build=ev if ev.plan is not None else None,
+        restore=tuple(draft.restore),
         delete_job=draft.delete_job,
         events=tuple(draft.events),
         invalid=draft.is_invalid,

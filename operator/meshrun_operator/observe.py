@@ -80,6 +80,10 @@ class PodView:
     """(container, exit code) of every terminated container, init containers first."""
     accelerators: int = 0
     """The accelerators (nvidia.com/gpu) its containers request: what it holds on its node."""
+    managed: bool = True
+    """It carries the ``app.kubernetes.io/managed-by: meshrun-operator`` label (with the
+    job-name label it was indexed by): a pod of the job's name without it is not meshrun's and
+    is never deleted or waited for."""
 
 
 def parse_progress(text: str | None) -> dict[str, Any] | None:
@@ -198,6 +202,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         disruption=_disruption(conditions),
         exit_codes=_exit_codes(status),
         accelerators=_accelerators(body.get("spec") or {}),
+        managed=labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY,
     )
 
 
@@ -253,9 +258,13 @@ class Refusal:
     indices: tuple[int, ...]
     """Pod indices not created (empty when only the Service was refused)."""
     reason: str
-    """QuotaExceeded, PodSecurity, Forbidden, TooManyRequests or ServerError."""
+    """QuotaExceeded, PodSecurity, Forbidden, TooManyRequests, ServerError, or NameConflict
+    (an object of the child's name that meshrun did not make holds it)."""
     message: str
-    """The API server's own words."""
+    """The API server's own words (the operator's, for a NameConflict)."""
+    what: str = ""
+    """The child refused when it is not a pod ("Service x", "NetworkPolicy x"); empty for
+    pods, and for the Service when it was refused by the API server."""
 
 
 @dataclass(frozen=True)
@@ -283,3 +292,6 @@ class Observed:
     """The job's Workload (or why it has none); None when the operator runs without Kueue."""
     domains: Mapping[str, str] | None = None
     """Node name -> its value of the job's spec.scheduling.topologyKey (e.g. its rack)."""
+    missing_children: tuple[str, ...] = ()
+    """Kinds of the job's own children other than pods (Service, NetworkPolicy) that its watch
+    does not show: deleted by someone, they are created again while the gang runs."""

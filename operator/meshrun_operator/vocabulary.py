@@ -146,6 +146,15 @@ class Reason(StrEnum):
     # Children the API server refused (condition CreationRefused; the rest of the reasons are
     # refusal kinds: QuotaExceeded, PodSecurity, Forbidden, TooManyRequests, ServerError)
     CREATED = "Created", "every child of attempt {attempt} was created"
+    NAME_CONFLICT = (
+        "NameConflict",
+        "{kind} {name} already exists and is not this job's (controller: {owner}; meshrun's "
+        "labels missing); meshrun leaves it alone: rename the job or remove it",
+    )
+    CHILD_RESTORED = (
+        "ChildRestored",
+        "{kind} {name} was deleted while the job ran; created it again (the pods keep running)",
+    )
     # Spec edits while an attempt runs (condition SpecUpdate)
     NEXT_ATTEMPT = (
         "NextAttempt",
@@ -168,6 +177,7 @@ WAITING_FOR_PREDECESSOR = (
     "waiting for {count} pod(s) of an earlier job named {job} to go away (they hold the names)"
 )
 CREATION_REFUSED = "the API server refused {what}: {why}; retrying at {until}"
+NAME_TAKEN = "{why}; retrying at {until}"
 DELETED_BY_SOMEONE = "the pod was deleted while the attempt ran"
 CANNOT_START = "{why}; the pod cannot start (waited {seconds}s)"
 NODE_NOT_READY = "node {node} is NotReady; its pods are given up at {until} unless it recovers"

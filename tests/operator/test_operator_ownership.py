@@ -1,0 +1,153 @@
+"""Ownership before every write or delete, decision by decision: whose an object of a child's name
+is, what the job says when it is not meshrun's, children created again while the gang runs, and
+the status written before a restart's deletes (no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from meshrun_operator import names
+from meshrun_operator.children import Claim, JobRef, claim
+from meshrun_operator.context import OperatorContext
+from meshrun_operator.expectations import Expectations, Tombstones
+from meshrun_operator.lifecycle import decide
+from meshrun_operator.observe import Refusal
+from meshrun_operator.observing import observe as observe_children
+from meshrun_operator.reconcile import reconcile
+from operator_factories import at, make_job, make_pod, observe
+from operator_lifecycle_helpers import TUNING, advance, condition, failed, run, running_job
+
+pytestmark = pytest.mark.unit
+
+JOB = JobRef("train", "ns", "uid-1")
+MESHRUN = {names.LABEL_JOB: "train", names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+@pytest.mark.parametrize(
+    ("controller", "kind", "labels", "expected"),
+    [
+        ("uid-1", names.KIND, MESHRUN, Claim.OURS),
+        ("uid-1", names.KIND, {}, Claim.OURS),  # the job's controller reference suffices
+        (None, None, MESHRUN, Claim.ORPHAN),
+        ("uid-0", names.KIND, MESHRUN, Claim.PREDECESSOR),
+        (None, None, {}, Claim.FOREIGN),  # kubectl create service
+        (None, None, {names.LABEL_JOB: "train"}, Claim.FOREIGN),  # one label is not enough
+        (None, None, {**MESHRUN, names.LABEL_JOB: "other"}, Claim.FOREIGN),
+        (None, None, {names.LABEL_MANAGED_BY: names.MANAGED_BY}, Claim.FOREIGN),
+        ("uid-9", "Deployment", MESHRUN, Claim.FOREIGN),  # labels copied by someone else
+        ("uid-9", "HelmRelease", {}, Claim.FOREIGN),
+        (None, None, "not a mapping", Claim.FOREIGN),
+    ],
+)
+def test_whose_an_object_of_a_childs_name_is(
+    controller: str | None, kind: str | None, labels: Any, expected: Claim
+) -> None:
+    assert claim(JOB, controller, kind, labels) is expected
+
+
+def test_a_name_conflict_leaves_the_job_pending_with_no_pods_and_says_so() -> None:
+    job, first = run(make_job(), observe(), 0)
+    assert first.create_pods == (0, 1)
+    message = "Service job already exists and is not this job's (controller: none; ...)"
+    conflict = Refusal((), "NameConflict", message, "Service job")
+    decision = decide(job, replace(observe(), refused=conflict), at(0), TUNING)
+    cond = condition(decision, "CreationRefused")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("True", "NameConflict", message)
+    assert ("Warning", "NameConflict") in {(e.type, e.reason) for e in decision.events}
+    assert decision.status["phase"] == "Pending" and message in decision.status["message"]
+    assert decision.delete_pods == () and decision.force_delete_pods == ()
+    job = advance(job, decision)
+    # While the conflict lasts, no pod is created and nothing is deleted; the Event is not
+    # repeated for the same conflict.
+    again = decide(job, replace(observe(), refused=conflict), at(12), TUNING)
+    assert again.create_pods == () and again.delete_pods == ()
+    assert "NameConflict" not in {e.reason for e in again.events}
+
+
+@pytest.mark.parametrize("kind", ["Service", "NetworkPolicy"])
+def test_a_child_deleted_while_the_gang_runs_is_created_again_and_the_gang_untouched(
+    kind: str,
+) -> None:
+    job = running_job()
+    pods = (make_pod(0), make_pod(1))
+    observed = replace(observe(*pods), missing_children=(kind,))
+    decision = decide(job, observed, at(5), TUNING)
+    assert decision.restore == (kind,)
+    assert decision.create_pods == () and decision.delete_pods == ()
+    assert decision.status["phase"] == "Running" and decision.status["restarts"] == 0
+    # Nothing missing: nothing to restore.
+    assert decide(job, observe(*pods), at(5), TUNING).restore == ()
+
+
+def test_a_restore_refused_by_a_name_conflict_is_said_and_the_gang_runs_on() -> None:
+    job = running_job()
+    pods = (make_pod(0), make_pod(1))
+    message = "Service job already exists and is not this job's"
+    conflict = Refusal((), "NameConflict", message, "Service job")
+    decision = decide(job, replace(observe(*pods), refused=conflict), at(5), TUNING)
+    cond = condition(decision, "CreationRefused")
+    assert (cond["status"], cond["reason"]) == ("True", "NameConflict")
+    assert decision.status["phase"] == "Running" and decision.delete_pods == ()
+    job = advance(job, decision)
+    # Once the job's own Service is back, the condition turns False.
+    done = decide(job, observe(*pods), at(8), TUNING)
+    assert condition(done, "CreationRefused")["status"] == "False"
+
+
+def test_pods_of_the_jobs_name_that_meshrun_did_not_make_are_neither_waited_for_nor_deleted() -> (
+    None
+):
+    body = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"}}
+    own = make_pod(0, owner_uid="uid-1", uid="a")
+    orphan = make_pod(1, uid="b")  # managed-by label, no controller: an orphan of the job's
+    strangers = make_pod(5, uid="c", managed=False)  # someone's pod with the job-name label
+    other_controller = make_pod(6, owner_uid="rs-1", uid="d", managed=False)
+    index = {("ns", "job"): [own, orphan, strangers, other_controller]}
+    seen = observe_children(body, index, None, Expectations(60), Tombstones())
+    assert seen.pods == (own,)
+    assert seen.foreign == (orphan,)
+
+
+class RecordingKube:
+    """The API door as a list of calls: what the reconciler sends, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.may_write = lambda: True
+
+    async def delete_pods(self, namespace: str, pods: Any, force: bool, uids: Any) -> None:
+        self.calls.append(f"delete {','.join(sorted(pods))}")
+
+    async def patch_status(
+        self, namespace: str, name: str, version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.calls.append(f"status restarts={status['restarts']} attempt={status['attempt']}")
+        return {"metadata": {"name": name, "resourceVersion": "2"}, "status": status}
+
+    async def post_event(self, involved: Any, type: str, reason: str, message: str) -> None:
+        self.calls.append(f"event {reason}")
+
+
+def test_a_restart_writes_its_reason_before_deleting_and_a_restarted_operator_keeps_it() -> None:
+    job = running_job()
+    job["metadata"]["resourceVersion"] = "1"
+    pods = [failed(0, 137, container_reason="OOMKilled", owner_uid="uid-1", uid="p0")]
+    pods.append(make_pod(1, owner_uid="uid-1", uid="p1"))
+    kube = RecordingKube()
+    ctx = OperatorContext(kube=kube, tuning=TUNING)  # type: ignore[arg-type]
+    index = {("ns", "job"): pods}
+    decision = asyncio.run(reconcile(ctx, job, index, None))
+    assert decision.state.last_failure is not None
+    assert decision.state.last_failure.reason == "OOMKilled"
+    writes = [c for c in kube.calls if not c.startswith("event")]
+    assert writes == ["status restarts=1 attempt=1", "delete job-0,job-1"]
+    # Killed right after the deletes: a new operator finds the attempt ended, its pods going.
+    after = advance(job, decision)
+    going = (replace(pods[0], deleting=True), replace(pods[1], deleting=True))
+    later = decide(after, observe(*going), at(30), TUNING)
+    assert later.status["restarts"] == 1 and later.status["attempt"] == 1
+    assert later.status["lastFailure"]["reason"] == "OOMKilled"
+    assert later.status["phase"] == "Restarting"
