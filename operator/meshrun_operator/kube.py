@@ -10,6 +10,7 @@ task forever. While another operator leads (leader.py), no write is sent.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -47,6 +48,20 @@ def child_path(kind: str, namespace: str, name: str) -> str:
 
 def _plural(kind: str) -> str:
     return CORE_KINDS.get(kind) or "networkpolicies"
+
+
+class NotJson(ValueError):
+    """A request body holds a number JSON cannot carry (NaN, infinite): it is not sent."""
+
+
+def strict_json(body: Any, what: str) -> None:
+    """NotJson unless ``body`` serializes as standard JSON: Python's json writes NaN and the
+    API server answers every such patch 400, so a NaN that slipped past conform() would block
+    each write of the job instead of failing one, plainly, here."""
+    try:
+        json.dumps(body, allow_nan=False)
+    except ValueError as error:
+        raise NotJson(f"{what} not sent: {error}") from error
 
 
 class StaleJob(Exception):
@@ -92,6 +107,8 @@ class Kube:
         """One request, counted; NotLeader for a write while another operator leads."""
         if verb in WRITES and not self.may_write():
             raise NotLeader(f"{verb} {resource} not sent: this operator is not the leader")
+        if "body" in options:
+            strict_json(options["body"], f"{verb} {resource}")
         metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
         return await self.rest.request(method, path, timeout=self.timeout, **options)
 

@@ -36,7 +36,7 @@ from meshrun_operator.summary import (
     progress_status,
     step_change,
 )
-from meshrun_operator.vocabulary import ConditionType, PodPhase, Reason
+from meshrun_operator.vocabulary import ConditionType, EventType, PodPhase, Reason
 
 __all__ = ["Decision", "Evaluation", "Event", "Tuning", "decide", "evaluate"]
 
@@ -174,7 +174,7 @@ def _run(
     if len(current) == settings.resources.num_nodes and done:
         final = final_progress(pod0.summary if pod0 else None)
         if final:
-            draft.derived["progress"] = {**(draft.derived.get("progress") or {}), **final}
+            _set_progress(draft, {**(draft.derived.get("progress") or {}), **final})
         draft.succeed(policy, current)
         return
     if creation.create_or_wait(draft, settings, current, observed):
@@ -183,9 +183,21 @@ def _run(
     if reported is None and pod0 is not None:
         reported = pod0.progress
     if reported is not None:
-        draft.derived["progress"] = progress_status(reported)
+        _set_progress(draft, progress_status(reported))
         state.last_step_change = step_change(state.last_step_change, reported, draft.attempt, now)
     _schedule_and_run(draft, settings, current)
+
+
+def _set_progress(draft: Draft, progress: dict[str, Any]) -> None:
+    """status.progress, and a Warning Event when the trainer's report has numbers no JSON can
+    carry (NaN, infinite): left out of the status, named once per change."""
+    old = (draft.derived.get("progress") or {}).get("nonFinite")
+    draft.derived["progress"] = progress
+    dropped = progress.get("nonFinite")
+    if dropped and dropped != old:
+        fields = ", ".join(f"status.progress.{name}" for name in dropped)
+        message = Reason.NON_FINITE_VALUE.message(fields=fields)
+        draft.add_event(EventType.WARNING, Reason.NON_FINITE_VALUE, message)
 
 
 def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -> None:

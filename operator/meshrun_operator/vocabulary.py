@@ -143,6 +143,10 @@ class Reason(StrEnum):
         "no new training step for {deadline}s (last step: {step}); the trainer looks hung",
     )
     DISRUPTED = "Disrupted", "the pod was taken away on purpose ({why})"
+    NON_FINITE_VALUE = (
+        "NonFiniteValue",
+        "the trainer reported {fields} as NaN or infinite; left out of the status",
+    )
     # Children the API server refused (condition CreationRefused; the rest of the reasons are
     # refusal kinds: QuotaExceeded, PodSecurity, Forbidden, TooManyRequests, ServerError)
     CREATED = "Created", "every child of attempt {attempt} was created"

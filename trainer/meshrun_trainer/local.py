@@ -30,6 +30,7 @@ from meshrun.specread import read_spec
 from meshrun.userspec import Data
 from meshrun_trainer.config import ConfigError, from_env
 from meshrun_trainer.localenv import local_envs
+from meshrun_trainer.progress import finite
 from meshrun_trainer.userrun import from_env as read_user_run
 from meshrun_trainer.userrun import with_model
 from meshrun_trainer.windows import dataset_tokens
@@ -229,7 +230,8 @@ def run_job(args: argparse.Namespace) -> int:
     else:
         print(f"{summary['job']}: already complete at step {summary['resumedFromStep']}")
     if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(finite(summary), indent=2, allow_nan=False)
+        Path(args.summary_json).write_text(text + "\n", encoding="utf-8")
     if args.plot and summary["losses"]:
         from meshrun_trainer.plot import plot_losses
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from collections.abc import Callable
@@ -170,6 +171,14 @@ def forward_backward(
     return total
 
 
+class LossNotFinite(Exception):
+    """The loss of a step is NaN or infinite: training stops (a permanent failure)."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"the training loss is {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
 def global_loss(cfg: TrainConfig, mesh: Mesh, local: torch.Tensor) -> float:
     """Average the replicas' losses; the last pipeline stage shares its value with the others."""
     loss = local.detach().float().clone()
@@ -216,10 +225,13 @@ def train(
         local = forward_backward(cfg, runner, inputs, targets)
         hooks.after_backward()
         norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
+        loss = global_loss(cfg, mesh, local)  # the same value on every rank
+        if not math.isfinite(loss):
+            # Stopped before the optimizer step: the weights (and checkpoints) stay finite.
+            raise LossNotFinite(step, loss)
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        loss = global_loss(cfg, mesh, local)
         elapsed = time.perf_counter() - started
         record = StepRecord(
             step=step,
