@@ -188,6 +188,18 @@ def _run(
     _schedule_and_run(draft, settings, current)
 
 
+WHY_MAX = 500
+"""The longest scheduler or kubelet message copied into the job's status."""
+
+
+def _scheduler_says(unbound: list[PodView]) -> tuple[str, str] | None:
+    """(pod, "reason: message") of the first unbound pod the scheduler said something about."""
+    for pod in sorted(unbound, key=lambda p: p.index):
+        if pod.unschedulable:
+            return pod.name, pod.unschedulable[:WHY_MAX]
+    return None
+
+
 def _set_progress(draft: Draft, progress: dict[str, Any]) -> None:
     """status.progress, and a Warning Event when the trainer's report has numbers no JSON can
     carry (NaN, infinite): left out of the status, named once per change."""
@@ -207,7 +219,12 @@ def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -
     if unbound:
         bound = total - len(unbound)
         message = Reason.WAITING_FOR_GANG.message(bound=bound, total=total)
-        draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_GANG, message)
+        reason, why = Reason.WAITING_FOR_GANG.value, _scheduler_says(unbound)
+        if why is not None:
+            # The scheduler's own words on the first pod it cannot place (Unschedulable, a
+            # scheduling gate): the user sees why at once, not after the gang timeout.
+            reason, message = why[1].partition(":")[0], f"{message}; pod {why[0]}: {why[1]}"
+        draft.condition(ConditionType.SCHEDULED, False, reason, message)
         attempt_start = state.attempt_start_time or now
         timeout = settings.scheduling.gang_timeout_seconds
         # Under Kueue, its waitForPodsReady is the gang timeout (tearing down a gang Kueue
@@ -220,11 +237,20 @@ def _schedule_and_run(draft: Draft, settings: JobSpec, current: list[PodView]) -
         ):
             draft.gang_timeout(timeout, bound, total, current)
             return
-        draft.waiting(words.NOT_SCHEDULED.format(count=len(unbound)))
+        waiting = words.NOT_SCHEDULED.format(count=len(unbound))
+        draft.waiting(f"{waiting}; pod {why[0]}: {why[1]}" if why else waiting)
         return
     message = Reason.ALL_PODS_BOUND.message(total=total)
     draft.condition(ConditionType.SCHEDULED, True, Reason.ALL_PODS_BOUND, message)
     if not all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
+        stuck = next((p for p in sorted(current, key=lambda p: p.index) if p.waiting), None)
+        if stuck is not None and stuck.waiting is not None:
+            # An image that cannot be pulled, a missing Secret: said at once, long before the
+            # start timeout counts it as a failure (troubles._stuck).
+            kubelet, said = stuck.waiting[0], stuck.waiting[1][:WHY_MAX]
+            draft.condition(ConditionType.RUNNING, False, kubelet, f"pod {stuck.name}: {said}")
+            draft.waiting(words.POD_WAITS.format(pod=stuck.name, reason=kubelet, why=said))
+            return
         draft.waiting(words.PODS_STARTING)
         return
     draft.running()

@@ -20,16 +20,8 @@ from meshrun_operator.vocabulary import PodPhase
 ACCELERATOR = "nvidia.com/gpu"
 """The accelerator resource a pod's ``accelerators`` counts (spec.resources.accelerator)."""
 
-PROGRESS_KEYS = (
-    "step",
-    "totalSteps",
-    "loss",
-    "tokensPerSecond",
-    "stepTimeSeconds",
-    "updatedAt",
-    "evalLoss",
-    "evalStep",
-)
+PROGRESS_KEYS = ("step", "totalSteps", "loss", "tokensPerSecond", "stepTimeSeconds", "updatedAt",
+                 "evalLoss", "evalStep")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,6 +68,8 @@ class PodView:
     disruption: str | None = None
     """Why the pod is a disruption target (its DisruptionTarget condition is True): the
     condition's reason and message (PreemptionByScheduler, EvictionByEvictionAPI, ...)."""
+    unschedulable: str | None = None
+    """The scheduler's words while it cannot place the pod (PodScheduled False, Unschedulable)."""
     exit_codes: tuple[tuple[str, int], ...] = ()
     """(container, exit code) of every terminated container, init containers first."""
     accelerators: int = 0
@@ -161,10 +155,11 @@ def _exit_codes(status: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple(codes)
 
 
-def _disruption(conditions: list[Mapping[str, Any]]) -> str | None:
+def _said(conditions: list[Mapping[str, Any]], kind: str, status: str) -> str | None:
+    """"reason: message" of the pod's condition ``kind`` when it has ``status``."""
     for condition in conditions:
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            reason = condition.get("reason") or "DisruptionTarget"
+        if condition.get("type") == kind and condition.get("status") == status:
+            reason = condition.get("reason") or kind
             return f"{reason}: {condition.get('message')}" if condition.get("message") else reason
     return None
 
@@ -199,7 +194,8 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         started_at=parse_time(status.get("startTime")),
         waiting=_waiting(status),
         conditions=tuple((str(c.get("type")), str(c.get("status"))) for c in conditions),
-        disruption=_disruption(conditions),
+        disruption=_said(conditions, "DisruptionTarget", "True"),
+        unschedulable=_said(conditions, "PodScheduled", "False"),
         exit_codes=_exit_codes(status),
         accelerators=_accelerators(body.get("spec") or {}),
         managed=labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY,
