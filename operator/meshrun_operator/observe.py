@@ -156,7 +156,7 @@ def _exit_codes(status: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
 
 
 def _said(conditions: list[Mapping[str, Any]], kind: str, status: str) -> str | None:
-    """"reason: message" of the pod's condition ``kind`` when it has ``status``."""
+    """ "reason: message" of the pod's condition ``kind`` when it has ``status``."""
     for condition in conditions:
         if condition.get("type") == kind and condition.get("status") == status:
             reason = condition.get("reason") or kind
