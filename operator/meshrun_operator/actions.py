@@ -79,7 +79,7 @@ async def execute(
     if link is not None and kueue is not None:
         await patch_status(ctx.kube, link, job, kueue)
     if decision.delete_job:
-        await ctx.kube.delete_job(job.namespace, job.name)
+        await ctx.kube.delete_job(job.namespace, job.name, job.uid)
     return notes
 
 

@@ -265,11 +265,15 @@ class Kube:
         except (ApiError, ChildRejected, Refused, *NO_ANSWER) as error:
             logger.warning("could not post Event %s on %s: %s", reason, involved["name"], error)
 
-    async def delete_job(self, namespace: str, name: str) -> None:
+    async def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the job whose TTL ran out, only if it is still that job (a job re-created under
+        the same name meanwhile has another uid: 409, left alone)."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        path = job_path(namespace, name)
         try:
-            await self.call("delete", names.PLURAL, "DELETE", job_path(namespace, name), read=False)
+            await self.call("delete", names.PLURAL, "DELETE", path, body=options, read=False)
         except ApiError as error:
-            if error.status != 404:
+            if error.status not in (404, 409):
                 raise
 
     async def get_custom(

@@ -10,9 +10,11 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
+from meshrun_operator.answers import Holder
 from meshrun_operator.children import Claim, JobRef, claim
 from meshrun_operator.context import OperatorContext
 from meshrun_operator.expectations import Expectations, Tombstones
+from meshrun_operator.kube import Kube
 from meshrun_operator.lifecycle import decide
 from meshrun_operator.observe import Refusal
 from meshrun_operator.observing import observe as observe_children
@@ -151,3 +153,43 @@ def test_a_restart_writes_its_reason_before_deleting_and_a_restarted_operator_ke
     assert later.status["restarts"] == 1 and later.status["attempt"] == 1
     assert later.status["lastFailure"]["reason"] == "OOMKilled"
     assert later.status["phase"] == "Restarting"
+
+
+class CapturingRest:
+    """The HTTP layer as a list of (method, path, body): what the API door sends."""
+
+    timeout = None
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any]] = []
+
+    async def request(self, method: str, path: str, **options: Any) -> Any:
+        self.sent.append((method, path, options.get("body")))
+
+
+def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
+    rest = CapturingRest()
+    kube = Kube(rest)  # type: ignore[arg-type]
+    orphan = Holder(None, -1, False, uid="s-1", resource_version="77")
+
+    async def deletes() -> None:
+        await kube.delete_child("Service", "ns", orphan, "train")
+        await kube.delete_child("NetworkPolicy", "ns", orphan, "train")
+        await kube.delete_job("ns", "train", "uid-1")
+        await kube.delete_pods("ns", ["train-0", "train-1"], False, {"train-0": "p-0"})
+
+    asyncio.run(deletes())
+    paths = [(method, path) for method, path, _ in rest.sent]
+    assert paths == [
+        ("DELETE", "/api/v1/namespaces/ns/services/train"),
+        ("DELETE", "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/train"),
+        ("DELETE", "/apis/meshrun.dev/v1alpha1/namespaces/ns/paralleltrainingjobs/train"),
+        ("DELETE", "/api/v1/namespaces/ns/pods/train-0"),  # train-1's uid is unknown: not sent
+    ]
+    conditions = [body["preconditions"] for _, _, body in rest.sent]
+    assert conditions == [
+        {"uid": "s-1", "resourceVersion": "77"},
+        {"uid": "s-1", "resourceVersion": "77"},
+        {"uid": "uid-1"},
+        {"uid": "p-0"},
+    ]
