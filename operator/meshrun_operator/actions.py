@@ -161,32 +161,36 @@ async def restore(
     notes = []
     for kind in kinds:
         if kind == "Service":
-            await _create_service(ctx, job)
+            created = await _create_service(ctx, job)
             name = names.service_name(job.name)
         elif kind == "NetworkPolicy" and ctx.network_policy and ev.settings is not None:
             egress = ev.settings.networking.egress
-            await _create_network_policy(ctx, job, ctx.network_policy, egress)
+            created = await _create_network_policy(ctx, job, ctx.network_policy, egress)
             name = names.network_policy_name(job.name)
         else:
+            continue
+        if not created:  # the watch had not shown the job's own yet
             continue
         message = Reason.CHILD_RESTORED.message(kind=kind, name=name)
         notes.append(Event(EventType.WARNING, Reason.CHILD_RESTORED, message))
     return notes
 
 
-async def _create_service(ctx: OperatorContext, job: JobRef) -> None:
-    """The headless Service, or the wait until a Service of another owner gives its name up."""
+async def _create_service(ctx: OperatorContext, job: JobRef) -> bool:
+    """The headless Service, or the wait until a Service of another owner gives its name up;
+    True when it was created now (False: the job's own was there)."""
     try:
         created = await ctx.kube.create(build_service(job))
     except Refused as refused:
         raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
     if not created:
         await _child_taken(ctx, job, "Service", names.service_name(job.name))
+    return created
 
 
 async def _create_network_policy(
     ctx: OperatorContext, job: JobRef, options: PolicyOptions, egress: Egress
-) -> None:
+) -> bool:
     """The job's NetworkPolicy (netpolicy.py). Refused (no RBAC for it, a webhook), the job
     waits with the reason rather than run open to every pod. A name still held by an earlier
     job's policy selects the same pods by the same rules until the garbage collector removes it;
@@ -199,6 +203,7 @@ async def _create_network_policy(
         raise CreationRefused(Refusal((), refused.reason, refused.message, what)) from refused
     if not created:
         await _child_taken(ctx, job, "NetworkPolicy", name)
+    return created
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,6 @@ task forever. While another operator leads (leader.py), no write is sent.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
@@ -18,7 +17,14 @@ from typing import Any
 
 from meshrun_operator import metrics, names
 from meshrun_operator.answers import ChildRejected, Holder, Refused
-from meshrun_operator.apiclient import NO_ANSWER, WRITES, ApiError, ApiTimeout, NotLeader
+from meshrun_operator.apiclient import (
+    NO_ANSWER,
+    WRITES,
+    ApiError,
+    ApiTimeout,
+    NotLeader,
+    strict_json,
+)
 from meshrun_operator.conditions import format_time
 from meshrun_operator.rest import MERGE_PATCH, Rest
 
@@ -48,20 +54,6 @@ def child_path(kind: str, namespace: str, name: str) -> str:
 
 def _plural(kind: str) -> str:
     return CORE_KINDS.get(kind) or "networkpolicies"
-
-
-class NotJson(ValueError):
-    """A request body holds a number JSON cannot carry (NaN, infinite): it is not sent."""
-
-
-def strict_json(body: Any, what: str) -> None:
-    """NotJson unless ``body`` serializes as standard JSON: Python's json writes NaN and the
-    API server answers every such patch 400, so a NaN that slipped past conform() would block
-    each write of the job instead of failing one, plainly, here."""
-    try:
-        json.dumps(body, allow_nan=False)
-    except ValueError as error:
-        raise NotJson(f"{what} not sent: {error}") from error
 
 
 class StaleJob(Exception):

@@ -10,7 +10,8 @@ import math
 from typing import Any
 
 import pytest
-from meshrun_operator.kube import Kube, NotJson, strict_json
+from meshrun_operator.apiclient import NotJson, strict_json
+from meshrun_operator.kube import Kube
 from meshrun_operator.observe import parse_progress, parse_summary
 from meshrun_operator.summary import final_progress, progress_status
 from operator_factories import make_pod, observe

@@ -10,12 +10,15 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
+from meshrun_operator.actions import CreationRefused, StillTerminating, restore
 from meshrun_operator.answers import Holder
 from meshrun_operator.children import Claim, JobRef, claim
 from meshrun_operator.context import OperatorContext
+from meshrun_operator.evaluation import evaluate
 from meshrun_operator.expectations import Expectations, Tombstones
 from meshrun_operator.kube import Kube
 from meshrun_operator.lifecycle import decide
+from meshrun_operator.netpolicy import PolicyOptions
 from meshrun_operator.observe import Refusal
 from meshrun_operator.observing import observe as observe_children
 from meshrun_operator.reconcile import reconcile
@@ -193,3 +196,51 @@ def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
         {"uid": "uid-1"},
         {"uid": "p-0"},
     ]
+
+
+class ChildKube:
+    """Creates answer ``exists`` (409: False) or create; a name held is held by ``holder``."""
+
+    def __init__(self, exists: bool, holder: Holder | None = None) -> None:
+        self.exists, self.holder_found = exists, holder
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        self.created.append(obj["kind"])
+        return not self.exists
+
+    async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
+        return self.holder_found
+
+    async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
+        self.deleted.append(kind)
+
+
+def restored(kube: ChildKube) -> list[str]:
+    ctx = OperatorContext(kube=kube, network_policy=PolicyOptions())  # type: ignore[arg-type]
+    ev = evaluate(make_job()["spec"], "job")
+    job = JobRef("job", "ns", "uid-1")
+    notes = asyncio.run(restore(ctx, job, ev, ("Service", "NetworkPolicy")))
+    return [n.reason for n in notes]
+
+
+def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() -> None:
+    gone = ChildKube(exists=False)
+    assert restored(gone) == ["ChildRestored", "ChildRestored"]
+    assert gone.created == ["Service", "NetworkPolicy"]
+    # The watch lagged: the job's own are there (409, and the holder is the job).
+    ours = ChildKube(exists=True, holder=Holder("uid-1", -1, False, names.KIND, MESHRUN))
+    assert restored(ours) == [] and ours.deleted == []
+    # Someone else's took the name: nothing deleted, a NameConflict for the job to say.
+    theirs = ChildKube(exists=True, holder=Holder(None, -1, False, labels={"app": "db"}))
+    with pytest.raises(CreationRefused) as refused:
+        restored(theirs)
+    assert refused.value.refusal.reason == "NameConflict" and theirs.deleted == []
+    assert refused.value.refusal.what == "Service job"
+    # The job's orphan is replaced: deleted (under preconditions), created at the next pass.
+    orphan = ChildKube(exists=True, holder=Holder(None, -1, False, labels={
+        names.LABEL_JOB: "job", names.LABEL_MANAGED_BY: names.MANAGED_BY}))  # fmt: skip
+    with pytest.raises(StillTerminating):
+        restored(orphan)
+    assert orphan.deleted == ["Service"]
