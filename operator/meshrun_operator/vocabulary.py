@@ -152,8 +152,8 @@ class Reason(StrEnum):
     CREATED = "Created", "every child of attempt {attempt} was created"
     NAME_CONFLICT = (
         "NameConflict",
-        "{kind} {name} already exists and is not this job's (controller: {owner}; meshrun's "
-        "labels missing); meshrun leaves it alone: rename the job or remove it",
+        "{kind} {name} already exists and is not this job's (controller: {owner}), so meshrun "
+        "leaves it alone: rename the job, or remove that {kind}",
     )
     CHILD_RESTORED = (
         "ChildRestored",
