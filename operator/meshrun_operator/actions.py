@@ -193,8 +193,8 @@ async def _create_network_policy(
 ) -> bool:
     """The job's NetworkPolicy (netpolicy.py). Refused (no RBAC for it, a webhook), the job
     waits with the reason rather than run open to every pod. A name still held by an earlier
-    job's policy selects the same pods by the same rules until the garbage collector removes it;
-    a policy of that name that is not meshrun's is never taken for the job's."""
+    job's policy is waited for like its Service (its egress rules may differ), and a policy of
+    that name that is not meshrun's is never taken for the job's."""
     name = names.network_policy_name(job.name)
     what = f"NetworkPolicy {name}"
     try:
