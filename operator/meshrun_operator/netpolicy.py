@@ -63,7 +63,7 @@ def egress_rules(job: JobRef, egress: Egress) -> list[dict[str, Any]]:
         {"to": [{"namespaceSelector": {}}], "ports": DNS_PORTS},
         {"to": [own_pods]},
     ]
-    blocks = [_ip_block(cidr) for cidr in egress.allowed_cidrs or []]
+    blocks = [{"ipBlock": _ip_block(cidr)} for cidr in egress.allowed_cidrs or []]
     if blocks:
         rules.append({"to": blocks})
     return rules

@@ -8,9 +8,13 @@ from pathlib import Path
 
 import pytest
 from meshrun_operator import names
+from meshrun_operator.children import JobRef
+from meshrun_operator.netpolicy import OperatorPeer, build_network_policy
 from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
 from test_operator_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
+
+from meshrun.spec import Egress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -145,3 +149,41 @@ def test_a_refused_network_policy_holds_the_job_until_it_is_allowed(
     cluster.kubectl("get", "networkpolicy", "guarded", "-n", namespace)
     one_pod_per_index(cluster, "guarded", 2)
     assert_cleaned_up(cluster, "guarded")
+
+
+def test_the_api_server_accepts_a_restricted_egress_policy(cluster: Cluster) -> None:
+    egress = Egress(policy="Restricted", allowed_cidrs=["0.0.0.0/0", "10.20.0.0/16", "::/0"])
+    job = JobRef("egress", cluster.ns, "0d5c3c44-5d0e-4a8e-9c43-2f6f0d2f8a11")
+    policy = build_network_policy(job, OperatorPeer("meshrun-system", OPERATOR_LABELS), egress)
+    policy["metadata"].pop("ownerReferences")  # no such job: validation is what is tested
+    out = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-n", cluster.ns, "-f", "-",
+        input=json.dumps(policy),
+    )  # fmt: skip
+    accepted = json.loads(out.stdout)["spec"]
+    assert accepted["policyTypes"] == ["Ingress", "Egress"]
+    blocks = [
+        peer["ipBlock"] for rule in accepted["egress"] for peer in rule["to"] if "ipBlock" in peer
+    ]
+    assert blocks == [
+        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+        {"cidr": "10.20.0.0/16"},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
+    ]
+
+
+def test_a_job_with_restricted_egress_runs_behind_its_egress_policy(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    egress = {"policy": "Restricted", "allowedCIDRs": ["10.20.0.0/16"]}
+    cluster.apply(job_manifest("walled", networking={"egress": egress}))
+    cluster.wait_running_pods("walled", 2)
+    cluster.wait_phase("walled", "Running")
+    out = cluster.kubectl("get", "networkpolicy", "walled", "-n", cluster.ns, "-o", "json")
+    spec = json.loads(out.stdout)["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    dns, gang, cidrs = spec["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert gang["to"] == [{"podSelector": {"matchLabels": {names.LABEL_JOB: "walled"}}}]
+    assert cidrs["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    assert_cleaned_up(cluster, "walled")

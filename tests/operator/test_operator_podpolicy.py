@@ -199,10 +199,10 @@ def test_restricted_egress_allows_dns_the_gang_and_the_cidrs_never_the_metadata_
     }
     assert gang == {"to": [{"podSelector": {"matchLabels": {"meshrun.dev/job-name": "train"}}}]}
     assert cidrs["to"] == [
-        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
-        {"cidr": "10.20.0.0/16"},
-        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
-        {"cidr": "2001:db8::/32"},
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}},
+        {"ipBlock": {"cidr": "10.20.0.0/16"}},
+        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}},
+        {"ipBlock": {"cidr": "2001:db8::/32"}},
     ]
     # Only DNS and the gang when no CIDR is listed.
     bare = read_spec(make_job(networking={"egress": {"policy": "Restricted"}})["spec"])
