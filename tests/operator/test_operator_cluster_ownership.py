@@ -5,10 +5,18 @@ runs comes back with the gang untouched, and the job pod policy refuses a privil
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
-from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
+from meshrun_operator import names
+from operator_harness import (
+    Cluster,
+    OperatorProcess,
+    admission_refusal,
+    job_manifest,
+    wait_seconds,
+)
 from test_operator_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
 
@@ -152,3 +160,56 @@ def test_a_privileged_template_under_baseline_is_invalid_with_the_field_named(
         assert len([e for e in cluster.events(job) if e["reason"] == "InvalidSpec"]) == 1
     log = operator_process.log_path.read_text()
     assert "Traceback" not in log and "failed; retrying" not in log
+
+
+def refuse_status_writes(namespace: str) -> list[dict[str, Any]]:
+    """Admission that refuses every write of the jobs' status in one namespace: the status
+    patch after a decision fails, as when the operator is killed between its deletes and its
+    write."""
+    rules = [{"apiGroups": ["meshrun.dev"], "apiVersions": ["*"], "operations": ["UPDATE"],
+              "resources": ["paralleltrainingjobs/status"]}]  # fmt: skip
+    name = f"no-status-{namespace}"[:63]
+    return admission_refusal(namespace, name, rules, "status frozen by the test")
+
+
+def test_a_restarts_reason_survives_an_operator_that_could_not_write_its_status(
+    cluster: Cluster, kubeconfig: str, namespace: str, crds_installed: list[str], tmp_path: Path
+) -> None:
+    first = OperatorProcess(kubeconfig, namespace, tmp_path, name="first").start()
+    objects = refuse_status_writes(namespace)
+    try:
+        cluster.apply(job_manifest("oom"))
+        cluster.wait_running_pods("oom", 2)
+        cluster.wait_phase("oom", "Running")
+        for obj in objects:
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+        probe = ["patch", names.PLURAL, "oom", "-n", namespace, "--subresource=status",
+                 "--type=merge", "-p", '{"status": {}}', "--dry-run=server"]  # fmt: skip
+        wait_for(
+            lambda: cluster.kubectl(*probe, check=False).returncode != 0,
+            30,
+            "the admission policy refusing status writes",
+        )
+        cluster.finish("oom-0", "Failed", exit_code=137)
+        # The restart's status cannot be written, so its deletes are not sent: the failed pod
+        # (and the reason it carries) stays for whoever comes next.
+        wait_seconds(4)
+        phases = {p["metadata"]["name"]: p["status"]["phase"] for p in cluster.live_pods("oom")}
+        assert phases == {"oom-0": "Failed", "oom-1": "Running"}, phases
+        first.kill()
+    finally:
+        first.kill()
+        for obj in reversed(objects):
+            kind = str(obj["kind"]).lower()
+            cluster.kubectl("delete", kind, obj["metadata"]["name"], check=False)
+    second = OperatorProcess(kubeconfig, namespace, tmp_path, name="second").start()
+    try:
+        cluster.wait_running_pods("oom", 2, attempt=1, timeout=90)
+        status = cluster.wait_phase("oom", "Running")
+        assert status["restarts"] == 1 and status["attempt"] == 1
+        assert status["lastFailure"]["reason"] == "Killed", status["lastFailure"]
+        assert status["lastFailure"]["pod"] == "oom-0"
+        one_pod_per_index(cluster, "oom", 2)
+    finally:
+        cluster.kubectl("delete", names.PLURAL, "oom", "-n", namespace, "--wait=true")
+        second.stop()
