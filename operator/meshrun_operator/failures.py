@@ -90,7 +90,7 @@ EXIT_CODES: dict[int, tuple[FailureClass, str, str]] = {
         FailureClass.PERMANENT,
         PERMANENT_REASONS[EXIT_LOSS_NOT_FINITE],
         "the training loss is not finite (NaN or infinite, exit 4); the trainer stopped "
-        "before the optimizer step, and a restart would diverge again",
+        "before checkpointing it, and a restart would diverge again",
     ),
     126: (FailureClass.PERMANENT, "CommandNotExecutable", "the command cannot be executed"),
     127: (FailureClass.PERMANENT, "CommandNotFound", "the command was not found in the image"),

@@ -225,13 +225,14 @@ def train(
         local = forward_backward(cfg, runner, inputs, targets)
         hooks.after_backward()
         norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
-        loss = global_loss(cfg, mesh, local)  # the same value on every rank
-        if not math.isfinite(loss):
-            # Stopped before the optimizer step: the weights (and checkpoints) stay finite.
-            raise LossNotFinite(step, loss)
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+        loss = global_loss(cfg, mesh, local)  # the same value on every rank
+        if not math.isfinite(loss):
+            # Stopped before this step is reported or checkpointed: every checkpoint stays
+            # finite, and a restart would only diverge again.
+            raise LossNotFinite(step, loss)
         elapsed = time.perf_counter() - started
         record = StepRecord(
             step=step,
