@@ -30,9 +30,13 @@ EXIT_CONFIG_ERROR = 2
 """The trainer's exit code for a configuration a restart cannot fix (reason ConfigError)."""
 EXIT_NO_ACCELERATOR = 3
 """The trainer's exit code when a GPU job finds no usable CUDA device (reason NoAccelerator)."""
+EXIT_LOSS_NOT_FINITE = 4
+"""The trainer's exit code when the training loss turned NaN or infinite (reason LossNotFinite):
+training on would only spread it, and a restart from the last checkpoint diverges again."""
 PERMANENT_REASONS = {
     EXIT_CONFIG_ERROR: "ConfigError",
     EXIT_NO_ACCELERATOR: "NoAccelerator",
+    EXIT_LOSS_NOT_FINITE: "LossNotFinite",
 }
 """Permanent trainer failures by exit code. torchrun exits 1 whatever its worker's code, so the
 trainer also writes ``{"status": "Failed", "reason": ..., "permanent": true, "error": ...}`` to

@@ -254,6 +254,24 @@ class Scheduling:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Egress:
+    """``spec.networking.egress``: where the job's pods may connect to."""
+
+    policy: Literal["Open", "Restricted"]
+    """Open: anywhere; Restricted: DNS, the job's own pods and ``allowed_cidrs`` only."""
+    allowed_cidrs: list[str] | None = field(metadata=crd_key("allowedCIDRs"))
+    """CIDRs a Restricted job may also reach (the metadata address is carved out)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Networking:
+    """``spec.networking``: the pods' network access beyond their gang."""
+
+    egress: Egress
+    """``spec.networking.egress``."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A whole ``spec``, defaulted and typed."""
 
@@ -277,6 +295,8 @@ class JobSpec:
     """``spec.runPolicy``."""
     scheduling: Scheduling
     """``spec.scheduling``."""
+    networking: Networking
+    """``spec.networking``."""
 
     shape: ModelShape = field(metadata=DERIVED)
     """The model's sizes: the preset's, overridden by the explicit ones in ``model``."""

@@ -13,6 +13,8 @@ those are the ``Rule`` constants below, whose messages appear word for word in t
 
 from __future__ import annotations
 
+import ipaddress
+
 from meshrun.api.errors import Rule, SpecError
 from meshrun.api.layout import Layout
 from meshrun.api.policyspec import POLICY_RULES, check_policy
@@ -172,8 +174,19 @@ def check_spec(job: JobSpec) -> None:
     check_inputs_spec(job)
     check_queue_name(job)
     check_policy(job.run_policy.pod_failure_policy)
+    check_egress(job)
     if t.data is None:
         check_data(job.dataset, job.shape)
+
+
+def check_egress(job: JobSpec) -> None:
+    """Each allowed egress CIDR is an IPv4 or IPv6 network (a NetworkPolicy ipBlock's cidr)."""
+    for index, cidr in enumerate(job.networking.egress.allowed_cidrs or []):
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError:
+            field = f"spec.networking.egress.allowedCIDRs[{index}]"
+            raise SpecError(field, f"{cidr!r} is not a CIDR such as 10.20.0.0/16") from None
 
 
 def check_model(shape: ModelShape) -> None:

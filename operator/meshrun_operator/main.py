@@ -17,25 +17,21 @@ import kopf
 from prometheus_client import start_http_server
 
 from meshrun_operator import kueue, names
-from meshrun_operator.children import netpolicy
+from meshrun_operator.children import netpolicy, podpolicy
 from meshrun_operator.children.netpolicy import PolicyOptions
 from meshrun_operator.client.errors import ApiTimeout
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.client.login import Login, LoginError
 from meshrun_operator.client.rest import Rest
+from meshrun_operator.lifecycle.evaluation import Admission, Evaluations
 from meshrun_operator.runtime import kueue_watch, leader
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.essence import NoDiffBase
-from meshrun_operator.runtime.handlers import OperatorMemo, register
+from meshrun_operator.runtime.handlers import LABELLED, OperatorMemo, register
 from meshrun_operator.runtime.kueue_link import KueueLink
 from meshrun_operator.runtime.leader import LeaderOptions
 from meshrun_operator.seen.progress import ProgressReader
 from meshrun_operator.tuning import Tuning
-
-POD_SELECTOR = ("v1", "pods")
-"""kopf's selector of core/v1 pods, for their server-side label selector."""
-WORKLOAD_SELECTOR = (kueue.GROUP, kueue.WORKLOAD_PLURAL)
-"""kopf's selector of Kueue's Workloads."""
 
 
 @dataclass(frozen=True)
@@ -70,6 +66,8 @@ class Options:
     """Also read the trainer's /progress endpoint on pod 0 (besides the pod annotation)."""
     kueue: bool
     """Govern jobs that name a queue through Kueue Workloads (needs RBAC on them)."""
+    pod_policy: podpolicy.PodPolicy
+    """The Pod Security Standards level every job's pod template must meet."""
     verbose: bool
     """Debug logging."""
 
@@ -161,6 +159,7 @@ def parse_args(argv: list[str]) -> Options:
         action="store_true",
         help="no Kueue Workloads (for RBAC without them); jobs with a queue name then wait",
     )
+    podpolicy.add_arguments(parser)
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     leader.add_arguments(parser)
     netpolicy.add_arguments(parser)
@@ -169,18 +168,10 @@ def parse_args(argv: list[str]) -> Options:
         value = getattr(args, flag)
         if not 0 <= value <= 65535:
             parser.error(f"--{flag.replace('_', '-')}: {value} must be a port (0-65535)")
-    positive = (
-        "resync_seconds",
-        "status_interval_seconds",
-        "backoff_base_seconds",
-        "backoff_max_seconds",
-        "node_toleration_seconds",
-        "start_failure_seconds",
-        "expectations_timeout_seconds",
-        "workers",
-        "api_timeout_seconds",
-        "stall_seconds",
-    )
+    positive = ("resync_seconds", "status_interval_seconds", "backoff_base_seconds",
+                "backoff_max_seconds", "node_toleration_seconds", "start_failure_seconds",
+                "expectations_timeout_seconds", "workers", "api_timeout_seconds",
+                "stall_seconds")  # fmt: skip
     for flag in positive:
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')}: must be positive")
@@ -205,6 +196,7 @@ def parse_args(argv: list[str]) -> Options:
         watch_nodes=not args.no_watch_nodes,
         progress_http=not args.no_progress_http,
         kueue=not args.no_kueue,
+        pod_policy=podpolicy.from_args(args),
         verbose=args.verbose,
     )
 
@@ -234,10 +226,10 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     # kopf's own short requests (listing, peering, posting) are bounded like the reconciler's.
     settings.networking.request_timeout = options.api_timeout_seconds
     settings.networking.connect_timeout = min(10.0, options.api_timeout_seconds)
-    # Only the pods and Workloads the operator made are listed and watched (server-side), not
-    # every pod of the cluster, nor the Workloads of every other kind of job.
-    settings.watching.label_selectors[POD_SELECTOR] = names.LABEL_JOB
-    settings.watching.label_selectors[WORKLOAD_SELECTOR] = names.LABEL_JOB
+    # Only the pods, Services, policies and Workloads the operator made are listed and watched
+    # (server-side), not every pod of the cluster, nor the Workloads of every other kind of job.
+    for selector in (*LABELLED, (kueue.GROUP, kueue.WORKLOAD_PLURAL)):
+        settings.watching.label_selectors[selector] = names.LABEL_JOB
     # Handler logs are not turned into Events; the reconciler posts its own, one per change.
     settings.posting.level = logging.WARNING
     settings.posting.reporting_component = names.MANAGED_BY
@@ -269,7 +261,10 @@ def main(argv: list[str] | None = None) -> int:
         where = "in-cluster service account or KUBECONFIG"
         print(f"meshrun operator: no cluster to talk to ({where}): {error}", file=sys.stderr)
         return 1
-    timeout = ApiTimeout.of(options.api_timeout_seconds)
+    timeout, policies = (
+        ApiTimeout.of(options.api_timeout_seconds),
+        options.network_policy is not None,
+    )
     ctx = OperatorContext(
         kube=Kube(Rest(credentials, timeout, connections=options.workers)),
         network_policy=options.network_policy,
@@ -278,12 +273,13 @@ def main(argv: list[str] | None = None) -> int:
         status_interval_seconds=options.status_interval_seconds,
         progress=ProgressReader(enabled=options.progress_http),
         kueue=KueueLink() if options.kueue else None,
+        evaluations=Evaluations(Admission(options.pod_policy, policies)),
     )
     # The Lease's requests have connections of their own: a renewal never waits for one.
     lease = Rest(credentials, timeout, connections=2)
     elector = options.leader.elector(lease, options.stall_seconds) if options.leader else None
     registry = kopf.OperatorRegistry()
-    register(registry, options.watch_nodes, options.stall_seconds, options.namespaces)
+    register(registry, options.watch_nodes, options.stall_seconds, options.namespaces, policies)
     kueue_watch.register(registry, with_kueue=options.kueue)
     if options.metrics_port:
         start_http_server(options.metrics_port)

@@ -162,9 +162,22 @@ class Reason(StrEnum):
         "no new training step for {deadline}s (last step: {step}); the trainer looks hung",
     )
     DISRUPTED = "Disrupted", "the pod was taken away on purpose ({why})"
+    NON_FINITE_VALUE = (
+        "NonFiniteValue",
+        "the trainer reported {fields} as NaN or infinite; left out of the status",
+    )
     # Children the API server refused (condition CreationRefused; the rest of the reasons are
     # refusal kinds: QuotaExceeded, PodSecurity, Forbidden, TooManyRequests, ServerError)
     CREATED = "Created", "every child of attempt {attempt} was created"
+    NAME_CONFLICT = (
+        "NameConflict",
+        "{kind} {name} already exists and is not this job's (controller: {owner}), so meshrun "
+        "leaves it alone: rename the job, or remove that {kind}",
+    )
+    CHILD_RESTORED = (
+        "ChildRestored",
+        "{kind} {name} was deleted while the job ran; created it again (the pods keep running)",
+    )
     # Spec edits while an attempt runs (condition SpecUpdate)
     NEXT_ATTEMPT = (
         "NextAttempt",
@@ -187,11 +200,13 @@ WAITING_FOR_PREDECESSOR = (
     "waiting for {count} pod(s) of an earlier job named {job} to go away (they hold the names)"
 )
 CREATION_REFUSED = "the API server refused {what}: {why}; retrying at {until}"
+NAME_TAKEN = "{why}; retrying at {until}"
 DELETED_BY_SOMEONE = "the pod was deleted while the attempt ran"
 CANNOT_START = "{why}; the pod cannot start (waited {seconds}s)"
 NODE_NOT_READY = "node {node} is NotReady; its pods are given up at {until} unless it recovers"
 NOT_SCHEDULED = "{count} pod(s) not scheduled yet"
 PODS_STARTING = "pods are starting"
+POD_WAITS = "pod {pod} waits: {reason}: {why}"
 JOB_SUSPENDED = "the job is suspended"
 RESTARTING_GANG = "{failure}; restarting the whole gang"
 PERMANENT_FAILURE = "{failure} (permanent)"

@@ -164,3 +164,20 @@ def test_every_cel_message_names_a_spec_field() -> None:
     messages = cel_messages()
     assert len(messages) >= 12
     assert all("spec." in message for message in messages), messages
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "where"),
+    [
+        ("image", "r/" + "x" * 511, "spec.image"),
+        ("command", ["sh"] * 257, "spec.command"),
+        ("command", ["x" * 4097], "spec.command[0]"),
+        ("args", ["a"] * 1025, "spec.args"),
+        ("args", ["ok", "y" * 4097], "spec.args[1]"),
+    ],
+)
+def test_image_command_and_args_are_bounded(field: str, value: Any, where: str) -> None:
+    spec = {"image": "meshrun/trainer:1", "model": {"preset": "tiny"}, field: value}
+    with pytest.raises(api.SpecError) as refused:
+        api.validate_spec(spec)
+    assert refused.value.field == where

@@ -56,6 +56,7 @@ def test_helm_lint_strict_passes(values: dict[str, Any]) -> None:
         ({"watchNamespaces": ["Team_A"]}, "/watchNamespaces/0"),
         ({"image": {"pullPolicy": "Sometimes"}}, "/image/pullPolicy"),
         ({"metrics": {"service": {"port": 70000}}}, "/metrics/service/port"),
+        ({"jobPodPolicy": "lenient"}, "/jobPodPolicy"),
         (
             {"metrics": {"serviceMonitor": {"enabled": True}, "service": {"enabled": False}}},
             "metrics.serviceMonitor.enabled: needs metrics.service.enabled=true",
@@ -96,6 +97,7 @@ def test_deployment_is_hardened_and_probed() -> None:
 def test_rendered_flags_parse_to_the_values() -> None:
     values = {
         "watchNamespaces": ["team-a", "team-b"],
+        "jobPodPolicy": "restricted",
         "operator": {
             "watchNodes": False,
             "progressHttp": False,
@@ -118,6 +120,11 @@ def test_rendered_flags_parse_to_the_values() -> None:
     assert options.leader is not None and options.leader.namespace == "meshrun-system"
     assert options.network_policy is not None and options.network_policy.operator is not None
     assert options.network_policy.operator.namespace == "meshrun-system"
+    assert options.pod_policy == "restricted"
+    assert (
+        parse_args(deployment()["spec"]["template"]["spec"]["containers"][0]["args"]).pod_policy
+        == "baseline"
+    )
 
 
 def test_cluster_wide_mode_binds_the_job_rules_cluster_wide() -> None:

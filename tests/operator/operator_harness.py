@@ -283,3 +283,33 @@ def on_node(name: str) -> dict[str, Any]:
 def wait_seconds(seconds: float) -> None:
     """A deliberate pause, only where a test must show that something does NOT happen."""
     time.sleep(seconds)
+
+
+def admission_refusal(
+    namespace: str, name: str, rules: list[dict[str, Any]], message: str
+) -> list[dict[str, Any]]:
+    """A ValidatingAdmissionPolicy (and its binding) that refuses the requests ``rules`` match
+    in one namespace, as a cluster admin's webhook or policy engine might."""
+    policy = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": name},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": rules},
+            "validations": [{"expression": "false", "message": message, "reason": "Forbidden"}],
+        },
+    }
+    binding = {
+        "apiVersion": "admissionregistration.k8s.io/v1",
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": name},
+        "spec": {
+            "policyName": name,
+            "validationActions": ["Deny"],
+            "matchResources": {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
+            },
+        },
+    }
+    return [policy, binding]

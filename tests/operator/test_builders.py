@@ -9,7 +9,8 @@ import pytest
 from meshrun_operator import names
 from meshrun_operator.children.builders import build_pod, build_podgroup, build_service
 from meshrun_operator.children.owner import JobRef
-from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.children.podpolicy import PodPolicy
+from meshrun_operator.lifecycle.evaluation import Admission, evaluate
 from operator_factories import make_job
 
 from meshrun.planner.ranks import compress_ranks
@@ -20,9 +21,11 @@ JOB = JobRef(name="job", namespace="ns", uid="uid-1")
 ENV = {"WORLD_SIZE": "8", "MASTER_ADDR": "job-0.job.ns.svc", "PET_NODE_RANK": "1"}
 
 
-def pod_for(index: int = 1, attempt: int = 2, **spec: Any) -> dict[str, Any]:
+def pod_for(
+    index: int = 1, attempt: int = 2, admission: Admission | None = None, **spec: Any
+) -> dict[str, Any]:
     job = make_job(**spec)
-    ev = evaluate(job["spec"], "job")
+    ev = evaluate(job["spec"], "job", admission)
     assert ev.error is None and ev.settings is not None and ev.plan is not None, ev.error
     return build_pod(JOB, ev.settings, ev.plan, index, attempt, ENV)
 
@@ -120,9 +123,59 @@ def test_restricted_security_context_by_default_and_user_choice_kept() -> None:
             "containers": [{"name": "trainer", "securityContext": {"privileged": True}}],
         }
     }
-    custom = pod_for(podTemplate=template)
+    custom = pod_for(admission=Admission(PodPolicy.PRIVILEGED), podTemplate=template)
     assert custom["spec"]["securityContext"]["runAsNonRoot"] is False
     assert container(custom)["securityContext"]["privileged"] is True
+    # The API server refuses privileged with allowPrivilegeEscalation false: not defaulted.
+    assert "allowPrivilegeEscalation" not in container(custom)["securityContext"]
+
+
+def test_every_container_and_init_container_gets_the_restricted_defaults() -> None:
+    template = {
+        "spec": {
+            "initContainers": [{"name": "fetch", "image": "busybox"}],
+            "containers": [
+                {"name": "sidecar", "image": "busybox"},
+                {
+                    "name": "adds",
+                    "securityContext": {"capabilities": {"add": ["NET_BIND_SERVICE"]}},
+                },
+            ],
+        }
+    }
+    pod = pod_for(podTemplate=template)
+    spec = pod["spec"]
+    everyone = [*spec["initContainers"], *spec["containers"]]
+    assert [c["name"] for c in everyone] == ["fetch", "trainer", "sidecar", "adds"]
+    for one in everyone:
+        assert one["securityContext"]["allowPrivilegeEscalation"] is False
+        assert one["securityContext"]["capabilities"]["drop"] == ["ALL"]
+    assert spec["containers"][2]["securityContext"]["capabilities"]["add"] == ["NET_BIND_SERVICE"]
+
+
+def test_template_labels_and_annotations_cannot_set_the_operators_keys() -> None:
+    template = {
+        "metadata": {
+            "labels": {
+                names.LABEL_JOB: "someone-else",
+                names.LABEL_MANAGED_BY: "helm",
+                names.LABEL_ATTEMPT: "9",
+                "team": "vision",
+            },
+            "annotations": {
+                names.ANNOTATION_PROGRESS: '{"step": 999}',
+                names.ANNOTATION_RANKS: "0-999",
+                "note": "kept",
+            },
+        }
+    }
+    pod = pod_for(podTemplate=template)
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    assert labels[names.LABEL_JOB] == "job"
+    assert labels[names.LABEL_MANAGED_BY] == names.MANAGED_BY
+    assert labels[names.LABEL_ATTEMPT] == "2" and labels["team"] == "vision"
+    assert names.ANNOTATION_PROGRESS not in annotations
+    assert annotations[names.ANNOTATION_RANKS] == "4-7" and annotations["note"] == "kept"
 
 
 def test_command_and_args_override_the_entrypoint() -> None:

@@ -5,12 +5,23 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from meshrun_operator import names
-from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
+from meshrun_operator.children.netpolicy import OperatorPeer, build_network_policy
+from meshrun_operator.children.owner import JobRef
+from operator_harness import (
+    FAST_FLAGS,
+    Cluster,
+    OperatorProcess,
+    admission_refusal,
+    job_manifest,
+)
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
+
+from meshrun.api.spec import Egress
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -61,45 +72,12 @@ def test_each_job_gets_its_network_policy_and_no_token_unless_asked(
         print(f"--- operator log ---\n{operator.log_tail(40)}")
 
 
-def refuse_network_policies(namespace: str) -> list[dict[str, object]]:
-    """A ValidatingAdmissionPolicy (and its binding) that forbids NetworkPolicies in one
-    namespace, as a cluster admin's webhook or policy engine might."""
+def refuse_network_policies(namespace: str) -> list[dict[str, Any]]:
+    """Admission that forbids NetworkPolicies in one namespace."""
+    rules = [{"apiGroups": ["networking.k8s.io"], "apiVersions": ["v1"],
+              "operations": ["CREATE"], "resources": ["networkpolicies"]}]  # fmt: skip
     name = f"no-netpol-{namespace}"[:63]
-    policy = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": name},
-        "spec": {
-            "failurePolicy": "Fail",
-            "matchConstraints": {
-                "resourceRules": [
-                    {
-                        "apiGroups": ["networking.k8s.io"],
-                        "apiVersions": ["v1"],
-                        "operations": ["CREATE"],
-                        "resources": ["networkpolicies"],
-                    }
-                ]
-            },
-            "validations": [
-                {"expression": "false", "message": "NetworkPolicies are managed centrally here",
-                 "reason": "Forbidden"}
-            ],
-        },
-    }  # fmt: skip
-    binding = {
-        "apiVersion": "admissionregistration.k8s.io/v1",
-        "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": name},
-        "spec": {
-            "policyName": name,
-            "validationActions": ["Deny"],
-            "matchResources": {
-                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": namespace}}
-            },
-        },
-    }
-    return [policy, binding]
+    return admission_refusal(namespace, name, rules, "NetworkPolicies are managed centrally here")
 
 
 def test_a_refused_network_policy_holds_the_job_until_it_is_allowed(
@@ -145,3 +123,53 @@ def test_a_refused_network_policy_holds_the_job_until_it_is_allowed(
     cluster.kubectl("get", "networkpolicy", "guarded", "-n", namespace)
     one_pod_per_index(cluster, "guarded", 2)
     assert_cleaned_up(cluster, "guarded")
+
+
+def test_the_api_server_accepts_a_restricted_egress_policy(cluster: Cluster) -> None:
+    egress = Egress(policy="Restricted", allowed_cidrs=["0.0.0.0/0", "10.20.0.0/16", "::/0"])
+    job = JobRef("egress", cluster.ns, "0d5c3c44-5d0e-4a8e-9c43-2f6f0d2f8a11")
+    policy = build_network_policy(job, OperatorPeer("meshrun-system", OPERATOR_LABELS), egress)
+    policy["metadata"].pop("ownerReferences")  # no such job: validation is what is tested
+    out = cluster.kubectl(
+        "create", "--dry-run=server", "-o", "json", "-n", cluster.ns, "-f", "-",
+        input=json.dumps(policy),
+    )  # fmt: skip
+    accepted = json.loads(out.stdout)["spec"]
+    assert accepted["policyTypes"] == ["Ingress", "Egress"]
+    blocks = [
+        peer["ipBlock"] for rule in accepted["egress"] for peer in rule["to"] if "ipBlock" in peer
+    ]
+    assert blocks == [
+        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+        {"cidr": "10.20.0.0/16"},
+        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
+    ]
+
+
+def test_a_job_with_restricted_egress_runs_behind_its_egress_policy(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    egress = {"policy": "Restricted", "allowedCIDRs": ["10.20.0.0/16"]}
+    # The shared cluster's CRD is whichever checkout applied it last: this test needs its own.
+    crds = Path(__file__).resolve().parents[2] / "crds"
+    cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crds))
+    wait_for(
+        lambda: (
+            cluster.apply(
+                job_manifest("walled", networking={"egress": egress}), check=False
+            ).returncode
+            == 0
+        ),
+        30,
+        "the CRD with spec.networking served",
+    )
+    cluster.wait_running_pods("walled", 2)
+    cluster.wait_phase("walled", "Running")
+    out = cluster.kubectl("get", "networkpolicy", "walled", "-n", cluster.ns, "-o", "json")
+    spec = json.loads(out.stdout)["spec"]
+    assert spec["policyTypes"] == ["Ingress", "Egress"]
+    dns, gang, cidrs = spec["egress"]
+    assert {p["port"] for p in dns["ports"]} == {53}
+    assert gang["to"] == [{"podSelector": {"matchLabels": {names.LABEL_JOB: "walled"}}}]
+    assert cidrs["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+    assert_cleaned_up(cluster, "walled")

@@ -161,8 +161,20 @@ def test_a_quota_admits_part_of_the_gang_until_it_is_raised(
 
 
 def test_podsecurity_refusal_is_a_condition_and_one_warning_not_a_silent_loop(
-    cluster: Cluster, operator_process: OperatorProcess
+    cluster: Cluster, kubeconfig: str, namespace: str, tmp_path: Path
 ) -> None:
+    # The operator lets every template through (its job pod policy would refuse hostNetwork
+    # itself, test_cluster_ownership.py): the namespace's PodSecurity admission judges.
+    extra = ["--job-pod-policy", "privileged"]
+    operator = OperatorProcess(kubeconfig, namespace, tmp_path, extra=extra).start()
+    try:
+        refused_by_admission(cluster)
+    finally:
+        operator.stop()
+        print(f"--- operator log ---\n{operator.log_tail(40)}")
+
+
+def refused_by_admission(cluster: Cluster) -> None:
     cluster.kubectl(
         "label", "namespace", cluster.ns, "pod-security.kubernetes.io/enforce=restricted"
     )

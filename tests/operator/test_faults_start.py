@@ -4,10 +4,14 @@ A real kubelet reports ErrImagePull / ImagePullBackOff for an image that exists 
 CreateContainerConfigError for a root image under the restricted security context the operator
 gives every pod (runAsNonRoot). Neither job sits in "pods are starting" holding its node: each
 fails with the waiting reason in its Failed condition and a Warning Event, and its pods go.
+Before that, from the first pass, the job's message and its Running condition name the waiting
+pod with the kubelet's reason and words.
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -84,3 +88,56 @@ def test_pods_that_never_start_end_the_job_with_the_reason(
             deleted_leaves_nothing(cluster, job)
     finally:
         operator.stop()
+
+
+@pytest.fixture
+def patient_operator(
+    kubeconfig: str, namespace: str, crds_installed: list[str], tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """An operator whose start timeout is far away: what a job says while it waits."""
+    flags = ["--start-failure-seconds", "600"]
+    operator = OperatorProcess(kubeconfig, namespace, tmp_path, flags).start()
+    yield operator
+    operator.stop()
+
+
+def test_the_job_says_at_once_which_pod_waits_and_why(
+    cluster: Cluster, real_node: str, patient_operator: OperatorProcess
+) -> None:
+    cluster.apply(on_real_node("pulling", "meshrun.local/absent:2", "IfNotPresent"))
+
+    def told() -> dict[str, Any] | None:
+        running = cluster.condition("pulling", "Running")
+        waits = running.get("reason") in ("ErrImagePull", "ImagePullBackOff")
+        return running if waits and running.get("status") == "False" else None
+
+    running = wait_for(told, 60, "the job naming the pod that cannot pull its image")
+    assert running["message"].startswith("pod pulling-0: container trainer: ")
+    assert "meshrun.local/absent:2" in running["message"]
+    status = cluster.status("pulling")
+    assert status["phase"] == "Pending" and status["restarts"] == 0
+    assert status["message"].startswith(f"pod pulling-0 waits: {running['reason']}: ")
+    assert "meshrun.local/absent:2" in status["message"]
+    assert "Failed" not in {c["type"] for c in status.get("conditions") or []}
+    deleted_leaves_nothing(cluster, "pulling")
+
+
+def test_an_unschedulable_gang_quotes_the_scheduler(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    nowhere = {"spec": {"nodeSelector": {"meshrun.dev/no-such-pool": "true"}}}
+    cluster.apply(job_manifest("nowhere", podTemplate=nowhere))
+
+    def told() -> dict[str, Any] | None:
+        scheduled = cluster.condition("nowhere", "Scheduled")
+        return scheduled if scheduled.get("reason") == "Unschedulable" else None
+
+    scheduled = wait_for(told, 60, "the job quoting the scheduler")
+    assert scheduled["status"] == "False"
+    # The first pod the scheduler has spoken about, in its own words.
+    said = r"pod nowhere-[01]: Unschedulable: 0/\d+ nodes are available: .*node affinity/selector"
+    assert re.match(rf"0 of 2 pods bound; {said}", scheduled["message"]), scheduled["message"]
+    status = cluster.status("nowhere")
+    assert re.match(rf"2 pod\(s\) not scheduled yet; {said}", status["message"]), status["message"]
+    assert status["phase"] == "Pending" and status["gangRetries"] == 0
+    deleted_leaves_nothing(cluster, "nowhere")

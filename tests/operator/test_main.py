@@ -63,10 +63,11 @@ def test_kopf_requests_are_bounded_and_only_the_operators_pods_are_watched() -> 
     assert settings.networking.request_timeout == 7
     assert settings.networking.connect_timeout == 7
     assert settings.watching.client_timeout is not None  # a silent watch is ended, too
-    # Existence selectors, sent to the API server: pods and Workloads of meshrun jobs only.
+    # Existence selectors, sent to the API server: pods, Services, NetworkPolicies and
+    # Workloads of meshrun jobs only.
     assert set(settings.watching.label_selectors.values()) == {"meshrun.dev/job-name"}
     selected = {key.plural or key.any_name for key in settings.watching.label_selectors}
-    assert selected == {"pods", "workloads"}
+    assert selected == {"pods", "services", "networkpolicies", "workloads"}
 
 
 def test_no_essence_is_built_since_no_handler_diffs_one() -> None:

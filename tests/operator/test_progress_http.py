@@ -141,3 +141,17 @@ def test_a_trainer_that_dribbles_or_floods_costs_one_bounded_read(
     assert time.monotonic() - started < limit_s
     assert gone.wait(10), "the reader kept the connection open"
     assert reader._failed_until.get("127.0.0.1", 0) > time.monotonic()  # not asked again soon
+
+
+class IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
+
+
+def test_an_ipv6_pod_ip_is_bracketed_in_the_url() -> None:
+    httpd = IPv6Server(("::1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        reader = ProgressReader(enabled=True, port=int(httpd.server_address[1]))
+        assert asyncio.run(read_once(reader, pod0("::1"))) == REPORT
+    finally:
+        httpd.shutdown()

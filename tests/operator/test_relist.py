@@ -3,7 +3,11 @@ without the pods an audit found gone."""
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
+from meshrun_operator import names
+from meshrun_operator.seen import relist
 from meshrun_operator.seen.relist import LiveIndex, older
 from meshrun_operator.seen.views import PodView
 
@@ -38,3 +42,24 @@ def test_the_reconciler_no_longer_sees_pods_found_gone() -> None:
     ghosts.add("b")
     assert view.get(("ns", "job"), ()) == (live,)
     assert view.get(("ns", "other"), ()) == ()
+
+
+def test_the_ghost_set_keeps_only_what_the_index_still_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    listings = {names.PLURAL: ("100", set()), "pods": ("100", {"live"})}
+
+    async def list_uids(kube: object, what: str, namespaces: object) -> tuple[str, set[str]]:
+        return listings[what]
+
+    monkeypatch.setattr(relist, "list_uids", list_uids)
+    versions = {"live": [("10", "ns")], "gone": [("11", "ns")]}
+    auditor = relist.Auditor(None, {}, lambda uid: None, versions, ())  # type: ignore[arg-type]
+    shared = auditor.ghosts  # the set the reconciler's LiveIndex reads
+    asyncio.run(auditor.audit())
+    assert shared == {"gone"}
+    # The index let the ghost go (and held another, since gone): the set follows it, in place.
+    del versions["gone"]
+    versions["later"] = [("12", "ns")]
+    asyncio.run(auditor.audit())
+    assert auditor.ghosts is shared and shared == {"later"}

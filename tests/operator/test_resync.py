@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from datetime import UTC, datetime
 from typing import Any
 
 import aiohttp
 import pytest
+from meshrun_operator.client.errors import ApiError
 from meshrun_operator.runtime import resync
 from meshrun_operator.runtime.context import OperatorContext
-from meshrun_operator.runtime.resync import Resyncer, Stalled
+from meshrun_operator.runtime.resync import Resyncer, Stalled, job_is_gone
+
+from meshrun.api.crd import GROUP, PLURAL
 
 pytestmark = pytest.mark.unit
 
@@ -135,3 +139,19 @@ def test_a_burst_of_pod_events_is_one_reconcile_and_a_new_job_is_not_kept_waitin
             await task
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize(
+    ("status", "details", "gone"),
+    [
+        (404, {"group": GROUP, "kind": PLURAL, "name": "j"}, True),
+        (404, {"kind": "pods", "name": "j-0"}, False),
+        (409, {"group": GROUP, "kind": PLURAL, "name": "j"}, False),
+    ],
+)
+def test_only_the_job_itself_missing_counts_as_gone(
+    status: int, details: dict[str, str], gone: bool
+) -> None:
+    body = json.dumps({"kind": "Status", "code": status, "details": details})
+    assert job_is_gone(ApiError(status, "x", body)) is gone
+    assert job_is_gone(ApiError(404, "Not Found", "not json")) is False

@@ -107,3 +107,26 @@ def test_compiled_blocks_train_like_eager(tmp_path: Path) -> None:
     assert len(losses["true"]) == 3
     for eager, compiled in zip(losses["false"], losses["true"], strict=True):
         assert abs(compiled - eager) <= 1e-5 * abs(eager), losses
+
+
+@pytest.mark.timeout(180)
+def test_a_loss_that_turns_non_finite_stops_the_trainer_with_a_permanent_reason(
+    tmp_path: Path,
+) -> None:
+    # A learning rate no model survives: the weights blow up after the first step, and so does
+    # the loss of the next.
+    proc, log = trainer(tmp_path, MESHRUN_LEARNING_RATE="1e30", MESHRUN_STEPS="6")
+    assert proc.returncode == 4, proc.stderr[-2000:]
+    message = json.loads(log.read_text())  # strict JSON: no NaN in it
+    assert (message["status"], message["reason"], message["permanent"]) == (
+        "Failed",
+        "LossNotFinite",
+        True,
+    )
+    assert message["loss"] in ("nan", "inf", "-inf")
+    assert f"the training loss is {message['loss']} at step {message['step']}" in message["error"]
+    steps = [json.loads(line) for line in proc.stdout.splitlines()]
+    # It stopped at the first non-finite loss: every step it reported had a finite one.
+    assert [e["step"] for e in steps if e["event"] == "step"] == list(range(1, message["step"]))
+    assert all(isinstance(e["loss"], float) for e in steps if e["event"] == "step")
+    assert "Traceback" not in proc.stderr

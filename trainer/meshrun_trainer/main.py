@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 from typing import Any
@@ -11,8 +10,13 @@ from typing import Any
 import torch.distributed as dist
 
 from meshrun.api.errors import SpecError
-from meshrun.envcontract import EXIT_CONFIG_ERROR, EXIT_NO_ACCELERATOR, PERMANENT_REASONS
-from meshrun_trainer.components.progress import TERMINATION_MESSAGE_LIMIT, Reporter
+from meshrun.envcontract import (
+    EXIT_CONFIG_ERROR,
+    EXIT_LOSS_NOT_FINITE,
+    EXIT_NO_ACCELERATOR,
+    PERMANENT_REASONS,
+)
+from meshrun_trainer.components.progress import TERMINATION_MESSAGE_LIMIT, Reporter, finite_json
 from meshrun_trainer.config.read import TrainConfig, from_env
 from meshrun_trainer.config.userrun import from_env as user_run_from_env
 from meshrun_trainer.config.userrun import with_model
@@ -23,7 +27,7 @@ from meshrun_trainer.distributed.mesh import (
     pick_device,
 )
 from meshrun_trainer.distributed.parallel import data_parallel_kind
-from meshrun_trainer.loop.train import peak_memory, train
+from meshrun_trainer.loop.train import LossNotFinite, peak_memory, train
 from meshrun_trainer.runner import TrainResult
 
 
@@ -62,9 +66,11 @@ def write_failure(path: str | None, error: BaseException, exit_code: int | None 
     }
     if exit_code in PERMANENT_REASONS:
         message |= {"reason": PERMANENT_REASONS[exit_code], "permanent": True}
+    if isinstance(error, LossNotFinite):
+        message |= {"step": error.step, "loss": str(error.loss)}
     try:
         with open(path, "w", encoding="utf-8") as handle:
-            handle.write(json.dumps(message))
+            handle.write(finite_json(message))
     except OSError:
         pass  # the original error matters more; torchrun reports it with the traceback
 
@@ -106,6 +112,8 @@ def main() -> int:
         )
     except SpecError as error:  # found once the data is read: a restart cannot fix it
         return _refuse(cfg.termination_log, error, EXIT_CONFIG_ERROR, "invalid configuration")
+    except LossNotFinite as error:  # every rank sees the same loss, so every rank stops here
+        return _refuse(cfg.termination_log, error, EXIT_LOSS_NOT_FINITE, "stopped")
     except Exception as error:
         write_failure(cfg.termination_log, error)
         raise

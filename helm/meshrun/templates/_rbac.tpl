@@ -27,21 +27,24 @@ bookkeeping); tests/helm/test_chart_rbac.py runs the operator with exactly these
 - apiGroups: [""]
   resources: [pods]
   verbs: [list, watch, get, create, delete]
-# Rendezvous: one headless Service per job, created once and garbage-collected with the job;
-# read when its name is taken (an earlier job's still terminating), deleted when orphaned.
+# Rendezvous: one headless Service per job, watched (one deleted while the job runs is created
+# again), created once and garbage-collected with the job; read when its name is taken (an
+# earlier job's still terminating), deleted (uid and resourceVersion preconditioned) only when
+# it is an orphan carrying meshrun's labels and the job's name.
 - apiGroups: [""]
   resources: [services]
-  verbs: [get, create, delete]
+  verbs: [list, watch, get, create, delete]
 # Events on jobs: the reconciler's and kopf's (warnings and errors) for `kubectl describe`.
 - apiGroups: [""]
   resources: [events]
   verbs: [create]
 {{- if .Values.networkPolicy.enabled }}
 # Tenancy: one NetworkPolicy per job (only its own pods, and the operator on 9400, get in),
-# created once and garbage-collected with the job.
+# watched and created like the Service (read when its name is taken, deleted only when it is
+# meshrun's orphan), garbage-collected with the job.
 - apiGroups: [networking.k8s.io]
   resources: [networkpolicies]
-  verbs: [create]
+  verbs: [list, watch, get, create, delete]
 {{- end }}
 {{- if .Values.operator.kueue }}
 # Kueue: one Workload per job with a queue name, created once (garbage-collected with the

@@ -16,7 +16,7 @@ from meshrun.envcontract import TRAINER_COMMAND
 from meshrun.planner.plan import Plan
 from meshrun.planner.ranks import compress_ranks
 from meshrun_operator import names
-from meshrun_operator.children.owner import JobRef, child_metadata, pod_ranks, pod_stage
+from meshrun_operator.children.owner import JobRef, child_metadata, pod_ranks, pod_stage, users_keys
 from meshrun_operator.children.podtemplate import (
     NCCL_DEFAULTS,
     checkpoint_volume,
@@ -86,14 +86,16 @@ def build_pod(
     pod_spec: dict[str, Any] = template.get("spec") or {}
     stage = pod_stage(plan, index)
     name = names.pod_name(job.name, index)
+    # The template's labels and annotations cannot set the operator's own keys (whose pod it
+    # is, its index, attempt, ranks, progress): they decide what the operator deletes and reads.
     labels = {
-        **{str(k): str(v) for k, v in (template_meta.get("labels") or {}).items()},
+        **users_keys(template_meta.get("labels")),
         names.LABEL_POD_INDEX: str(index),
         names.LABEL_STAGE: str(stage),
         names.LABEL_ATTEMPT: str(attempt),
     }
     metadata = child_metadata(job, name, labels)
-    annotations = dict(template_meta.get("annotations") or {})
+    annotations = users_keys(template_meta.get("annotations"))
     annotations[names.ANNOTATION_RANKS] = compress_ranks(pod_ranks(plan, index))
     metadata["annotations"] = annotations
 
@@ -140,7 +142,7 @@ def build_pod(
         ports.append({"name": "metrics", "containerPort": names.METRICS_PORT})
     checkpoint_volume(settings.training.checkpoint.volume, pod_spec, container)
     shared_memory(pod_spec, container, settings.resources.shared_memory_gib)
-    restricted_security(pod_spec, container)
+    restricted_security(pod_spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 

@@ -5,7 +5,10 @@ their rings, and on the trainer's metrics port (9400, /progress and /metrics). W
 every pod of the cluster can connect to them, so one tenant could join or disturb another's
 rendezvous. The policy selects the job's pods and admits ingress only from pods of the same job
 (any port: the collective ports are not fixed) and, on port 9400 only, from the operator's own
-pods. Egress is left alone (a trainer reads its data and checkpoints where the user says).
+pods. Egress is left alone (a trainer reads its data and checkpoints where the user says) unless
+the job asks for ``spec.networking.egress.policy: Restricted``: then its pods may reach DNS (port
+53 of the cluster's pods), each other, and the CIDRs it lists, never the cloud metadata address
+(``METADATA_ADDRESSES``: it hands out the node's cloud credentials).
 NetworkPolicies add up, so a cluster admin can admit more (say, Prometheus on 9400) with a policy
 of their own. Enforcement is the network plugin's: without one that implements NetworkPolicy the
 object has no effect.
@@ -14,10 +17,12 @@ object has no effect.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from meshrun.api.spec import Egress
 from meshrun_operator import names
 from meshrun_operator.children.owner import JobRef, child_metadata
 from meshrun_operator.client.login import own_namespace
@@ -44,11 +49,47 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
-def build_network_policy(job: JobRef, operator: OperatorPeer | None) -> dict[str, Any]:
+METADATA_ADDRESSES = ("169.254.169.254/32", "fd00:ec2::254/128")
+"""The cloud instance-metadata endpoints (IPv4 on every major cloud, IPv6 on AWS): carved out of
+every CIDR a restricted job allows."""
+
+DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+
+
+def egress_rules(job: JobRef, egress: Egress) -> list[dict[str, Any]]:
+    """What a job with restricted egress may reach: DNS, its own pods, its allowed CIDRs."""
+    own_pods = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name}}}
+    rules: list[dict[str, Any]] = [
+        {"to": [{"namespaceSelector": {}}], "ports": DNS_PORTS},
+        {"to": [own_pods]},
+    ]
+    blocks = [{"ipBlock": _ip_block(cidr)} for cidr in egress.allowed_cidrs or []]
+    if blocks:
+        rules.append({"to": blocks})
+    return rules
+
+
+def _ip_block(cidr: str) -> dict[str, Any]:
+    network = ipaddress.ip_network(cidr, strict=False)
+    block: dict[str, Any] = {"cidr": str(network)}
+    carved = [
+        str(m)
+        for m in map(ipaddress.ip_network, METADATA_ADDRESSES)
+        if m.version == network.version and m.subnet_of(network)  # type: ignore[arg-type]
+    ]
+    if carved:
+        block["except"] = carved
+    return block
+
+
+def build_network_policy(
+    job: JobRef, operator: OperatorPeer | None, egress: Egress | None = None
+) -> dict[str, Any]:
     """The job's NetworkPolicy (named like the job, owned by it, garbage-collected with it).
 
     ``operator`` None (the operator runs outside the cluster): no pod but the job's own may
-    connect, and progress comes from the pod annotation only.
+    connect, and progress comes from the pod annotation only. ``egress`` restricted: the pods'
+    egress is limited too (:func:`egress_rules`).
     """
     own_pods = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name}}}
     ingress: list[dict[str, Any]] = [{"from": [own_pods]}]
@@ -61,15 +102,19 @@ def build_network_policy(job: JobRef, operator: OperatorPeer | None) -> dict[str
             "podSelector": {"matchLabels": dict(operator.labels)},
         }
         ingress.append({"from": [peer], "ports": [{"protocol": "TCP", "port": names.METRICS_PORT}]})
+    spec: dict[str, Any] = {
+        "podSelector": {"matchLabels": {names.LABEL_JOB: job.name}},
+        "policyTypes": ["Ingress"],
+        "ingress": ingress,
+    }
+    if egress is not None and egress.policy == "Restricted":
+        spec["policyTypes"] = ["Ingress", "Egress"]
+        spec["egress"] = egress_rules(job, egress)
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
         "metadata": child_metadata(job, names.network_policy_name(job.name), {}),
-        "spec": {
-            "podSelector": {"matchLabels": {names.LABEL_JOB: job.name}},
-            "policyTypes": ["Ingress"],
-            "ingress": ingress,
-        },
+        "spec": spec,
     }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from meshrun.planner.plan import Plan
@@ -52,13 +53,62 @@ def owner_reference(job: JobRef) -> dict[str, Any]:
 
 
 def child_metadata(job: JobRef, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
-    """Name, namespace, the job's labels plus ``labels``, and the owner reference."""
+    """Name, namespace, ``labels`` plus the job's own (which ``labels`` cannot replace: they say
+    whose child it is), and the owner reference."""
     return {
         "name": name,
         "namespace": job.namespace,
-        "labels": {names.LABEL_JOB: job.name, names.LABEL_MANAGED_BY: names.MANAGED_BY, **labels},
+        "labels": {**labels, names.LABEL_JOB: job.name, names.LABEL_MANAGED_BY: names.MANAGED_BY},
         "ownerReferences": [owner_reference(job)],
     }
+
+
+def operators_key(key: str) -> bool:
+    """A label or annotation key the operator writes and reads itself (``meshrun.dev/...``,
+    ``app.kubernetes.io/managed-by``): a pod template may not set it."""
+    return key == names.LABEL_MANAGED_BY or key.split("/", 1)[0] == names.GROUP
+
+
+def users_keys(values: object) -> dict[str, str]:
+    """A template's labels or annotations without the operator's own keys."""
+    if not isinstance(values, Mapping):
+        return {}
+    return {str(k): str(v) for k, v in values.items() if not operators_key(str(k))}
+
+
+class Claim(StrEnum):
+    """Whose an object that holds a child's name is (:func:`claim`)."""
+
+    OURS = "ours"
+    """Its controller reference is the job's."""
+    ORPHAN = "orphan"
+    """No controller, and both meshrun labels with the job's name: left by an earlier
+    incarnation of the job (``--cascade=orphan``); replaced (deleted under a uid and
+    resourceVersion precondition, then created anew)."""
+    PREDECESSOR = "predecessor"
+    """Both meshrun labels with the job's name, controlled by another ParallelTrainingJob (an
+    earlier job of the same name, being garbage-collected): waited for."""
+    FOREIGN = "foreign"
+    """Anything else (made by kubectl, Helm, another controller): never touched; the job says
+    NameConflict."""
+
+
+def claim(
+    job: JobRef, controller_uid: str | None, controller_kind: str | None, labels: object
+) -> Claim:
+    """Whose an object of a child's name is, from its controller reference and labels."""
+    if controller_uid is not None and controller_uid == job.uid:
+        return Claim.OURS
+    marks = labels if isinstance(labels, Mapping) else {}
+    meshrun = (
+        marks.get(names.LABEL_JOB) == job.name
+        and marks.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY
+    )
+    if not meshrun:
+        return Claim.FOREIGN
+    if controller_uid is None:
+        return Claim.ORPHAN
+    return Claim.PREDECESSOR if controller_kind == names.KIND else Claim.FOREIGN
 
 
 def pod_ranks(plan: Plan, index: int) -> range:

@@ -36,10 +36,13 @@ def trainer_container(template_spec: dict[str, Any]) -> dict[str, Any]:
     return created
 
 
-def restricted_security(pod_spec: dict[str, Any], container: dict[str, Any]) -> None:
-    """Pod Security Standards "restricted" defaults, only where the template set none, and no
-    service account token unless the template asks (``automountServiceAccountToken: true``):
-    a trainer has no business with the API server, and a token in every pod is one to steal.
+def restricted_security(pod_spec: dict[str, Any]) -> None:
+    """Pod Security Standards "restricted" defaults, only where the template set none, on every
+    container and init container (a sidecar without them fails a restricted namespace's
+    admission), and no service account token unless the template asks
+    (``automountServiceAccountToken: true``): a trainer has no business with the API server,
+    and a token in every pod is one to steal. Capabilities the template adds are kept, after
+    dropping all the others.
 
     https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted
     """
@@ -47,9 +50,12 @@ def restricted_security(pod_spec: dict[str, Any], container: dict[str, Any]) -> 
     pod_security = pod_spec.setdefault("securityContext", {})
     pod_security.setdefault("runAsNonRoot", True)
     pod_security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
-    security = container.setdefault("securityContext", {})
-    security.setdefault("allowPrivilegeEscalation", False)
-    security.setdefault("capabilities", {"drop": ["ALL"]})
+    for key in ("initContainers", "containers"):
+        for container in pod_spec.get(key) or []:
+            security = container.setdefault("securityContext", {})
+            if security.get("privileged") is not True:  # the API server refuses both together
+                security.setdefault("allowPrivilegeEscalation", False)
+            security.setdefault("capabilities", {}).setdefault("drop", ["ALL"])
 
 
 def select_product(pod_spec: dict[str, Any], product: str | None) -> None:

@@ -7,7 +7,8 @@ the name taken, and then it matters who holds it (``Holder``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 
 class ChildRejected(Exception):
@@ -38,7 +39,7 @@ class Refused(Exception):
 
 @dataclass(frozen=True)
 class Holder:
-    """The object that holds a child's name: its controller's uid, its attempt label."""
+    """The object that holds a child's name: its controller, its labels, its identity."""
 
     controller: str | None
     """uid of its controlling owner; None for an orphan."""
@@ -46,3 +47,12 @@ class Holder:
     """Its meshrun.dev/attempt label (-1 without one)."""
     deleting: bool
     """It has a deletionTimestamp."""
+    controller_kind: str | None = None
+    """Kind of its controlling owner."""
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Its labels (children.claim reads meshrun's two)."""
+    uid: str = ""
+    """metadata.uid: a delete of it is preconditioned on it."""
+    resource_version: str = ""
+    """metadata.resourceVersion: so is a delete of an orphan (it must not have changed since
+    it was judged)."""

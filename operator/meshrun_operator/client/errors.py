@@ -1,11 +1,13 @@
 """How the operator's requests end: an answer, an error answer (ApiError), or none (NO_ANSWER);
-how long a request may take; and the refusal to write while another operator leads."""
+how long a request may take; the refusal to write while another operator leads, and to send a
+body that is not strict JSON."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 from dataclasses import dataclass
+from typing import Any
 
 import aiohttp
 
@@ -60,3 +62,17 @@ class ApiTimeout:
 
 class NotLeader(Exception):
     """A write was not sent: another operator holds the lease (or this one lost it)."""
+
+
+class NotJson(ValueError):
+    """A request body holds a number JSON cannot carry (NaN, infinite): it is not sent."""
+
+
+def strict_json(body: Any, what: str) -> None:
+    """NotJson unless ``body`` serializes as standard JSON: Python's json writes NaN and the
+    API server answers every such patch 400, so a NaN that slipped past conform() would block
+    each write of the job instead of failing one, plainly, here."""
+    try:
+        json.dumps(body, allow_nan=False)
+    except ValueError as error:
+        raise NotJson(f"{what} not sent: {error}") from error

@@ -17,7 +17,14 @@ from typing import Any
 
 from meshrun_operator import metrics, names
 from meshrun_operator.client.answers import ChildRejected, Holder, Refused
-from meshrun_operator.client.errors import NO_ANSWER, WRITES, ApiError, ApiTimeout, NotLeader
+from meshrun_operator.client.errors import (
+    NO_ANSWER,
+    WRITES,
+    ApiError,
+    ApiTimeout,
+    NotLeader,
+    strict_json,
+)
 from meshrun_operator.client.rest import MERGE_PATCH, Rest
 from meshrun_operator.clock import format_time
 
@@ -35,6 +42,18 @@ CUSTOM_KINDS = {
     "Workload": {"kueue.x-k8s.io/v1beta2": ("kueue.x-k8s.io", "v1beta2", "workloads")},
 }
 CORE_KINDS = {"Pod": "pods", "Service": "services", "Event": "events"}
+
+
+def child_path(kind: str, namespace: str, name: str) -> str:
+    """The URL path of one child: a Pod, a Service or a NetworkPolicy."""
+    if kind in CORE_KINDS:
+        return core_path(CORE_KINDS[kind], namespace, name)
+    group, version, plural = CUSTOM_KINDS[kind]["networking.k8s.io/v1"]
+    return group_path(group, version, plural, namespace, name)
+
+
+def _plural(kind: str) -> str:
+    return CORE_KINDS.get(kind) or "networkpolicies"
 
 
 class StaleJob(Exception):
@@ -91,6 +110,8 @@ class Kube:
         deadline = self.write_seconds() if write else None
         if write and (not self.may_write() or (deadline is not None and deadline <= 0)):
             raise NotLeader(f"{verb} {resource} not sent: this operator is not the leader")
+        if "body" in options:
+            strict_json(options["body"], f"{verb} {resource}")
 
         def sending() -> None:
             if write and not self.may_write():
@@ -131,27 +152,43 @@ class Kube:
         return [r if isinstance(r, Refused) else bool(r) for r in results]
 
     async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
-        """Who holds the name of a Pod or Service that already exists (None when it is gone)."""
-        plural = CORE_KINDS[kind]
+        """Who holds the name of a Pod, Service or NetworkPolicy that already exists (None when
+        it is gone)."""
         try:
-            found = await self.call("get", plural, "GET", core_path(plural, namespace, name))
+            found = await self.call("get", _plural(kind), "GET", child_path(kind, namespace, name))
         except ApiError as error:
             if error.status == 404:
                 return None
             raise
         meta = found.get("metadata") or {}
         owners = meta.get("ownerReferences") or []
-        controller = next((o.get("uid") for o in owners if o.get("controller")), None)
-        attempt = int((meta.get("labels") or {}).get(names.LABEL_ATTEMPT, "-1"))
-        return Holder(controller, attempt, bool(meta.get("deletionTimestamp")))
-
-    async def delete_service(self, namespace: str, name: str) -> None:
-        """Delete a Service (an orphan that holds the name of the job's own)."""
-        path = core_path("services", namespace, name)
+        controller: dict[str, Any] = next((o for o in owners if o.get("controller")), {})
+        labels = meta.get("labels") or {}
         try:
-            await self.call("delete", "services", "DELETE", path, read=False)
+            attempt = int(labels.get(names.LABEL_ATTEMPT, "-1"))
+        except ValueError:
+            attempt = -1
+        return Holder(
+            controller.get("uid"),
+            attempt,
+            bool(meta.get("deletionTimestamp")),
+            controller_kind=controller.get("kind"),
+            labels={str(k): str(v) for k, v in labels.items()},
+            uid=str(meta.get("uid") or ""),
+            resource_version=str(meta.get("resourceVersion") or ""),
+        )
+
+    async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
+        """Delete a Service or NetworkPolicy (an orphan of the job's that holds the name of the
+        job's own) only if it is still the object judged: the delete carries its uid and
+        resourceVersion as preconditions (409: it changed, judged again next time)."""
+        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
+        options["preconditions"] = {"uid": holder.uid, "resourceVersion": holder.resource_version}
+        path = child_path(kind, namespace, name)
+        try:
+            await self.call("delete", _plural(kind), "DELETE", path, body=options, read=False)
         except ApiError as error:
-            if error.status != 404:
+            if error.status not in (404, 409):
                 raise
 
     async def delete_pods(
@@ -163,7 +200,8 @@ class Kube:
     ) -> None:
         """Delete pods concurrently; grace period 0 when ``force`` (their node is gone). With
         the pod's uid in ``uids`` the delete is preconditioned on it, so a newer pod that took
-        the name meanwhile is never deleted in its place (409: nothing to do)."""
+        the name meanwhile is never deleted in its place (409: nothing to do); a pod whose uid
+        is not known is not deleted."""
 
         async def one(name: str) -> None:
             options: dict[str, Any] = {
@@ -174,8 +212,11 @@ class Kube:
             if force:
                 options["gracePeriodSeconds"] = 0
             uid = (uids or {}).get(name)
-            if uid:
-                options["preconditions"] = {"uid": uid}
+            if not uid:
+                # Only a pod seen (and judged the job's, or its orphan) is deleted.
+                logger.warning("pod %s/%s not deleted: its uid is unknown", namespace, name)
+                return
+            options["preconditions"] = {"uid": uid}
             path = core_path("pods", namespace, name)
             try:
                 await self.call("delete", "pods", "DELETE", path, body=options, read=False)
@@ -236,11 +277,15 @@ class Kube:
         except (ApiError, ChildRejected, Refused, *NO_ANSWER) as error:
             logger.warning("could not post Event %s on %s: %s", reason, involved["name"], error)
 
-    async def delete_job(self, namespace: str, name: str) -> None:
+    async def delete_job(self, namespace: str, name: str, uid: str) -> None:
+        """Delete the job whose TTL ran out, only if it is still that job (a job re-created under
+        the same name meanwhile has another uid: 409, left alone)."""
+        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
+        path = job_path(namespace, name)
         try:
-            await self.call("delete", names.PLURAL, "DELETE", job_path(namespace, name), read=False)
+            await self.call("delete", names.PLURAL, "DELETE", path, body=options, read=False)
         except ApiError as error:
-            if error.status != 404:
+            if error.status not in (404, 409):
                 raise
 
     async def get_custom(

@@ -45,6 +45,12 @@ def create_or_wait(
     present = {p.index for p in current}
     missing = [i for i in range(total) if i not in present]
     if not missing:
+        if observed.refused is not None:
+            # A child created again while the gang runs (restore) was refused: the job says so
+            # and runs on; the next pass tries again.
+            _child_refused(draft, observed.refused)
+            return False
+        draft.restore.extend(observed.missing_children)
         if is_true(draft.conditions, ConditionType.CREATION_REFUSED):
             done = Reason.CREATED.message(attempt=draft.attempt)
             draft.condition(ConditionType.CREATION_REFUSED, False, Reason.CREATED, done)
@@ -111,8 +117,7 @@ def refused(draft: Draft, settings: JobSpec, refusal: Refusal, tried: list[int])
     if created:
         message = Reason.PODS_CREATED.message(count=len(created), attempt=draft.attempt)
         draft.add_event(EventType.NORMAL, Reason.PODS_CREATED, message)
-    pods = [names.pod_name(draft.name, i) for i in refusal.indices]
-    what = f"pod(s) {', '.join(pods)}" if pods else f"Service {names.service_name(draft.name)}"
+    what = _refused_what(draft, refusal)
     old = find(draft.conditions, ConditionType.CREATION_REFUSED)
     since = parse_time((old or {}).get("lastTransitionTime")) if old else None
     if old is None or old.get("status") != "True" or since is None:
@@ -122,9 +127,31 @@ def refused(draft: Draft, settings: JobSpec, refusal: Refusal, tried: list[int])
         max((now - since).total_seconds(), tuning.backoff_base_seconds), tuning.backoff_max_seconds
     )
     state.next_attempt_time = now + timedelta(seconds=delay)
-    text = f"{what}: {refusal.message}"
+    _tell_refusal(draft, refusal, what)
+    until = format_time(state.next_attempt_time)
+    if refusal.reason == Reason.NAME_CONFLICT:
+        draft.waiting(words.NAME_TAKEN.format(why=refusal.message, until=until))
+    else:
+        draft.waiting(words.CREATION_REFUSED.format(what=what, why=refusal.message, until=until))
+
+
+def _refused_what(draft: Draft, refusal: Refusal) -> str:
+    pods = [names.pod_name(draft.name, i) for i in refusal.indices]
+    if pods:
+        return f"pod(s) {', '.join(pods)}"
+    return refusal.what or f"Service {names.service_name(draft.name)}"
+
+
+def _tell_refusal(draft: Draft, refusal: Refusal, what: str) -> None:
+    """CreationRefused=True with the refusal's reason, and a Warning Event when it is news."""
+    old = find(draft.conditions, ConditionType.CREATION_REFUSED)
+    conflict = refusal.reason == Reason.NAME_CONFLICT
+    text = refusal.message if conflict else f"{what}: {refusal.message}"
     if old is None or old.get("status") != "True" or old.get("message") != text:
         draft.add_event(EventType.WARNING, refusal.reason, text)
     draft.condition(ConditionType.CREATION_REFUSED, True, refusal.reason, text)
-    until = format_time(state.next_attempt_time)
-    draft.waiting(words.CREATION_REFUSED.format(what=what, why=refusal.message, until=until))
+
+
+def _child_refused(draft: Draft, refusal: Refusal) -> None:
+    """A child of a running gang could not be created again: said, the gang untouched."""
+    _tell_refusal(draft, refusal, _refused_what(draft, refusal))

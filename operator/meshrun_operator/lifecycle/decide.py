@@ -39,7 +39,7 @@ from meshrun_operator.lifecycle.summary import (
 from meshrun_operator.lifecycle.throughput import judge_throughput, missing_product
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import ConditionType, PodPhase, Reason
+from meshrun_operator.vocabulary import ConditionType, EventType, PodPhase, Reason
 
 
 @dataclass
@@ -57,6 +57,8 @@ class Decision:
     force_delete_pods: tuple[str, ...] = ()
     """Pod names to delete with grace period 0 (on a lost node no kubelet confirms a graceful
     delete)."""
+    restore: tuple[str, ...] = ()
+    """Kinds of children (Service, NetworkPolicy) to create again while the gang runs."""
     delete_job: bool = False
     """ttlSecondsAfterFinished has passed: delete the job itself."""
     events: tuple[Event, ...] = ()
@@ -114,6 +116,7 @@ def decide(
         delete_pods=tuple(n for n in dict.fromkeys(draft.delete) if n not in force),
         force_delete_pods=tuple(sorted(force)),
         build=ev if ev.plan is not None else None,
+        restore=tuple(draft.restore),
         delete_job=draft.delete_job,
         events=tuple(draft.events),
         invalid=draft.is_invalid,
@@ -172,7 +175,7 @@ def _run(
     if len(current) == settings.resources.num_nodes and done:
         final = final_progress(pod0.summary if pod0 else None)
         if final:
-            draft.derived["progress"] = {**(draft.derived.get("progress") or {}), **final}
+            _set_progress(draft, {**(draft.derived.get("progress") or {}), **final})
         draft.succeed(policy, current)
         return
     if creation.create_or_wait(draft, settings, current, observed):
@@ -185,7 +188,7 @@ def _run(
         predicted = _predicted(settings, plan)
         if predicted is not None:  # beside the measured tokensPerSecond
             progress["predictedTokensPerSecond"] = predicted
-        draft.derived["progress"] = progress
+        _set_progress(draft, progress)
         state.last_step_change = step_change(state.last_step_change, reported, draft.attempt, now)
         verdict = judge_throughput(predicted, progress)
         if verdict is not None and verdict[0]:
@@ -204,6 +207,30 @@ def _predicted(settings: JobSpec, plan: Plan | None) -> float | None:
     return plan.predicted_tokens_per_second()
 
 
+WHY_MAX = 500
+"""The longest scheduler or kubelet message copied into the job's status."""
+
+
+def _scheduler_says(unbound: list[PodView]) -> tuple[str, str] | None:
+    """(pod, "reason: message") of the first unbound pod the scheduler said something about."""
+    for pod in sorted(unbound, key=lambda p: p.index):
+        if pod.unschedulable:
+            return pod.name, pod.unschedulable[:WHY_MAX]
+    return None
+
+
+def _set_progress(draft: Draft, progress: dict[str, Any]) -> None:
+    """status.progress, and a Warning Event when the trainer's report has numbers no JSON can
+    carry (NaN, infinite): left out of the status, named once per change."""
+    old = (draft.derived.get("progress") or {}).get("nonFinite")
+    draft.derived["progress"] = progress
+    dropped = progress.get("nonFinite")
+    if dropped and dropped != old:
+        fields = ", ".join(f"status.progress.{name}" for name in dropped)
+        message = Reason.NON_FINITE_VALUE.message(fields=fields)
+        draft.add_event(EventType.WARNING, Reason.NON_FINITE_VALUE, message)
+
+
 def _schedule_and_run(
     draft: Draft,
     settings: JobSpec,
@@ -216,11 +243,17 @@ def _schedule_and_run(
     if unbound:
         bound = total - len(unbound)
         missing = missing_product(settings, products)
+        why = _scheduler_says(unbound)
         if missing is not None:
             draft.condition(ConditionType.SCHEDULED, False, Reason.NO_NODE_WITH_PRODUCT, missing)
         else:
             message = Reason.WAITING_FOR_GANG.message(bound=bound, total=total)
-            draft.condition(ConditionType.SCHEDULED, False, Reason.WAITING_FOR_GANG, message)
+            reason = Reason.WAITING_FOR_GANG.value
+            if why is not None:
+                # The scheduler's own words on the first pod it cannot place (Unschedulable, a
+                # scheduling gate): the user sees why at once, not after the gang timeout.
+                reason, message = why[1].partition(":")[0], f"{message}; pod {why[0]}: {why[1]}"
+            draft.condition(ConditionType.SCHEDULED, False, reason, message)
         attempt_start = state.attempt_start_time or now
         timeout = settings.scheduling.gang_timeout_seconds
         # Under Kueue, its waitForPodsReady is the gang timeout (tearing down a gang Kueue
@@ -233,11 +266,20 @@ def _schedule_and_run(
         ):
             draft.gang_timeout(timeout, bound, total, current)
             return
-        draft.waiting(words.NOT_SCHEDULED.format(count=len(unbound)))
+        waiting = words.NOT_SCHEDULED.format(count=len(unbound))
+        draft.waiting(f"{waiting}; pod {why[0]}: {why[1]}" if why else waiting)
         return
     message = Reason.ALL_PODS_BOUND.message(total=total)
     draft.condition(ConditionType.SCHEDULED, True, Reason.ALL_PODS_BOUND, message)
     if not all(p.phase in (PodPhase.RUNNING, PodPhase.SUCCEEDED) for p in current):
+        stuck = next((p for p in sorted(current, key=lambda p: p.index) if p.waiting), None)
+        if stuck is not None and stuck.waiting is not None:
+            # An image that cannot be pulled, a missing Secret: said at once, long before the
+            # start timeout counts it as a failure (troubles._stuck).
+            kubelet, said = stuck.waiting[0], stuck.waiting[1][:WHY_MAX]
+            draft.condition(ConditionType.RUNNING, False, kubelet, f"pod {stuck.name}: {said}")
+            draft.waiting(words.POD_WAITS.format(pod=stuck.name, reason=kubelet, why=said))
+            return
         draft.waiting(words.PODS_STARTING)
         return
     draft.running()

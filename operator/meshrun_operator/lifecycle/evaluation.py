@@ -9,8 +9,13 @@ from typing import Any
 from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
+from meshrun.envcontract import pod_env
 from meshrun.files.checks import plan_checked
 from meshrun.planner.plan import Plan
+from meshrun_operator.children.builders import build_pod
+from meshrun_operator.children.owner import JobRef
+from meshrun_operator.children.podpolicy import PodPolicy
+from meshrun_operator.children.podpolicy import check as check_template
 from meshrun_operator.lifecycle.state import InvalidSpec
 
 
@@ -29,12 +34,24 @@ class Evaluation:
     """Why the spec cannot run (names the field), or None."""
 
 
-def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
+@dataclass(frozen=True)
+class Admission:
+    """What this operator admits beyond the spec's own rules (set by its flags)."""
+
+    pod_policy: PodPolicy = PodPolicy.BASELINE
+    """The Pod Security Standards level every pod template must meet (--job-pod-policy)."""
+    network_policies: bool = True
+    """The operator makes a NetworkPolicy per job, so a job may restrict its egress."""
+
+
+def evaluate(spec: Mapping[str, Any], name: str, admission: Admission | None = None) -> Evaluation:
     """Read and plan a spec; any problem becomes an Evaluation with ``error`` set."""
     settings = None
+    rules = admission or Admission()
     try:
         settings = read_spec(spec)
         plan = plan_checked(settings, name)  # the job's files too, where visible here
+        admit(settings, plan, name, rules)
     except SpecError as error:
         return Evaluation(spec=spec, settings=settings, error=error)
     except (ValueError, TypeError, KeyError) as error:
@@ -42,6 +59,27 @@ def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
         failed = SpecError("spec", f"could not be planned: {error!r}")
         return Evaluation(spec=spec, settings=settings, error=failed)
     return Evaluation(spec=spec, settings=settings, plan=plan)
+
+
+def admit(settings: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
+    """SpecError unless the operator may run the job: its pod template meets the pod policy and
+    has a shape pods can be built from, and a restricted egress has a NetworkPolicy to go in."""
+    check_template(settings.pod_template, rules.pod_policy)
+    egress = settings.networking.egress
+    if egress.policy == "Restricted" and not rules.network_policies:
+        raise SpecError(
+            "spec.networking.egress.policy",
+            "Restricted needs the per-job NetworkPolicy, and this operator makes none "
+            "(--no-network-policy, Helm value networkPolicy.enabled=false)",
+        )
+    job = JobRef(name, "default", "")
+    env = pod_env(plan, settings, job_name=name, namespace="default", pod_index=0,
+                  master_addr="", master_port=0, attempt=0, checkpoint_dir="")  # fmt: skip
+    try:
+        build_pod(job, settings, plan, 0, 0, env)
+    except (AttributeError, TypeError, ValueError, KeyError) as error:
+        # A shape template_shape does not know: refused once, not failing every reconcile.
+        raise SpecError(POD_TEMPLATE, f"cannot be merged into a pod: {error}") from error
 
 
 class Evaluations:
@@ -52,8 +90,9 @@ class Evaluations:
     subresource of its own). Without a generation, an equal spec is the same spec.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, admission: Admission | None = None) -> None:
         self.by_uid: dict[str, tuple[tuple[str, object], Evaluation]] = {}
+        self.admission = admission or Admission()
 
     def of(self, uid: str, spec: Mapping[str, Any], name: str, generation: object) -> Evaluation:
         """The job's evaluated spec (evaluated now if its generation is new)."""
@@ -62,7 +101,7 @@ class Evaluations:
         same = cached is not None and cached[0] == key
         if cached is not None and same and (generation is not None or cached[1].spec == spec):
             return cached[1]
-        ev = evaluate(spec, name)
+        ev = evaluate(spec, name, self.admission)
         self.by_uid[uid] = (key, ev)
         return ev
 

@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any
 
-from meshrun.envcontract import EXIT_CONFIG_ERROR, EXIT_NO_ACCELERATOR, PERMANENT_REASONS
+from meshrun.envcontract import (
+    EXIT_CONFIG_ERROR,
+    EXIT_LOSS_NOT_FINITE,
+    EXIT_NO_ACCELERATOR,
+    PERMANENT_REASONS,
+)
 from meshrun_operator import vocabulary as words
 from meshrun_operator.vocabulary import Reason
 
@@ -80,6 +85,12 @@ EXIT_CODES: dict[int, tuple[FailureClass, str, str]] = {
         PERMANENT_REASONS[EXIT_NO_ACCELERATOR],
         "the job asks for GPUs but the trainer found no usable CUDA device (exit 3); it does "
         "not fall back to the CPU",
+    ),
+    EXIT_LOSS_NOT_FINITE: (
+        FailureClass.PERMANENT,
+        PERMANENT_REASONS[EXIT_LOSS_NOT_FINITE],
+        "the training loss is not finite (NaN or infinite, exit 4); the trainer stopped "
+        "before checkpointing it, and a restart would diverge again",
     ),
     126: (FailureClass.PERMANENT, "CommandNotExecutable", "the command cannot be executed"),
     127: (FailureClass.PERMANENT, "CommandNotFound", "the command was not found in the image"),

@@ -64,6 +64,7 @@ class Draft:
         self.generation: int | None = None
         self.create: list[int] = []
         self.delete: list[str] = []
+        self.restore: list[str] = []
         self.delete_job = False
         self.events: list[Event] = []
         self.is_invalid = False

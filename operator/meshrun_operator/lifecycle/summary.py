@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any
@@ -131,14 +132,36 @@ def last_step_time(seen: StepChange | None, attempt: int) -> datetime | None:
 
 
 def progress_status(reported: Mapping[str, Any]) -> dict[str, Any]:
-    """status.progress from the trainer's latest report, with an ETA."""
+    """status.progress from the trainer's latest report, with an ETA; the names of the fields
+    that were NaN or infinite (left out) in ``nonFinite``."""
     step = reported.get("step")
     progress: dict[str, Any] = dict(reported)
     total = reported.get("totalSteps")
     step_time = reported.get("stepTimeSeconds")
-    if isinstance(total, int) and isinstance(step, int) and isinstance(step_time, (int, float)):
-        progress["etaSeconds"] = round(max(total - step, 0) * float(step_time), 1)
-    return conform(progress, _progress_schema())
+    finite = isinstance(step_time, int | float) and is_finite(step_time)
+    if isinstance(total, int) and isinstance(step, int) and finite:
+        progress["etaSeconds"] = round(max(total - step, 0) * float(step_time or 0), 1)
+    return _with_non_finite(conform(progress, _progress_schema()), reported)
+
+
+def is_finite(value: object) -> bool:
+    """An int, or a float that is neither NaN nor infinite (JSON knows no others)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return math.isfinite(value)
+
+
+def non_finite(values: Mapping[str, Any]) -> list[str]:
+    """The keys of ``values`` whose value is a NaN or infinite number."""
+    return sorted(k for k, v in values.items() if isinstance(v, float) and not math.isfinite(v))
+
+
+def _with_non_finite(progress: dict[str, Any], reported: Mapping[str, Any]) -> dict[str, Any]:
+    known = _progress_schema().get("properties") or {}
+    dropped = [key for key in non_finite(reported) if key in known]
+    if dropped:
+        progress["nonFinite"] = dropped
+    return progress
 
 
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
@@ -153,13 +176,16 @@ def conform(values: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, A
     """Keep only the fields the schema declares, with the declared JSON type.
 
     The trainer's report is outside the operator's control; one field of the wrong type would
-    make the API server reject the whole status patch (422), so it is dropped instead.
+    make the API server reject the whole status patch (422), so it is dropped instead, and so is
+    a NaN or infinite number (no JSON can carry it: the patch would not be sent).
     """
     properties = schema.get("properties") or {}
     kept: dict[str, Any] = {}
     for key, value in values.items():
         expected = _JSON_TYPES.get(str((properties.get(key) or {}).get("type")))
         if expected is None or isinstance(value, bool) != (bool in expected):
+            continue
+        if isinstance(value, float) and not math.isfinite(value):
             continue
         if isinstance(value, expected):
             kept[key] = value
@@ -195,4 +221,5 @@ def final_progress(summary: Mapping[str, Any] | None) -> dict[str, Any] | None:
         "evalLoss": last.get("loss"),
         "evalStep": last.get("step"),
     }
-    return conform({k: v for k, v in progress.items() if v is not None}, _progress_schema())
+    given = {k: v for k, v in progress.items() if v is not None}
+    return _with_non_finite(conform(given, _progress_schema()), given)

@@ -2,18 +2,22 @@
 
 Every create and delete is recorded as expected before it is sent (expectations.py), so the
 next pass does not repeat it while the watch has not shown it yet. A name held by someone else's
-child (an earlier job of the same name, an orphan) is never taken for the job's own.
+child (an earlier job of the same name, an orphan) is never taken for the job's own, and an
+object of the name that meshrun did not make (children.claim) is never changed or deleted: the
+job waits with a NameConflict and no pod is created.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from meshrun.api.spec import Egress
 from meshrun.envcontract import pod_env
 from meshrun_operator import metrics, names
 from meshrun_operator.children.builders import build_pod, build_podgroup, build_service
 from meshrun_operator.children.netpolicy import PolicyOptions, build_network_policy
-from meshrun_operator.children.owner import JobRef
+from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.children.podtemplate import CHECKPOINT_MOUNT
 from meshrun_operator.client.answers import Refused
 from meshrun_operator.client.errors import ApiError
@@ -65,10 +69,12 @@ async def execute(
         await create_workload(ctx.kube, link, job, ev, kueue.create)
     if decision.create_pods:
         notes.extend(await _create_children(ctx, job, ev, decision))
+    elif decision.restore:
+        notes.extend(await restore(ctx, job, ev, decision.restore))
     if link is not None and kueue is not None:
         await patch_status(ctx.kube, link, job, kueue)
     if decision.delete_job:
-        await ctx.kube.delete_job(job.namespace, job.name)
+        await ctx.kube.delete_job(job.namespace, job.name, job.uid)
     return notes
 
 
@@ -80,7 +86,7 @@ async def _create_children(
     attempt = decision.state.attempt
     await _create_service(ctx, job)
     if ctx.network_policy is not None:
-        await _create_network_policy(ctx, job, ctx.network_policy)
+        await _create_network_policy(ctx, job, ctx.network_policy, ev.settings.networking.egress)
     podgroup = build_podgroup(job, ev.settings)
     if podgroup is not None:
         try:
@@ -119,59 +125,120 @@ async def _create_children(
     results = await ctx.kube.create_all(pods)
     metrics.PODS_CREATED.inc(sum(1 for r in results if r is True))
     ctx.attempts[job.uid] = Running(attempt, decision.state.attempt_generation, ev)
-    refused: list[tuple[int, Refused]] = []
+    refused: list[tuple[int, Refused | Conflict]] = []
     for index, name, result in zip(decision.create_pods, names_sent, results, strict=True):
         if isinstance(result, Refused):
             ctx.expectations.not_created(job.uid, name)
             refused.append((index, result))
-    for name, result in zip(names_sent, results, strict=True):
+    for index, name, result in zip(decision.create_pods, names_sent, results, strict=True):
         if result is False:
-            await _name_taken(ctx, job, "Pod", name, attempt)
+            conflict = await _name_taken(ctx, job, "Pod", name, attempt)
+            if conflict is not None:
+                refused.append((index, conflict))
     if refused:
         raise CreationRefused(_refusal(refused))
     return notes
 
 
-def _refusal(refused: Sequence[tuple[int, Refused]]) -> Refusal:
+def _refusal(refused: Sequence[tuple[int, Refused | Conflict]]) -> Refusal:
     first = refused[0][1]
-    return Refusal(tuple(index for index, _ in refused), first.reason, first.message)
+    indices = tuple(index for index, _ in refused)
+    if isinstance(first, Conflict):
+        return Refusal(indices, Reason.NAME_CONFLICT, first.message)
+    return Refusal(indices, first.reason, first.message)
 
 
-async def _create_service(ctx: OperatorContext, job: JobRef) -> None:
-    """The headless Service, or the wait until a Service of another owner gives its name up."""
+async def restore(
+    ctx: OperatorContext, job: JobRef, ev: Evaluation, kinds: Sequence[str]
+) -> list[Event]:
+    """Create again the children of a running gang that someone deleted (its Service: the
+    pods' DNS names; its NetworkPolicy: who may reach them); the pods are left alone."""
+    notes = []
+    for kind in kinds:
+        if kind == "Service":
+            created = await _create_service(ctx, job)
+            name = names.service_name(job.name)
+        elif kind == "NetworkPolicy" and ctx.network_policy and ev.settings is not None:
+            egress = ev.settings.networking.egress
+            created = await _create_network_policy(ctx, job, ctx.network_policy, egress)
+            name = names.network_policy_name(job.name)
+        else:
+            continue
+        if not created:  # the watch had not shown the job's own yet
+            continue
+        message = Reason.CHILD_RESTORED.message(kind=kind, name=name)
+        notes.append(Event(EventType.WARNING, Reason.CHILD_RESTORED, message))
+    return notes
+
+
+async def _create_service(ctx: OperatorContext, job: JobRef) -> bool:
+    """The headless Service, or the wait until a Service of another owner gives its name up;
+    True when it was created now (False: the job's own was there)."""
     try:
         created = await ctx.kube.create(build_service(job))
     except Refused as refused:
         raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
     if not created:
-        await _name_taken(ctx, job, "Service", names.service_name(job.name), None)
+        await _child_taken(ctx, job, "Service", names.service_name(job.name))
+    return created
 
 
-async def _create_network_policy(ctx: OperatorContext, job: JobRef, options: PolicyOptions) -> None:
+async def _create_network_policy(
+    ctx: OperatorContext, job: JobRef, options: PolicyOptions, egress: Egress
+) -> bool:
     """The job's NetworkPolicy (netpolicy.py). Refused (no RBAC for it, a webhook), the job
     waits with the reason rather than run open to every pod. A name still held by an earlier
-    job's policy selects the same pods by the same rules until the garbage collector removes it."""
+    job's policy is waited for like its Service (its egress rules may differ), and a policy of
+    that name that is not meshrun's is never taken for the job's."""
+    name = names.network_policy_name(job.name)
+    what = f"NetworkPolicy {name}"
     try:
-        await ctx.kube.create(build_network_policy(job, options.operator))
+        created = await ctx.kube.create(build_network_policy(job, options.operator, egress))
     except Refused as refused:
-        raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
+        raise CreationRefused(Refusal((), refused.reason, refused.message, what)) from refused
+    if not created:
+        await _child_taken(ctx, job, "NetworkPolicy", name)
+    return created
+
+
+@dataclass(frozen=True)
+class Conflict:
+    """An object of a child's name that is not meshrun's: it is left alone."""
+
+    message: str
+
+
+async def _child_taken(ctx: OperatorContext, job: JobRef, kind: str, name: str) -> None:
+    """The Service or NetworkPolicy create found the name taken: raise unless it is the job's."""
+    conflict = await _name_taken(ctx, job, kind, name, None)
+    if conflict is not None:
+        refusal = Refusal((), Reason.NAME_CONFLICT, conflict.message, f"{kind} {name}")
+        raise CreationRefused(refusal)
 
 
 async def _name_taken(
     ctx: OperatorContext, job: JobRef, kind: str, name: str, attempt: int | None
-) -> None:
-    """A create found the name taken: fine when the job's own child of this attempt holds it;
-    an orphan Service is replaced; otherwise wait (StillTerminating) until the holder is gone.
-    The status write is skipped by the exception, so the attempt is not recorded as started."""
+) -> Conflict | None:
+    """A create found the name taken (children.claim says whose it is): None when the job's
+    own child of this attempt holds it; a Conflict when something not meshrun's does (left
+    alone); an orphan of the job's is replaced (deleted under preconditions) and an earlier
+    job's child waited for, both with StillTerminating. The status write is skipped by the
+    exception, so the attempt is not recorded as started."""
     holder = await ctx.kube.holder(kind, job.namespace, name)
-    ours = holder is not None and holder.controller == job.uid and not holder.deleting
-    if ours and holder is not None and attempt in (None, holder.attempt):
-        return
+    if holder is None:
+        if kind == "Pod":
+            ctx.expectations.not_created(job.uid, name)
+        raise StillTerminating(f"{kind} {name} went away while it was being created")
+    whose = claim(job, holder.controller, holder.controller_kind, holder.labels)
+    if whose is Claim.OURS and not holder.deleting and attempt in (None, holder.attempt):
+        return None
     if kind == "Pod":
         ctx.expectations.not_created(job.uid, name)
-    if holder is None:
-        raise StillTerminating(f"{kind} {name} went away while it was being created")
-    if kind == "Service" and holder.controller is None:
-        await ctx.kube.delete_service(job.namespace, name)
-    whose = "an orphan" if holder.controller is None else f"owner {holder.controller}"
-    raise StillTerminating(f"{kind} {name} ({whose}, attempt {holder.attempt}) holds the name")
+    if whose is Claim.FOREIGN:
+        owner = f"{holder.controller_kind} {holder.controller}" if holder.controller else "none"
+        message = Reason.NAME_CONFLICT.message(kind=kind, name=name, owner=owner)
+        return Conflict(message)
+    if whose is Claim.ORPHAN and kind != "Pod" and not holder.deleting:
+        await ctx.kube.delete_child(kind, job.namespace, holder, name)
+    who = "an orphan" if holder.controller is None else f"owner {holder.controller}"
+    raise StillTerminating(f"{kind} {name} ({who}, attempt {holder.attempt}) holds the name")

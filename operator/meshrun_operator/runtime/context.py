@@ -59,6 +59,9 @@ class OperatorContext:
     watch."""
     network_policy: PolicyOptions | None = None
     """The NetworkPolicy each job gets (netpolicy.py); None: none (--no-network-policy)."""
+    children: dict[str, Any] = field(default_factory=dict)
+    """Kind -> kopf's index of the jobs' children of that kind (Service, NetworkPolicy) by
+    (namespace, job name), holding their controllers' uids; empty when not watched."""
     evaluations: Evaluations = field(default_factory=Evaluations)
     """Each job's spec, read and planned once per generation."""
     status_interval_seconds: float = 10.0
@@ -69,6 +72,15 @@ class OperatorContext:
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.tuning.expectations_timeout_seconds)
+
+    def missing_children(self, namespace: str, name: str, uid: str) -> tuple[str, ...]:
+        """Kinds of the job's watched children of which the watch shows none of the job's."""
+        missing = []
+        for kind, index in self.children.items():
+            owners = index.get((namespace, name), ()) if index is not None else ()
+            if uid not in owners:
+                missing.append(kind)
+        return tuple(missing)
 
     def forget(self, uid: str) -> None:
         """Drop everything kept about a deleted job."""

@@ -26,6 +26,10 @@ from meshrun_operator.seen.nodes import NodeWatch
 from meshrun_operator.seen.relist import Auditor, LiveIndex
 from meshrun_operator.seen.views import PodView, pod_view
 
+LABELLED = (("v1", "pods"), ("v1", "services"), ("networking.k8s.io", "networkpolicies"))
+"""kopf's selectors of what the operator watches by the job-name label (server-side): the jobs'
+pods, Services and NetworkPolicies, not every one of the cluster."""
+
 
 def alive(liveness: Liveness, what: object) -> dict[str, Any]:
     """A background loop's probe answer; kopf.PermanentError (HTTP 500) when it stalled."""
@@ -64,13 +68,41 @@ def register(
     watch_nodes: bool,
     stall_seconds: float = 300.0,
     namespaces: tuple[str, ...] = (),
+    network_policies: bool = False,
 ) -> None:
     """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global).
 
     /healthz fails when no reconcile completed for ``stall_seconds`` while one was due. After
     each listing of the served ``namespaces`` (all when empty), jobs and pods deleted while a
-    watch was down are dropped (relist.py).
+    watch was down are dropped (relist.py). The jobs' Services (and, with
+    ``network_policies``, their NetworkPolicies) are watched too: one deleted while its job runs
+    is created again.
     """
+
+    async def owner_of(meta: kopf.Meta, **_: Any) -> str | None:
+        owners = meta.get("ownerReferences") or []
+        return next((str(o.get("uid")) for o in owners if o.get("controller")), None)
+
+    def child_index(resource: tuple[str, ...], id: str) -> None:
+        @kopf.index(*resource, id=id, labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
+        async def children(
+            namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, **_: Any
+        ) -> dict[tuple[str, str], str]:
+            # (namespace, job name) -> the controller's uid: whose child it is.
+            return {(str(namespace), str(labels[names.LABEL_JOB])): await owner_of(meta) or ""}
+
+        @kopf.on.event(
+            *resource, id=f"{id}-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
+        )
+        async def child_changed(
+            memo: OperatorMemo, meta: kopf.Meta, type: str | None, **_: Any
+        ) -> None:
+            if type == "DELETED":
+                memo.resync.poke(await owner_of(meta))
+
+    child_index(("v1", "services"), "meshrun_services")
+    if network_policies:
+        child_index(("networking.k8s.io", "v1", "networkpolicies"), "meshrun_policies")
 
     @kopf.on.login(id="login", registry=registry)
     async def credentials(memo: OperatorMemo, **_: Any) -> Any:
@@ -118,6 +150,9 @@ def register(
             nodes.start()
         elector: Elector | None = memo.get("elector")
         leading = elector.leading if elector is not None else always
+        memo.ctx.children = {"Service": kwargs["meshrun_services"]}
+        if "meshrun_policies" in kwargs:
+            memo.ctx.children["NetworkPolicy"] = kwargs["meshrun_policies"]
         memo.resync = Resyncer(
             memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading, stall_seconds=stall_seconds
         )

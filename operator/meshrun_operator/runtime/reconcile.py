@@ -51,7 +51,7 @@ async def reconcile(
         # ``body`` is the resync loop's own copy of the job: read, never edited.
         stored = newest(dict(body), ctx.latest.get(job.uid))
         job_body = with_unwritten(stored, ctx.unwritten.pop(job.uid, None))
-        decision, notes = await _act(ctx, job, job_body, pods_index, nodes_index)
+        decision, notes, stored = await _act(ctx, job, stored, job_body, pods_index, nodes_index)
         if decision.state.restarts > JobState.from_job(job_body).restarts:
             reason = decision.state.last_failure.reason if decision.state.last_failure else None
             metrics.RESTARTS.labels(reason=reason or "Unknown").inc()
@@ -70,18 +70,35 @@ async def reconcile(
 
 
 async def _act(
-    ctx: OperatorContext, job: JobRef, job_body: dict[str, Any], pods_index: Any, nodes_index: Any
-) -> tuple[Decision, list[Event]]:
-    """One observe-decide-act round on ``job_body``; the decision and Events about the acts."""
+    ctx: OperatorContext,
+    job: JobRef,
+    stored: dict[str, Any],
+    job_body: dict[str, Any],
+    pods_index: Any,
+    nodes_index: Any,
+) -> tuple[Decision, list[Event], dict[str, Any]]:
+    """One observe-decide-act round on ``job_body``; the decision, Events about the acts, and
+    the job as stored now (after the status write that goes before deletes)."""
     observed = observe(job_body, pods_index, nodes_index, ctx.expectations, ctx.tombstones)
     pod0 = next((p for p in observed.pods if p.index == 0), None)
-    observed = replace(observed, progress=await ctx.progress.read(pod0))
+    missing = ctx.missing_children(job.namespace, job.name, job.uid)
+    observed = replace(observed, progress=await ctx.progress.read(pod0), missing_children=missing)
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
     spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
     ev = ctx.evaluations.of(job.uid, spec, job.name, generation)
     now = datetime.now(UTC)
     running = ctx.attempts.get(job.uid)
     decision = decide(job_body, observed, now, ctx.tuning, ev, running)
+    if (decision.delete_pods or decision.force_delete_pods) and not decision.create_pods:
+        # The status that says why the pods go is written before they go: an operator killed
+        # in between finds the attempt already ended, with its failure's own reason, instead
+        # of pods that vanished (PodDeleted). A write that loses its race deletes nothing.
+        try:
+            await _write(ctx, job, stored, decision)
+        except StaleJob:
+            ctx.latest.pop(job.uid, None)
+            raise
+        stored = ctx.latest.get(job.uid, stored)
     try:
         notes = await execute(ctx, job, ev, decision, observed)
     except CreationRefused as refusal:
@@ -101,7 +118,7 @@ async def _act(
         decision = decide(job_body, observed, now, ctx.tuning, ev)
         notes = await execute(ctx, job, ev, decision)
     ctx.tombstones.drop(job.uid, (p.uid for p in observed.gone))
-    return decision, notes
+    return decision, notes, stored
 
 
 async def _write(

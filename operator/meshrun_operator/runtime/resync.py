@@ -21,15 +21,17 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from meshrun.api.crd import GROUP, PLURAL
 from meshrun_operator import metrics
 from meshrun_operator.background import Liveness, Stalled
-from meshrun_operator.client.errors import NO_ANSWER, NotLeader
+from meshrun_operator.client.errors import NO_ANSWER, ApiError, NotLeader
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
 from meshrun_operator.runtime.actions import StillTerminating
@@ -221,6 +223,15 @@ class Resyncer:
             except NotLeader as standby:
                 # Leadership was lost mid-reconcile: the new leader carries on.
                 logger.info("job %s: %s", uid, standby)
+            except ApiError as error:
+                if not job_is_gone(error):
+                    metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
+                    logger.exception("reconcile of job %s failed; retrying at the next resync", uid)
+                    self.failed.add(uid)
+                else:
+                    # Deleted while this pass ran: its watch event takes it out of the loop.
+                    logger.info("job %s was deleted while it was reconciled", uid)
+                    self.failed.discard(uid)
             except NO_ANSWER as error:
                 # The API server did not answer in time: not completed, still waiting.
                 metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
@@ -257,3 +268,15 @@ class Resyncer:
             "secondsSincePass": round(since_pass, 1),
             "longestWaitSeconds": round(oldest, 1),
         }
+
+
+def job_is_gone(error: ApiError) -> bool:
+    """Whether the API server said the job itself no longer exists (a status write or a read of
+    a job deleted in the meantime), not some child of it."""
+    if error.status != 404:
+        return False
+    try:
+        details = json.loads(error.body).get("details") or {}
+    except (ValueError, AttributeError):
+        return False
+    return bool(details.get("group") == GROUP and details.get("kind") == PLURAL)

@@ -28,7 +28,9 @@ def observe(
     uid = meta.get("uid")
     store = pods_index.get((meta["namespace"], meta["name"]), []) if pods_index is not None else []
     own = [p for p in store if p.owner_uid == uid]
-    foreign = tuple(p for p in store if p.owner_uid != uid)
+    # A pod with the job's name label that meshrun did not make is none of the operator's
+    # business: it is neither waited for nor deleted (a name it holds is a NameConflict).
+    foreign = tuple(p for p in store if p.owner_uid != uid and p.managed)
     creating, deleting = expectations.settle(str(uid), own)
     pods = tuple(replace(p, deleting=True) if p.uid in deleting else p for p in own)
     nodes, since = None, {}

@@ -25,6 +25,11 @@ PROGRESS_MAX_BYTES = 64 * 1024
 """The trainer's report is a few hundred bytes; anything this large is not one."""
 
 
+def host(ip: str) -> str:
+    """A pod IP as a URL's host: an IPv6 address in brackets (``[fd00::5]``)."""
+    return f"[{ip}]" if ":" in ip and not ip.startswith("[") else ip
+
+
 class TooLarge(Exception):
     """The answer is longer than ``max_bytes``."""
 
@@ -86,7 +91,7 @@ class ProgressReader:
         now = time.monotonic()
         if self._failed_until.get(pod.pod_ip, 0.0) > now:
             return None
-        url = f"http://{pod.pod_ip}:{self.port}/progress"
+        url = f"http://{host(pod.pod_ip)}:{self.port}/progress"
         try:
             return await self._fetch(url)
         except aiohttp.ClientConnectorError as error:

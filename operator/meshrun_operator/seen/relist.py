@@ -157,6 +157,8 @@ class Auditor:
             for uid, (seen, _) in held.items()
             if uid not in listed and uid not in self.ghosts and older(seen, version)
         ]
+        # A ghost the index no longer holds needs no hiding: the set stays within the index.
+        self.ghosts.intersection_update(held)
         self.ghosts.update(gone_pods)
         metrics.WATCH_GHOSTS.labels(kind="job").inc(len(gone_jobs))
         metrics.WATCH_GHOSTS.labels(kind="pod").inc(len(gone_pods))

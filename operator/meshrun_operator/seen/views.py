@@ -20,16 +20,8 @@ from meshrun_operator.vocabulary import PodPhase
 ACCELERATOR = "nvidia.com/gpu"
 """The accelerator resource a pod's ``accelerators`` counts (spec.resources.accelerator)."""
 
-PROGRESS_KEYS = (
-    "step",
-    "totalSteps",
-    "loss",
-    "tokensPerSecond",
-    "stepTimeSeconds",
-    "updatedAt",
-    "evalLoss",
-    "evalStep",
-)
+PROGRESS_KEYS = ("step", "totalSteps", "loss", "tokensPerSecond", "stepTimeSeconds", "updatedAt",
+                 "evalLoss", "evalStep")  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -76,10 +68,16 @@ class PodView:
     disruption: str | None = None
     """Why the pod is a disruption target (its DisruptionTarget condition is True): the
     condition's reason and message (PreemptionByScheduler, EvictionByEvictionAPI, ...)."""
+    unschedulable: str | None = None
+    """The scheduler's words while it cannot place the pod (PodScheduled False, Unschedulable)."""
     exit_codes: tuple[tuple[str, int], ...] = ()
     """(container, exit code) of every terminated container, init containers first."""
     accelerators: int = 0
     """The accelerators (nvidia.com/gpu) its containers request: what it holds on its node."""
+    managed: bool = True
+    """It carries the ``app.kubernetes.io/managed-by: meshrun-operator`` label (with the
+    job-name label it was indexed by): a pod of the job's name without it is not meshrun's and
+    is never deleted or waited for."""
 
 
 def parse_progress(text: str | None) -> dict[str, Any] | None:
@@ -157,10 +155,11 @@ def _exit_codes(status: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
     return tuple(codes)
 
 
-def _disruption(conditions: list[Mapping[str, Any]]) -> str | None:
+def _said(conditions: list[Mapping[str, Any]], kind: str, status: str) -> str | None:
+    """ "reason: message" of the pod's condition ``kind`` when it has ``status``."""
     for condition in conditions:
-        if condition.get("type") == "DisruptionTarget" and condition.get("status") == "True":
-            reason = condition.get("reason") or "DisruptionTarget"
+        if condition.get("type") == kind and condition.get("status") == status:
+            reason = condition.get("reason") or kind
             return f"{reason}: {condition.get('message')}" if condition.get("message") else reason
     return None
 
@@ -195,9 +194,11 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         started_at=parse_time(status.get("startTime")),
         waiting=_waiting(status),
         conditions=tuple((str(c.get("type")), str(c.get("status"))) for c in conditions),
-        disruption=_disruption(conditions),
+        disruption=_said(conditions, "DisruptionTarget", "True"),
+        unschedulable=_said(conditions, "PodScheduled", "False"),
         exit_codes=_exit_codes(status),
         accelerators=_accelerators(body.get("spec") or {}),
+        managed=labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY,
     )
 
 
@@ -253,9 +254,13 @@ class Refusal:
     indices: tuple[int, ...]
     """Pod indices not created (empty when only the Service was refused)."""
     reason: str
-    """QuotaExceeded, PodSecurity, Forbidden, TooManyRequests or ServerError."""
+    """QuotaExceeded, PodSecurity, Forbidden, TooManyRequests, ServerError, or NameConflict
+    (an object of the child's name that meshrun did not make holds it)."""
     message: str
-    """The API server's own words."""
+    """The API server's own words (the operator's, for a NameConflict)."""
+    what: str = ""
+    """The child refused when it is not a pod ("Service x", "NetworkPolicy x"); empty for
+    pods, and for the Service when it was refused by the API server."""
 
 
 @dataclass(frozen=True)
@@ -286,3 +291,6 @@ class Observed:
     products: Collection[str] | None = None
     """The values of the nodes' nvidia.com/gpu.product label; None when the operator does not
     see node labels (then no product check)."""
+    missing_children: tuple[str, ...] = ()
+    """Kinds of the job's own children other than pods (Service, NetworkPolicy) that its watch
+    does not show: deleted by someone, they are created again while the gang runs."""

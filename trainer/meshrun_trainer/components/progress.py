@@ -4,6 +4,7 @@ final summary written to the pod's termination message (docs/env-contract.md).""
 from __future__ import annotations
 
 import json
+import math
 import sys
 import threading
 import time
@@ -23,6 +24,22 @@ from meshrun_trainer.runner import StepRecord
 
 TERMINATION_MESSAGE_LIMIT = 4096
 """Kubernetes truncates termination messages beyond 4096 bytes (core/v1 Container docs)."""
+
+
+def finite(value: Any) -> Any:
+    """``value`` with every NaN or infinite float replaced by None (JSON has no such numbers)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [finite(v) for v in value]
+    return value
+
+
+def finite_json(value: Any) -> str:
+    """Strict JSON of ``value`` (non-finite numbers as null): what every reader can parse."""
+    return json.dumps(finite(value), allow_nan=False)
 
 
 class Metrics:
@@ -73,7 +90,7 @@ class ProgressServer:
                     body, kind = generate_latest(registry), CONTENT_TYPE_LATEST
                 elif self.path.startswith("/progress"):
                     with lock:
-                        body, kind = json.dumps(state).encode(), "application/json"
+                        body, kind = finite_json(state).encode(), "application/json"
                 else:
                     self.send_error(404, "try /metrics or /progress")
                     return
@@ -141,7 +158,7 @@ class Reporter:
             "gradNorm": record.grad_norm,
             "peakMemoryBytes": record.peak_memory_bytes,
         }
-        print(json.dumps(line), flush=True)
+        print(finite_json(line), flush=True)
 
     def on_eval(self, step: int, loss: float) -> None:
         """A validation loss: a JSON line, the gauges, and /progress (evalLoss, evalStep)."""
@@ -150,15 +167,15 @@ class Reporter:
         lock = self.server.lock if self.server else threading.Lock()
         with lock:
             self.progress.update({"evalLoss": loss, "evalStep": step})
-        print(json.dumps({"event": "eval", "step": step, "loss": loss}), flush=True)
+        print(finite_json({"event": "eval", "step": step, "loss": loss}), flush=True)
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Print the summary line and write the compact termination message."""
-        print(json.dumps({"event": "summary", **summary}), flush=True)
+        print(finite_json({"event": "summary", **summary}), flush=True)
         brief = {k: v for k, v in summary.items() if k != "losses"}
         if "eval" in brief:  # the last evaluations: the message must stay whole JSON
             brief["eval"] = brief["eval"][-8:]
-        text = json.dumps(brief)[:TERMINATION_MESSAGE_LIMIT]
+        text = finite_json(brief)[:TERMINATION_MESSAGE_LIMIT]
         try:
             with open(self.cfg.termination_log, "w", encoding="utf-8") as handle:
                 handle.write(text)

@@ -30,6 +30,7 @@ from meshrun.files.checks import mount, plan_checked
 from meshrun.files.hf import HFModel
 from meshrun.files.mountflag import add_mount_flag
 from meshrun_trainer.components.data.windows import dataset_tokens
+from meshrun_trainer.components.progress import finite
 from meshrun_trainer.config.layout import ConfigError
 from meshrun_trainer.config.read import from_env
 from meshrun_trainer.config.userrun import from_env as read_user_run
@@ -224,7 +225,8 @@ def run_job(args: argparse.Namespace) -> int:
     else:
         print(f"{summary['job']}: already complete at step {summary['resumedFromStep']}")
     if args.summary_json:
-        Path(args.summary_json).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+        text = json.dumps(finite(summary), indent=2, allow_nan=False)
+        Path(args.summary_json).write_text(text + "\n", encoding="utf-8")
     if args.plot and summary["losses"]:
         from meshrun_trainer.local.plot import plot_losses
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import resource
 import time
 from collections.abc import Callable
@@ -110,6 +111,14 @@ def forward_backward(
     return total
 
 
+class LossNotFinite(Exception):
+    """The loss of a step is NaN or infinite: training stops (a permanent failure)."""
+
+    def __init__(self, step: int, loss: float) -> None:
+        super().__init__(f"the training loss is {loss} at step {step}")
+        self.step, self.loss = step, loss
+
+
 def global_loss(cfg: TrainConfig, mesh: Mesh, local: torch.Tensor) -> float:
     """Average the replicas' losses; the last pipeline stage shares its value with the others."""
     loss = local.detach().float().clone()
@@ -159,7 +168,11 @@ def train(
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
-        loss = global_loss(cfg, mesh, local)
+        loss = global_loss(cfg, mesh, local)  # the same value on every rank
+        if not math.isfinite(loss):
+            # Stopped before this step is reported or checkpointed: every checkpoint stays
+            # finite, and a restart would only diverge again.
+            raise LossNotFinite(step, loss)
         elapsed = time.perf_counter() - started
         record = StepRecord(
             step=step,

@@ -1,0 +1,215 @@
+"""On the real control plane: what the operator did not make, it never changes or deletes (a
+Service or NetworkPolicy of the job's name made with kubectl), a child deleted while the gang
+runs comes back with the gang untouched, and the job pod policy refuses a privileged template."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from meshrun_operator import names
+from operator_harness import (
+    Cluster,
+    OperatorProcess,
+    admission_refusal,
+    job_manifest,
+    wait_seconds,
+)
+from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
+from waiting import wait_for
+
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
+
+
+def get(cluster: Cluster, kind: str, name: str) -> dict[str, Any] | None:
+    out = cluster.kubectl("get", kind, name, "-n", cluster.ns, "-o", "json", check=False)
+    return json.loads(out.stdout) if out.returncode == 0 else None
+
+
+def create(cluster: Cluster, obj: dict[str, Any]) -> dict[str, Any]:
+    out = cluster.kubectl(
+        "create", "-n", cluster.ns, "-o", "json", "-f", "-", input=json.dumps(obj)
+    )
+    created: dict[str, Any] = json.loads(out.stdout)
+    return created
+
+
+def database_service(name: str) -> dict[str, Any]:
+    """A team's Service as kubectl or Helm makes it: no owner, no meshrun labels."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": name, "labels": {"app": "postgres"}},
+        "spec": {"selector": {"app": "postgres"}, "ports": [{"port": 5432}]},
+    }
+
+
+def team_policy(name: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": {"name": name},
+        "spec": {"podSelector": {"matchLabels": {"app": "postgres"}}, "policyTypes": ["Ingress"]},
+    }
+
+
+def name_conflict(cluster: Cluster, job: str) -> dict[str, Any]:
+    found: dict[str, Any] = wait_for(
+        lambda: (
+            (c := cluster.condition(job, "CreationRefused")).get("reason") == "NameConflict" and c
+        ),
+        60,
+        f"job {job} saying NameConflict",
+        describe=lambda: cluster.status(job),
+    )
+    return found
+
+
+def same_object(before: dict[str, Any], after: dict[str, Any] | None) -> None:
+    assert after is not None, "the object was deleted"
+    for key in ("uid", "resourceVersion", "labels"):
+        assert after["metadata"].get(key) == before["metadata"].get(key), key
+    assert "ownerReferences" not in after["metadata"]
+    assert after["spec"] == before["spec"]
+
+
+def test_a_service_or_network_policy_of_the_jobs_name_made_by_kubectl_is_left_alone(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    service = create(cluster, database_service("postgres"))
+    policy = create(cluster, team_policy("fenced"))
+    cluster.apply(job_manifest("postgres"))
+    cluster.apply(job_manifest("fenced"))
+    for job, kind in (("postgres", "Service"), ("fenced", "NetworkPolicy")):
+        conflict = name_conflict(cluster, job)
+        assert conflict["status"] == "True"
+        assert f"{kind} {job} already exists and is not this job's" in conflict["message"]
+        status = cluster.status(job)
+        assert status["phase"] == "Pending" and f"{kind} {job} already exists" in status["message"]
+        warnings = [e for e in cluster.events(job) if e["reason"] == "NameConflict"]
+        assert warnings and warnings[0]["type"] == "Warning"
+    # A few resyncs later: still no pod, and the team's objects exactly as they were.
+    wait_seconds(3)
+    assert cluster.pods("postgres") == [] and cluster.pods("fenced") == []
+    same_object(service, get(cluster, "service", "postgres"))
+    same_object(policy, get(cluster, "networkpolicy", "fenced"))
+    # Once the team's Service is gone, the job takes the name and runs.
+    cluster.kubectl("delete", "service", "postgres", "-n", cluster.ns)
+    cluster.wait_running_pods("postgres", 2, timeout=90)
+    cluster.wait_phase("postgres", "Running")
+    ours = get(cluster, "service", "postgres")
+    assert ours is not None and ours["spec"]["clusterIP"] == "None"
+    assert cluster.condition("postgres", "CreationRefused")["status"] == "False"
+    assert "Traceback" not in operator_process.log_path.read_text()
+
+
+def test_a_deleted_headless_service_and_policy_come_back_while_the_pods_keep_running(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    cluster.apply(job_manifest("rdv"))
+    pods = cluster.wait_running_pods("rdv", 2)
+    cluster.wait_phase("rdv", "Running")
+    uid = cluster.job("rdv")["metadata"]["uid"]
+    running = sorted(p["metadata"]["uid"] for p in pods)
+    for kind in ("service", "networkpolicy"):
+        first = get(cluster, kind, "rdv")
+        assert first is not None
+        cluster.kubectl("delete", kind, "rdv", "-n", cluster.ns, "--wait=true")
+
+        def back(kind: str = kind, first: dict[str, Any] = first) -> dict[str, Any] | None:
+            found = get(cluster, kind, "rdv")
+            return found if found and found["metadata"]["uid"] != first["metadata"]["uid"] else None
+
+        again = wait_for(back, 20, f"the job's {kind} created again")
+        (owner,) = again["metadata"]["ownerReferences"]
+        assert owner["uid"] == uid and again["spec"] == first["spec"]
+    # The gang was never touched: the same pods, no restart.
+    assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("rdv")) == running
+    status = cluster.status("rdv")
+    assert status["phase"] == "Running" and status["restarts"] == 0 and status["attempt"] == 0
+    restored = [e for e in cluster.events("rdv") if e["reason"] == "ChildRestored"]
+    assert len(restored) >= 2
+    one_pod_per_index(cluster, "rdv", 2)
+    assert_cleaned_up(cluster, "rdv")
+
+
+def test_a_privileged_template_under_baseline_is_invalid_with_the_field_named(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    privileged = {"spec": {"containers": [{"name": "trainer",
+                                           "securityContext": {"privileged": True}}]}}  # fmt: skip
+    cluster.apply(job_manifest("root", podTemplate=privileged))
+    cluster.apply(job_manifest("shapeless", podTemplate={"spec": "x"}))
+    for job, field in (
+        ("root", "spec.podTemplate.spec.containers[0].securityContext.privileged"),
+        ("shapeless", "spec.podTemplate.spec"),
+    ):
+        status = cluster.wait_phase(job, "Failed")
+        invalid = cluster.condition(job, "Invalid")
+        assert invalid["status"] == "True" and invalid["message"].startswith(f"{field}: ")
+        assert status["invalidSpec"]["field"] == field
+        assert cluster.pods(job) == []
+    assert (
+        "privileged containers are not allowed" in cluster.condition("root", "Invalid")["message"]
+    )
+    assert "job pod policy is baseline" in cluster.condition("root", "Invalid")["message"]
+    # Refused once: one InvalidSpec Event each, and no reconcile error in the log.
+    for job in ("root", "shapeless"):
+        assert len([e for e in cluster.events(job) if e["reason"] == "InvalidSpec"]) == 1
+    log = operator_process.log_path.read_text()
+    assert "Traceback" not in log and "failed; retrying" not in log
+
+
+def refuse_status_writes(namespace: str) -> list[dict[str, Any]]:
+    """Admission that refuses every write of the jobs' status in one namespace: the status
+    patch after a decision fails, as when the operator is killed between its deletes and its
+    write."""
+    rules = [{"apiGroups": ["meshrun.dev"], "apiVersions": ["*"], "operations": ["UPDATE"],
+              "resources": ["paralleltrainingjobs/status"]}]  # fmt: skip
+    name = f"no-status-{namespace}"[:63]
+    return admission_refusal(namespace, name, rules, "status frozen by the test")
+
+
+def test_a_restarts_reason_survives_an_operator_that_could_not_write_its_status(
+    cluster: Cluster, kubeconfig: str, namespace: str, crds_installed: list[str], tmp_path: Path
+) -> None:
+    first = OperatorProcess(kubeconfig, namespace, tmp_path, name="first").start()
+    objects = refuse_status_writes(namespace)
+    try:
+        cluster.apply(job_manifest("oom"))
+        cluster.wait_running_pods("oom", 2)
+        cluster.wait_phase("oom", "Running")
+        for obj in objects:
+            cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
+        probe = ["patch", names.PLURAL, "oom", "-n", namespace, "--subresource=status",
+                 "--type=merge", "-p", '{"status": {}}', "--dry-run=server"]  # fmt: skip
+        wait_for(
+            lambda: cluster.kubectl(*probe, check=False).returncode != 0,
+            30,
+            "the admission policy refusing status writes",
+        )
+        cluster.finish("oom-0", "Failed", exit_code=137)
+        # The restart's status cannot be written, so its deletes are not sent: the failed pod
+        # (and the reason it carries) stays for whoever comes next.
+        wait_seconds(4)
+        phases = {p["metadata"]["name"]: p["status"]["phase"] for p in cluster.live_pods("oom")}
+        assert phases == {"oom-0": "Failed", "oom-1": "Running"}, phases
+        first.kill()
+    finally:
+        first.kill()
+        for obj in reversed(objects):
+            kind = str(obj["kind"]).lower()
+            cluster.kubectl("delete", kind, obj["metadata"]["name"], check=False)
+    second = OperatorProcess(kubeconfig, namespace, tmp_path, name="second").start()
+    try:
+        cluster.wait_running_pods("oom", 2, attempt=1, timeout=90)
+        status = cluster.wait_phase("oom", "Running")
+        assert status["restarts"] == 1 and status["attempt"] == 1
+        assert status["lastFailure"]["reason"] == "Killed", status["lastFailure"]
+        assert status["lastFailure"]["pod"] == "oom-0"
+        one_pod_per_index(cluster, "oom", 2)
+    finally:
+        cluster.kubectl("delete", names.PLURAL, "oom", "-n", namespace, "--wait=true")
+        second.stop()

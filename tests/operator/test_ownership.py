@@ -1,0 +1,246 @@
+"""Ownership before every write or delete, decision by decision: whose an object of a child's name
+is, what the job says when it is not meshrun's, children created again while the gang runs, and
+the status written before a restart's deletes (no cluster)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from meshrun_operator import names
+from meshrun_operator.children.netpolicy import PolicyOptions
+from meshrun_operator.children.owner import Claim, JobRef, claim
+from meshrun_operator.client.answers import Holder
+from meshrun_operator.client.kube import Kube
+from meshrun_operator.lifecycle.decide import decide
+from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.runtime.actions import CreationRefused, StillTerminating, restore
+from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.reconcile import reconcile
+from meshrun_operator.seen.children import observe as observe_children
+from meshrun_operator.seen.expectations import Expectations, Tombstones
+from meshrun_operator.seen.views import Refusal
+from operator_factories import at, make_job, make_pod, observe
+from operator_lifecycle_helpers import TUNING, advance, condition, failed, run, running_job
+
+pytestmark = pytest.mark.unit
+
+JOB = JobRef("train", "ns", "uid-1")
+MESHRUN = {names.LABEL_JOB: "train", names.LABEL_MANAGED_BY: names.MANAGED_BY}
+
+
+@pytest.mark.parametrize(
+    ("controller", "kind", "labels", "expected"),
+    [
+        ("uid-1", names.KIND, MESHRUN, Claim.OURS),
+        ("uid-1", names.KIND, {}, Claim.OURS),  # the job's controller reference suffices
+        (None, None, MESHRUN, Claim.ORPHAN),
+        ("uid-0", names.KIND, MESHRUN, Claim.PREDECESSOR),
+        (None, None, {}, Claim.FOREIGN),  # kubectl create service
+        (None, None, {names.LABEL_JOB: "train"}, Claim.FOREIGN),  # one label is not enough
+        (None, None, {**MESHRUN, names.LABEL_JOB: "other"}, Claim.FOREIGN),
+        (None, None, {names.LABEL_MANAGED_BY: names.MANAGED_BY}, Claim.FOREIGN),
+        ("uid-9", "Deployment", MESHRUN, Claim.FOREIGN),  # labels copied by someone else
+        ("uid-9", "HelmRelease", {}, Claim.FOREIGN),
+        (None, None, "not a mapping", Claim.FOREIGN),
+    ],
+)
+def test_whose_an_object_of_a_childs_name_is(
+    controller: str | None, kind: str | None, labels: Any, expected: Claim
+) -> None:
+    assert claim(JOB, controller, kind, labels) is expected
+
+
+def test_a_name_conflict_leaves_the_job_pending_with_no_pods_and_says_so() -> None:
+    job, first = run(make_job(), observe(), 0)
+    assert first.create_pods == (0, 1)
+    message = "Service job already exists and is not this job's (controller: none; ...)"
+    conflict = Refusal((), "NameConflict", message, "Service job")
+    decision = decide(job, replace(observe(), refused=conflict), at(0), TUNING)
+    cond = condition(decision, "CreationRefused")
+    assert (cond["status"], cond["reason"], cond["message"]) == ("True", "NameConflict", message)
+    assert ("Warning", "NameConflict") in {(e.type, e.reason) for e in decision.events}
+    assert decision.status["phase"] == "Pending" and message in decision.status["message"]
+    assert decision.delete_pods == () and decision.force_delete_pods == ()
+    job = advance(job, decision)
+    # While the conflict lasts, no pod is created and nothing is deleted; the Event is not
+    # repeated for the same conflict.
+    again = decide(job, replace(observe(), refused=conflict), at(12), TUNING)
+    assert again.create_pods == () and again.delete_pods == ()
+    assert "NameConflict" not in {e.reason for e in again.events}
+
+
+@pytest.mark.parametrize("kind", ["Service", "NetworkPolicy"])
+def test_a_child_deleted_while_the_gang_runs_is_created_again_and_the_gang_untouched(
+    kind: str,
+) -> None:
+    job = running_job()
+    pods = (make_pod(0), make_pod(1))
+    observed = replace(observe(*pods), missing_children=(kind,))
+    decision = decide(job, observed, at(5), TUNING)
+    assert decision.restore == (kind,)
+    assert decision.create_pods == () and decision.delete_pods == ()
+    assert decision.status["phase"] == "Running" and decision.status["restarts"] == 0
+    # Nothing missing: nothing to restore.
+    assert decide(job, observe(*pods), at(5), TUNING).restore == ()
+
+
+def test_a_restore_refused_by_a_name_conflict_is_said_and_the_gang_runs_on() -> None:
+    job = running_job()
+    pods = (make_pod(0), make_pod(1))
+    message = "Service job already exists and is not this job's"
+    conflict = Refusal((), "NameConflict", message, "Service job")
+    decision = decide(job, replace(observe(*pods), refused=conflict), at(5), TUNING)
+    cond = condition(decision, "CreationRefused")
+    assert (cond["status"], cond["reason"]) == ("True", "NameConflict")
+    assert decision.status["phase"] == "Running" and decision.delete_pods == ()
+    job = advance(job, decision)
+    # Once the job's own Service is back, the condition turns False.
+    done = decide(job, observe(*pods), at(8), TUNING)
+    assert condition(done, "CreationRefused")["status"] == "False"
+
+
+def test_pods_of_the_jobs_name_that_meshrun_did_not_make_are_neither_waited_for_nor_deleted() -> (
+    None
+):
+    body = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"}}
+    own = make_pod(0, owner_uid="uid-1", uid="a")
+    orphan = make_pod(1, uid="b")  # managed-by label, no controller: an orphan of the job's
+    strangers = make_pod(5, uid="c", managed=False)  # someone's pod with the job-name label
+    other_controller = make_pod(6, owner_uid="rs-1", uid="d", managed=False)
+    index = {("ns", "job"): [own, orphan, strangers, other_controller]}
+    seen = observe_children(body, index, None, Expectations(60), Tombstones())
+    assert seen.pods == (own,)
+    assert seen.foreign == (orphan,)
+
+
+class RecordingKube:
+    """The API door as a list of calls: what the reconciler sends, in order."""
+
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.may_write = lambda: True
+
+    async def delete_pods(self, namespace: str, pods: Any, force: bool, uids: Any) -> None:
+        self.calls.append(f"delete {','.join(sorted(pods))}")
+
+    async def patch_status(
+        self, namespace: str, name: str, version: str, status: dict[str, Any]
+    ) -> dict[str, Any]:
+        self.calls.append(f"status restarts={status['restarts']} attempt={status['attempt']}")
+        return {"metadata": {"name": name, "resourceVersion": "2"}, "status": status}
+
+    async def post_event(self, involved: Any, type: str, reason: str, message: str) -> None:
+        self.calls.append(f"event {reason}")
+
+
+def test_a_restart_writes_its_reason_before_deleting_and_a_restarted_operator_keeps_it() -> None:
+    job = running_job()
+    job["metadata"]["resourceVersion"] = "1"
+    pods = [failed(0, 137, container_reason="OOMKilled", owner_uid="uid-1", uid="p0")]
+    pods.append(make_pod(1, owner_uid="uid-1", uid="p1"))
+    kube = RecordingKube()
+    ctx = OperatorContext(kube=kube, tuning=TUNING)  # type: ignore[arg-type]
+    index = {("ns", "job"): pods}
+    decision = asyncio.run(reconcile(ctx, job, index, None))
+    assert decision.state.last_failure is not None
+    assert decision.state.last_failure.reason == "OOMKilled"
+    writes = [c for c in kube.calls if not c.startswith("event")]
+    assert writes == ["status restarts=1 attempt=1", "delete job-0,job-1"]
+    # Killed right after the deletes: a new operator finds the attempt ended, its pods going.
+    after = advance(job, decision)
+    going = (replace(pods[0], deleting=True), replace(pods[1], deleting=True))
+    later = decide(after, observe(*going), at(30), TUNING)
+    assert later.status["restarts"] == 1 and later.status["attempt"] == 1
+    assert later.status["lastFailure"]["reason"] == "OOMKilled"
+    assert later.status["phase"] == "Restarting"
+
+
+class CapturingRest:
+    """The HTTP layer as a list of (method, path, body): what the API door sends."""
+
+    timeout = None
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, str, Any]] = []
+
+    async def request(self, method: str, path: str, **options: Any) -> Any:
+        self.sent.append((method, path, options.get("body")))
+
+
+def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
+    rest = CapturingRest()
+    kube = Kube(rest)  # type: ignore[arg-type]
+    orphan = Holder(None, -1, False, uid="s-1", resource_version="77")
+
+    async def deletes() -> None:
+        await kube.delete_child("Service", "ns", orphan, "train")
+        await kube.delete_child("NetworkPolicy", "ns", orphan, "train")
+        await kube.delete_job("ns", "train", "uid-1")
+        await kube.delete_pods("ns", ["train-0", "train-1"], False, {"train-0": "p-0"})
+
+    asyncio.run(deletes())
+    paths = [(method, path) for method, path, _ in rest.sent]
+    assert paths == [
+        ("DELETE", "/api/v1/namespaces/ns/services/train"),
+        ("DELETE", "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/train"),
+        ("DELETE", "/apis/meshrun.dev/v1alpha1/namespaces/ns/paralleltrainingjobs/train"),
+        ("DELETE", "/api/v1/namespaces/ns/pods/train-0"),  # train-1's uid is unknown: not sent
+    ]
+    conditions = [body["preconditions"] for _, _, body in rest.sent]
+    assert conditions == [
+        {"uid": "s-1", "resourceVersion": "77"},
+        {"uid": "s-1", "resourceVersion": "77"},
+        {"uid": "uid-1"},
+        {"uid": "p-0"},
+    ]
+
+
+class ChildKube:
+    """Creates answer ``exists`` (409: False) or create; a name held is held by ``holder``."""
+
+    def __init__(self, exists: bool, holder: Holder | None = None) -> None:
+        self.exists, self.holder_found = exists, holder
+        self.created: list[str] = []
+        self.deleted: list[str] = []
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        self.created.append(obj["kind"])
+        return not self.exists
+
+    async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
+        return self.holder_found
+
+    async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
+        self.deleted.append(kind)
+
+
+def restored(kube: ChildKube) -> list[str]:
+    ctx = OperatorContext(kube=kube, network_policy=PolicyOptions())  # type: ignore[arg-type]
+    ev = evaluate(make_job()["spec"], "job")
+    job = JobRef("job", "ns", "uid-1")
+    notes = asyncio.run(restore(ctx, job, ev, ("Service", "NetworkPolicy")))
+    return [n.reason for n in notes]
+
+
+def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() -> None:
+    gone = ChildKube(exists=False)
+    assert restored(gone) == ["ChildRestored", "ChildRestored"]
+    assert gone.created == ["Service", "NetworkPolicy"]
+    # The watch lagged: the job's own are there (409, and the holder is the job).
+    ours = ChildKube(exists=True, holder=Holder("uid-1", -1, False, names.KIND, MESHRUN))
+    assert restored(ours) == [] and ours.deleted == []
+    # Someone else's took the name: nothing deleted, a NameConflict for the job to say.
+    theirs = ChildKube(exists=True, holder=Holder(None, -1, False, labels={"app": "db"}))
+    with pytest.raises(CreationRefused) as refused:
+        restored(theirs)
+    assert refused.value.refusal.reason == "NameConflict" and theirs.deleted == []
+    assert refused.value.refusal.what == "Service job"
+    # The job's orphan is replaced: deleted (under preconditions), created at the next pass.
+    orphan = ChildKube(exists=True, holder=Holder(None, -1, False, labels={
+        names.LABEL_JOB: "job", names.LABEL_MANAGED_BY: names.MANAGED_BY}))  # fmt: skip
+    with pytest.raises(StillTerminating):
+        restored(orphan)
+    assert orphan.deleted == ["Service"]
