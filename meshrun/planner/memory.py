@@ -78,6 +78,8 @@ class MemoryEstimate:
 
 REDUCE_BYTES = 4
 """FSDP2 reduces gradients in fp32 (the trainer's MixedPrecisionPolicy, and fp32 training)."""
+ADAM_MOMENTS = 8
+"""Adam's two fp32 moments per parameter."""
 
 
 def sharded_by_fsdp(layout: Layout) -> bool:
@@ -92,22 +94,21 @@ def sharded_by_fsdp(layout: Layout) -> bool:
 def fsdp_states(local: int, n: int, layout: Layout, precision: str) -> tuple[int, int, int]:
     """(params, grads, optimizer) bytes of ``local`` parameters sharded by FSDP2 over ``n``.
 
-    The shards are fp32 (the master weights: under bf16 part of the optimizer's K = 12 B, under
-    fp32 the parameters themselves), their gradients are reduced into fp32 shards, and Adam's
-    moments follow the shards. Without resharding after forward (ZeRO-2 and every stage of a
-    pipeline) the whole compute copy of the weights is held through the step; under pipelining
-    the gradients also accumulate whole over the micro-batches (the reduce-scatter waits for
-    the last backward), in fp32.
+    The shards are fp32 parameters (under bf16 the master weights, the paper's K = 12 B less
+    Adam's 8 B of moments, which the optimizer part keeps), their gradients are reduced into
+    fp32 shards, and the moments follow the shards. Without resharding after forward (ZeRO-2
+    and every stage of a pipeline) the whole compute copy of the weights is held through the
+    step; under pipelining the gradients also accumulate whole over the micro-batches (the
+    reduce-scatter waits for the last backward), in fp32.
     """
-    weight_b, _, optim_b = bytes_per_parameter(precision)
+    weight_b = bytes_per_parameter(precision)[0]
     shard = -(-local // n)
-    params = shard * 4 if precision != "bf16" else 0
-    grads = shard * REDUCE_BYTES
+    params, grads = shard * 4, shard * REDUCE_BYTES
     if layout.zero_stage < 3 or layout.pp > 1:
         params += local * weight_b
     if layout.pp > 1:
         grads += local * REDUCE_BYTES
-    return params, grads, shard * optim_b
+    return params, grads, shard * ADAM_MOMENTS
 
 
 def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
