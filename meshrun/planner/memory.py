@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 from meshrun.layout import Layout, Stage
 from meshrun.presets import ModelShape
-from meshrun.spec import JobSpec
+from meshrun.spec import CPU, JobSpec
 
 CHECKPOINTING = ("none", "selective", "full")
 """Activation checkpointing modes, least recomputation first."""
@@ -202,6 +202,14 @@ def estimate_memory(
         gathered = unit * (grad_b + REDUCE_BYTES)  # every unit's weights are counted whole
     elif fsdp:
         gathered = unit * REDUCE_BYTES  # the gradients accumulate whole until the last backward
+    # On CUDA AdamW is fused (no temporaries). On CPUs it updates one parameter at a time and
+    # makes two temporaries of it (the square root of the second moment, then its quotient by
+    # the bias correction): two of the largest (local) parameter, in fp32. They count where
+    # they outgrow the step's working set, which is freed before the optimizer step.
+    step_temporaries = 0
+    if job.resources.accelerator == CPU:
+        largest = -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
+        step_temporaries = 2 * 4 * (-(-largest // n) if fsdp else largest)
     best: MemoryEstimate | None = None
     for rank in range(layout.pp):
         count = layers_on[rank] * model.layer_parameters()
@@ -222,6 +230,8 @@ def estimate_memory(
         activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute
         if rank == layout.pp - 1:
             activations += head_act + max(head_grads - recompute, 0)
+        # The optimizer steps after backward, once activations and gathered units are freed.
+        optim += max(0, step_temporaries - activations - gathered)
         estimate = MemoryEstimate(
             params, grads, optim, activations, job.resources.accelerator_bytes, gathered
         )
