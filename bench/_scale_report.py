@@ -4,16 +4,15 @@ from __future__ import annotations
 
 import os
 import platform
-import re
 import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 
+from _docsection import write_section
 from _scale_launch import Launch
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
 BIG, SMALL = "big", "small"
 
 
@@ -170,27 +169,9 @@ def caption(setup: Setup, operators: Sequence[str]) -> list[str]:
 def write_docs(lines: list[str], setup: Setup) -> Path:
     """Replace (or add) this scale's section of docs/benchmarks.md, keeping everything else."""
     key = f"operator_scale nodes={setup.nodes} jobs={setup.jobs}"
-    begin, end = f"<!-- {key}: begin -->", f"<!-- {key}: end -->"
     today = datetime.now(UTC).date().isoformat()
-    section = "\n".join(
-        [
-            begin,
-            f"### {setup.nodes:,} nodes, {setup.jobs:,} concurrent jobs ({today})",
-            "",
-            f"Produced by `{setup.command}`.",
-            "",
-            *lines,
-            end,
-        ]
-    )
-    text = DOCS.read_text() if DOCS.exists() else HEADER
-    pattern = re.compile(re.escape(begin) + ".*?" + re.escape(end), re.S)
-    if pattern.search(text):
-        text = pattern.sub(lambda _: section, text)
-    else:
-        text = text.rstrip() + "\n\n" + section + "\n"
-    DOCS.write_text(text)
-    return DOCS
+    heading = f"### {setup.nodes:,} nodes, {setup.jobs:,} concurrent jobs ({today})"
+    return write_section(key, [heading, "", f"Produced by `{setup.command}`.", "", *lines], HEADER)
 
 
 HEADER = """# Benchmarks

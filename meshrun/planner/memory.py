@@ -20,11 +20,19 @@ The pipeline schedule sets how many micro-batches are in flight on a rank: GPipe
 1F1B at most p - i on stage i, interleaving multiplies 1F1B's by 1 + (p-1)/(p*v) (Narayanan et
 al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the fp32 log-probabilities
 s*b*V/t and the final norm's tensors, and at the start of backward the fp32 gradients of the
-log-probabilities and of the logits (2*s*b*V/t). Under pipelining ZeRO-3 keeps a stage's parameters
-gathered for the whole step (no all-gather per micro-batch), so its weights count whole, as
-under ZeRO-2; otherwise ZeRO-3 adds its largest unit (a block, the embedding or the head, as
-FSDP2 wraps them) gathered whole with its unsharded gradient. The estimate ignores the CUDA
-context and allocator fragmentation.
+log-probabilities and of the logits (2*s*b*V/t).
+
+FSDP2 (ZeRO-2 and 3, and ZeRO-1 beside TP or PP: see :func:`sharded_by_fsdp`) keeps fp32
+parameter shards and reduces gradients into fp32 shards (:func:`fsdp_states`). Under pipelining
+it keeps a stage's parameters gathered for the whole step (no all-gather per micro-batch), so
+its weights count whole, as under ZeRO-2, and its gradients accumulate whole until the last
+micro-batch's backward. Its working set beyond the shards (``gathered``) is, under ZeRO-3, the
+largest unit (a block, the embedding or the head, as the trainer wraps them) gathered, the next
+unit prefetched, the unit's unsharded gradient and the previous unit's reduce-scatter input;
+under ZeRO-2 and pipelining one unit's gradient buffers. DDP's gradients are views into its
+buckets (no copy beside them). bench/trainer_run_memory.py measures every layout family's
+whole-run peak against this estimate. The estimate ignores the process's fixed part (the CUDA
+context, torch, the communication library) and allocator fragmentation on GPUs.
 """
 
 from __future__ import annotations
@@ -33,7 +41,7 @@ from dataclasses import dataclass
 
 from meshrun.api.layout import Layout, Stage
 from meshrun.api.presets import ModelShape
-from meshrun.api.spec import JobSpec
+from meshrun.api.spec import CPU, JobSpec
 
 CHECKPOINTING = ("none", "selective", "full")
 """Activation checkpointing modes, least recomputation first."""
@@ -54,8 +62,10 @@ class MemoryEstimate:
     accelerator_bytes: int
     """Memory of one accelerator; 0 when unknown (no fit check)."""
     gathered: int = 0
-    """ZeRO-3: the largest unit (a block, the embedding or the head) gathered whole while it
-    computes, with its gradient before the reduce-scatter."""
+    """FSDP2's working set beyond the shards: under ZeRO-3 the largest unit (a block, the
+    embedding or the head) gathered whole while it computes, the next one prefetched, its
+    unsharded gradient and the previous unit's reduce-scatter input; under ZeRO-2 and
+    pipelining the gradient and reduce-scatter buffers of one unit."""
 
     @property
     def total(self) -> int:
@@ -64,6 +74,41 @@ class MemoryEstimate:
     @property
     def fits(self) -> bool:
         return self.accelerator_bytes == 0 or self.total <= self.accelerator_bytes
+
+
+REDUCE_BYTES = 4
+"""FSDP2 reduces gradients in fp32 (the trainer's MixedPrecisionPolicy, and fp32 training)."""
+ADAM_MOMENTS = 8
+"""Adam's two fp32 moments per parameter."""
+
+
+def sharded_by_fsdp(layout: Layout) -> bool:
+    """Whether the trainer's data parallelism is FSDP2 sharding
+    (meshrun_trainer.distributed.parallel): ZeRO-2 and 3, and ZeRO-1 beside tensor or pipeline
+    parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients too)."""
+    if layout.dp == 1 or layout.zero_stage == 0:
+        return False
+    return layout.zero_stage >= 2 or layout.pp > 1 or layout.tp > 1
+
+
+def fsdp_states(local: int, n: int, layout: Layout, precision: str) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes of ``local`` parameters sharded by FSDP2 over ``n``.
+
+    The shards are fp32 parameters (under bf16 the master weights, the paper's K = 12 B less
+    Adam's 8 B of moments, which the optimizer part keeps), their gradients are reduced into
+    fp32 shards, and the moments follow the shards. Without resharding after forward (ZeRO-2
+    and every stage of a pipeline) the whole compute copy of the weights is held through the
+    step; under pipelining the gradients also accumulate whole over the micro-batches (the
+    reduce-scatter waits for the last backward), in fp32.
+    """
+    weight_b = bytes_per_parameter(precision)[0]
+    shard = -(-local // n)
+    params, grads = shard * 4, shard * REDUCE_BYTES
+    if layout.zero_stage < 3 or layout.pp > 1:
+        params += local * weight_b
+    if layout.pp > 1:
+        grads += local * REDUCE_BYTES
+    return params, grads, shard * ADAM_MOMENTS
 
 
 def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
@@ -144,11 +189,27 @@ def estimate_memory(
     # Backward starts with the gradients of the log-probabilities and of the logits (fp32);
     # they are gone before full recomputation rebuilds the last layer, so the larger counts.
     head_grads = 2 * 4 * tokens * model.vocab // t
+    fsdp = sharded_by_fsdp(layout)
     gathered_stage = layout.pp > 1  # ZeRO-3 does not reshard between micro-batches
+    unit = -(-max(model.layer_parameters(), model.vocab * model.hidden + model.hidden) // t)
     gathered = 0
-    if layout.zero_stage >= 3 and n > 1 and not gathered_stage:
-        unit = max(model.layer_parameters(), model.vocab * model.hidden + model.hidden)
-        gathered = -(-unit // t) * (weight_b + grad_b)
+    if fsdp and layout.zero_stage >= 3 and not gathered_stage:
+        # Backward of one unit: its weights and the next unit's (prefetched), its unsharded
+        # gradient, and the previous unit's reduce-scatter input (fp32), kept until this
+        # unit's reduce-scatter starts.
+        gathered = unit * (2 * weight_b + grad_b + REDUCE_BYTES)
+    elif fsdp and not gathered_stage:
+        gathered = unit * (grad_b + REDUCE_BYTES)  # every unit's weights are counted whole
+    elif fsdp:
+        gathered = unit * REDUCE_BYTES  # the gradients accumulate whole until the last backward
+    # On CUDA AdamW is fused (no temporaries). On CPUs it updates one parameter at a time and
+    # makes two temporaries of it (the square root of the second moment, then its quotient by
+    # the bias correction): two of the largest (local) parameter, in fp32. They count where
+    # they outgrow the step's working set, which is freed before the optimizer step.
+    step_temporaries = 0
+    if job.resources.accelerator == CPU:
+        largest = -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
+        step_temporaries = 2 * 4 * (-(-largest // n) if fsdp else largest)
     best: MemoryEstimate | None = None
     for rank in range(layout.pp):
         count = layers_on[rank] * model.layer_parameters()
@@ -160,16 +221,17 @@ def estimate_memory(
             shared = model.tie_embeddings and rank == 0
             count += (0 if shared else model.vocab * model.hidden) + model.hidden
         local = -(-count // t)
-        params, grads, optim = local * weight_b, local * grad_b, local * optim_b
-        if layout.zero_stage >= 1:
-            optim = -(-optim // n)
-        if layout.zero_stage >= 2:
-            grads = -(-grads // n)
-        if layout.zero_stage >= 3 and not gathered_stage:
-            params = -(-params // n)
+        if fsdp:
+            params, grads, optim = fsdp_states(local, n, layout, job.training.precision)
+        else:
+            params, grads, optim = local * weight_b, local * grad_b, local * optim_b
+            if layout.zero_stage >= 1:
+                optim = -(-optim // n)
         activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute
         if rank == layout.pp - 1:
             activations += head_act + max(head_grads - recompute, 0)
+        # The optimizer steps after backward, once activations and gathered units are freed.
+        optim += max(0, step_temporaries - activations - gathered)
         estimate = MemoryEstimate(
             params, grads, optim, activations, job.resources.accelerator_bytes, gathered
         )

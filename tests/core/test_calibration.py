@@ -318,6 +318,12 @@ MEMORY_OVERESTIMATES = {
     # 8B run's fp32 logits of 16,384 tokens x 128,256 (torchtitan computes the loss in chunks).
     "megatron-core 462B",
     "torchtitan llama3 8b fsdp",
+    # Counted as meshrun's trainer holds them (measured on CPU ranks, bench/trainer_run_memory.py):
+    # FSDP2 inside a pipeline stage keeps the stage's fp32 gradients whole until the last
+    # micro-batch (314B: 90 GiB), and ZeRO-3 holds four FSDP units in backward where DeepSpeed's
+    # live-parameter budget caps its gathers (530B on 640 GPUs: 50 GiB gathered).
+    "megatron-core 314B",
+    "zero-3 530b 640",
 }
 
 

@@ -107,13 +107,21 @@ def test_process_groups_partition_the_ranks(spec: dict[str, Any]) -> None:
 @settings(max_examples=100, deadline=None)
 @given(hybrid_specs())
 def test_memory_shrinks_as_zero_stage_rises(spec: dict[str, Any]) -> None:
-    totals = []
+    totals, states = [], []
     for stage in range(4):
         spec["strategy"]["zeroStage"] = stage
-        totals.append(plan_job(spec).memory.total)
-    assert totals == sorted(totals, reverse=True)
-    if spec["strategy"]["dataParallel"] > 1:
-        assert totals[3] < totals[0]
+        memory = plan_job(spec).memory
+        totals.append(memory.total)
+        states.append(memory.params + memory.grads + memory.optimizer)
+    # Model states; FSDP2's working set (one unit's buffers) may outweigh what ZeRO-2 saves
+    # over ZeRO-1 on a tiny model. Under pipelining FSDP2 holds a stage's weights and fp32
+    # gradients whole through the step, so at a small dp sharding may save nothing over
+    # replication.
+    assert states[1:] == sorted(states[1:], reverse=True)
+    if spec["strategy"]["pipelineParallel"] == 1:
+        assert states == sorted(states, reverse=True)
+        if spec["strategy"]["dataParallel"] > 1:
+            assert totals[3] < totals[0]
 
 
 @settings(max_examples=100, deadline=None)

@@ -20,6 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from meshrun.api.spec import CPU
 from meshrun.localnet import free_port
 from meshrun_trainer.config.layout import Layout
+from meshrun_trainer.distributed.hostmemory import return_freed_memory
 
 
 class NoAcceleratorError(RuntimeError):
@@ -54,10 +55,13 @@ def pick_device(accelerator: str | None = None) -> torch.device:
 def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
     """Join the job's process group (env:// rendezvous set up by torchrun).
 
-    "cpu:gloo,cuda:nccl" fails on CPU-only builds of torch, so pick one backend.
+    "cpu:gloo,cuda:nccl" fails on CPU-only builds of torch, so pick one backend. Every trainer
+    process comes here first, so this is where freed host memory starts going back to the
+    system (meshrun_trainer.distributed.hostmemory).
     """
     if dist.is_initialized():
         return
+    return_freed_memory()
     if "RANK" not in os.environ:
         # Started without torchrun (`python -m meshrun_trainer`): a world of one process.
         for key, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):

@@ -82,6 +82,11 @@ def data_parallel_kind(layout: Layout) -> str:
     return "fsdp-zero3" if layout.zero_stage == 3 else "fsdp-zero2"
 
 
+def gradients_in_buckets(layout: Layout) -> bool:
+    """Whether the gradients are views into DDP's all-reduce buckets (plain DDP and ZeRO-1)."""
+    return data_parallel_kind(layout) in ("ddp", "ddp+zero1")
+
+
 def uses_fsdp(layout: Layout) -> bool:
     """Whether data parallelism comes from FSDP2 (and bf16 from its mixed-precision policy)."""
     return data_parallel_kind(layout) not in ("none", "ddp", "ddp+zero1")
@@ -202,11 +207,17 @@ def build_parts(
     materialize(
         parts, mesh.device, source or SeededInit(cfg.training.seed, cfg.model.tie_embeddings)
     )
-    if data_parallel_kind(layout) in ("ddp", "ddp+zero1"):
+    if gradients_in_buckets(layout):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
-        return [
-            DistributedDataParallel(parts[0], device_ids=device_ids, process_group=mesh.group("dp"))
-        ]
+        # The gradients are views into DDP's all-reduce buckets instead of a second copy of
+        # every gradient beside them (torch's DDP documentation: it saves the gradients' size).
+        ddp = DistributedDataParallel(
+            parts[0],
+            device_ids=device_ids,
+            process_group=mesh.group("dp"),
+            gradient_as_bucket_view=True,
+        )
+        return [ddp]
     return parts
 
 

@@ -22,6 +22,7 @@ from meshrun_trainer.distributed.parallel import (
     build_parts,
     data_parallel_kind,
     gradient_sync,
+    gradients_in_buckets,
     plain,
 )
 from meshrun_trainer.distributed.pipeline import (
@@ -157,7 +158,15 @@ def train(
     stream = hooks.stream
     pp_group = mesh.group("pp") if cfg.layout.pp > 1 else None
     params = runner.parameters()
-    for step in range(result.resumed_from + 1, training.steps + 1):
+    # DDP's gradients are views into its all-reduce buckets, which stay allocated: zeroing them
+    # in place keeps it that way (set to None, each first micro-step under no_sync would
+    # allocate a second set of gradients beside the buckets). Except after this process's
+    # first step: DDP then rebuilds its buckets in the order that backward produced the
+    # gradients, and gradients still pointing into the old buckets would be copied over,
+    # holding both sets at once.
+    buckets = gradients_in_buckets(cfg.layout)
+    first = result.resumed_from + 1
+    for step in range(first, training.steps + 1):
         started = time.perf_counter()
         inputs, targets = stream.global_batch(step)
         inputs = replica_rows(inputs, mesh.dp_rank, cfg.layout.dp).to(mesh.device)
@@ -167,7 +176,7 @@ def train(
         norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
         for optimizer in runner.optimizers:
             optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
+            optimizer.zero_grad(set_to_none=not buckets or step == first)
         loss = global_loss(cfg, mesh, local)  # the same value on every rank
         if not math.isfinite(loss):
             # Stopped before this step is reported or checkpointed: every checkpoint stays

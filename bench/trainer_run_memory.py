@@ -1,0 +1,241 @@
+"""Whole-run peak resident memory of each rank, checkpoint save included, beside the planner's
+per-rank estimate, for every layout family at 2, 4 and 8 CPU ranks.
+
+Run: .venv/bin/python bench/trainer_run_memory.py [--ranks 2 4 8] [--families ddp zero3 ...]
+     [--layers 8 --hidden 768] [--steps 2] [--json rows.json] [--write-docs]
+     .venv/bin/python bench/trainer_run_memory.py --from-json rows.json   (no runs: re-estimate)
+(each row is two real ``meshrun run --local`` jobs, fp32, seq 64, with a checkpoint at the end;
+a few minutes per rank count on a 2-core machine; a row is skipped with a message when
+MemAvailable is short of what its ranks need)
+
+"Measured" is a rank's resident high-water mark over the whole run (ru_maxrss, which every rank
+reports in the run summary, taken after the final checkpoint save) less the same rank's in a run
+of the same layout with a model of width 64: the process's fixed part (torch, gloo, the
+interpreter) cancels, what the model adds stays. The estimate is the planner's
+``memory.perGpuBytes.total`` for the job less its estimate for the narrow model. The table
+shows the most loaded rank (pipeline stages differ) and the ratio measured / estimate; the
+target is within 15% (0.85 to 1.15).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+from _docsection import write_section
+
+from meshrun.planner.plan import plan_job
+
+GIB = 2**30
+Row = dict[str, Any]
+"""One measured (ranks, layout): its layout name, both jobs and the per-rank bytes above."""
+LABELS = {
+    "ddp": "DDP",
+    "zero1": "ZeRO-1",
+    "zero2": "ZeRO-2",
+    "zero3": "ZeRO-3",
+    "pipeline": "pipeline",
+    "tensor": "tensor",
+    "3d": "3D",
+}
+TOLERANCE = 0.15
+FAMILIES = ("ddp", "zero1", "zero2", "zero3", "pipeline", "tensor", "3d")
+NARROW = {"hidden": 64, "heads": 8, "vocab": 256, "ffnHidden": 256}
+"""The baseline model: the same layers and layout, almost no parameters."""
+
+
+def strategy(family: str, world: int) -> dict[str, Any] | None:
+    """The strategy of ``family`` on ``world`` ranks, None where it needs more ranks."""
+    if family == "ddp":
+        return {"type": "ddp"}
+    if family.startswith("zero"):
+        return {"type": "zero", "zeroStage": int(family[-1])}
+    if family == "pipeline":
+        return {
+            "type": "pipeline",
+            "pipelineParallel": world,
+            "pipelineSchedule": "1f1b",
+            "microBatches": world,
+        }
+    if family == "tensor":
+        return {"type": "tensor", "tensorParallel": world}
+    if world < 8:
+        return None  # 3D needs dp, pp and tp of 2 at least
+    return {
+        "type": "hybrid",
+        "dataParallel": 2,
+        "pipelineParallel": 2,
+        "tensorParallel": world // 4,
+        "zeroStage": 1,
+        "pipelineSchedule": "1f1b",
+        "microBatches": 2,
+    }
+
+
+def job(world: int, plan: dict[str, Any], model: dict[str, Any], steps: int) -> dict[str, Any]:
+    return {
+        "apiVersion": "meshrun.dev/v1alpha1",
+        "kind": "ParallelTrainingJob",
+        "metadata": {"name": "memory"},
+        "spec": {
+            "image": "bench",
+            "resources": {"numNodes": 1, "numProcPerNode": world, "accelerator": "cpu"},
+            "strategy": plan,
+            "model": model,
+            "training": {
+                "steps": steps,
+                "globalBatchSize": 2 * world,
+                "precision": "fp32",
+                "dataset": "synthetic",
+            },
+        },
+    }
+
+
+def estimate(spec: dict[str, Any]) -> int:
+    total: int = plan_job(spec["spec"]).memory.total
+    return total
+
+
+def available() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def peaks(spec: dict[str, Any], workdir: Path) -> list[int]:
+    """Each rank's whole-run peak resident bytes, from a real local run with a final save."""
+    workdir.mkdir(parents=True)
+    path = workdir / "job.yaml"
+    path.write_text(yaml.safe_dump(spec))
+    summary = workdir / "summary.json"
+    cmd = [sys.executable, "-m", "meshrun", "run", str(path), "--local", "--quiet"]
+    cmd += ["--summary-json", str(summary), "--checkpoint-dir", str(workdir / "checkpoints")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f"run failed:\n{proc.stderr[-3000:]}")
+    values: list[int] = json.loads(summary.read_text())["peakMemoryBytes"]
+    return values
+
+
+def measure(args: argparse.Namespace, model: dict[str, Any], out: Path | None) -> list[Row]:
+    """Run every (ranks, layout) pair asked for; each row also goes to ``out`` as it comes."""
+    narrow = {**model, **NARROW}
+    rows: list[Row] = []
+    with tempfile.TemporaryDirectory(prefix="meshrun-memory-") as tmp:
+        for world in args.ranks:
+            for family in args.families:
+                plan = strategy(family, world)
+                if plan is None:
+                    continue
+                big, small = job(world, plan, model, args.steps), job(world, plan, narrow, 1)
+                need = world * (estimate(big) + GIB)
+                if available() < need:
+                    print(
+                        f"{family} on {world} ranks skipped: needs about {need / GIB:.1f} GiB, "
+                        f"MemAvailable {available() / GIB:.1f} GiB",
+                        flush=True,
+                    )
+                    continue
+                run = Path(tmp) / f"{family}-{world}"
+                measured = peaks(big, run / "model")
+                fixed = peaks(small, run / "narrow")
+                above = [b - s for b, s in zip(measured, fixed, strict=True)]
+                rows.append({"layout": family, "big": big, "small": small, "measured": above})
+                print(f"measured {family} on {world} ranks", flush=True)
+                if out is not None:
+                    out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
+    return rows
+
+
+def render(rows: list[Row]) -> list[str]:
+    """The table (markdown) of measured peaks beside the current estimate, and a verdict."""
+    lines = [
+        "| layout | ranks | estimate GiB | measured GiB | ratio | per-rank measured GiB |",
+        "|---|---:|---:|---:|---:|---|",
+    ]
+    ratios = []
+    for row in rows:
+        want = estimate(row["big"]) - estimate(row["small"])
+        above: list[int] = row["measured"]
+        worst = max(above)
+        ratio = worst / want
+        ratios.append(ratio)
+        world = row["big"]["spec"]["resources"]["numProcPerNode"]
+        spread = " ".join(f"{a / GIB:.2f}" for a in above)
+        lines.append(
+            f"| {LABELS[row['layout']]} | {world} | {want / GIB:.3f} | {worst / GIB:.3f} | "
+            f"{ratio:.2f} | {spread} |"
+        )
+    if ratios:
+        within = sum(abs(r - 1) <= TOLERANCE for r in ratios)
+        lines += [
+            "",
+            f"{within} of {len(ratios)} within {TOLERANCE:.0%} (ratios {min(ratios):.2f} to "
+            f"{max(ratios):.2f}).",
+        ]
+    return lines
+
+
+def write_docs(lines: list[str], caption: str) -> Path:
+    """Replace (or add) this bench's section of docs/benchmarks.md."""
+    today = datetime.now(UTC).date().isoformat()
+    heading = f"## Whole-run peak memory per rank beside the planner's estimate ({today})"
+    command = "Produced by `python bench/trainer_run_memory.py --write-docs`: "
+    return write_section("trainer_run_memory", [heading, "", command + caption, "", *lines])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
+    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--hidden", type=int, default=768)
+    parser.add_argument("--heads", type=int, default=8)
+    parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--json", metavar="PATH", help="write the measured rows here")
+    parser.add_argument(
+        "--from-json", metavar="PATH", help="no runs: the rows of an earlier --json, re-estimated"
+    )
+    parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md")
+    args = parser.parse_args()
+    if args.from_json:
+        rows: list[Row] = json.loads(Path(args.from_json).read_text())
+        model = rows[0]["big"]["spec"]["model"]
+        steps = rows[0]["big"]["spec"]["training"]["steps"]
+    else:
+        model = {
+            "layers": args.layers,
+            "hidden": args.hidden,
+            "heads": args.heads,
+            "vocab": args.vocab,
+            "seqLen": 64,
+        }
+        steps = args.steps
+        rows = measure(args, model, Path(args.json) if args.json else None)
+    caption = (
+        f"{model['layers']} layers of width {model['hidden']}, {model['heads']} heads, vocab "
+        f"{model['vocab']}, seq 64, fp32, {steps} steps and a checkpoint save on CPU ranks "
+        f"(gloo); GiB per rank above the same layout with a width-64 model. 3D is dp 2 x pp 2 x "
+        f"tp 2 with ZeRO-1 (it needs 8 ranks); pipeline is 1F1B over all ranks."
+    )
+    lines = render(rows)
+    print(caption)
+    print("\n".join(lines))
+    if args.write_docs:
+        print(f"\nwrote {write_docs(lines, caption)}")
+
+
+if __name__ == "__main__":
+    main()
