@@ -13,6 +13,7 @@ those are the ``Rule`` constants below, whose messages appear word for word in t
 
 from __future__ import annotations
 
+from meshrun.elasticrules import ELASTIC_RULES, check_elastic
 from meshrun.errors import Rule, SpecError
 from meshrun.inputrules import INPUT_RULES, check_inputs_spec
 from meshrun.layout import Layout
@@ -126,6 +127,7 @@ ALL_RULES = (
     *INPUT_RULES,
     *NAME_RULES,
     *POLICY_RULES,
+    *ELASTIC_RULES,
 )
 """The rules the CRD also states as CEL."""
 
@@ -165,6 +167,7 @@ def check_spec(job: JobSpec) -> None:
     check_inputs_spec(job)
     check_queue_name(job)
     check_policy(job.run_policy.pod_failure_policy)
+    check_elastic(job)
     if t.data is None:
         check_data(job.dataset, job.shape)
 

@@ -4,7 +4,8 @@ Pure Python, no I/O, shared by ``meshrun plan`` and the operator. It reads the s
 ``meshrun.specread`` and checks it with ``meshrun.rules`` (the rules every component shares).
 Modules, lowest first: ``layout`` (degrees and schedule), ``memory`` (per-GPU estimate),
 ``auto`` (the strategy table of docs/planner.md), ``ranks`` (rank order and pods),
-``explain``, ``plan`` (``plan_job``), and the renderers ``text`` and ``picture``.
+``explain``, ``plan`` (``plan_job``), ``elastic`` (a job planned at another data-parallel
+degree), and the renderers ``text`` and ``picture``.
 """
 
 from meshrun.layout import Layout, Stage

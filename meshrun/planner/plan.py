@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from meshrun.elasticrules import check_elastic
 from meshrun.layout import Layout, Stage
 from meshrun.namerules import check_job_name
 from meshrun.planner.auto import Choice, choose_auto, fit_degrees, search_hybrid
@@ -155,6 +156,7 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     check_job_name(name, job.resources.num_nodes)
     check_spec(job)
     choice = _choose(job)
+    check_elastic(job, choice.layout.dp)
     reasons = [*choice.reasons, *describe(job, choice.strategy, choice.layout)]
     return Plan(
         name=name,

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from meshrun import inputrules, namerules, policyspec, rules
+from meshrun import elasticrules, inputrules, namerules, policyspec, rules
 from meshrun.api import with_defaults
 from meshrun.errors import SpecError
 from meshrun.planner import plan_job
@@ -188,6 +188,9 @@ BREAKS: list[tuple[rules.Rule, dict[str, dict[str, Any]]]] = [
             }
         },
     ),
+    (elasticrules.MIN_PLANNED, {"elastic": {"minDataParallel": 4}}),
+    (elasticrules.BOUNDS_BATCH, {"elastic": {"minDataParallel": 1, "maxDataParallel": 3}}),
+    (elasticrules.MAX_MIN, {"elastic": {"minDataParallel": 2, "maxDataParallel": 1}}),
     (
         policyspec.NO_ZERO_IN,
         {
