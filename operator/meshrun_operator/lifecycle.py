@@ -20,7 +20,7 @@ from typing import Any
 from meshrun.errors import SpecError
 from meshrun.planner import Plan
 from meshrun.spec import JobSpec
-from meshrun_operator import creation, kueue_flow, specedits, troubles
+from meshrun_operator import creation, elastic, kueue_flow, specedits, troubles
 from meshrun_operator import vocabulary as words
 from meshrun_operator.evaluation import Evaluation, evaluate, still_refused
 from meshrun_operator.failurepolicy import judge
@@ -98,7 +98,11 @@ def decide(
             draft.derived.update(
                 strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
             )
-        _run(draft, ev.settings, ev.plan, observed, kueue_flow.queue_of(ev.settings, metadata))
+        queue = kueue_flow.queue_of(ev.settings, metadata)
+        # An elastic job runs at status.dataParallel; a resize restarts the gang right here.
+        ev, resizing = elastic.sized(draft, ev, observed, queued=queue is not None)
+        if not resizing and ev.settings is not None:
+            _run(draft, ev.settings, ev.plan, observed, queue)
         if ev.plan is None and draft.create:
             # The running attempt's pods cannot be rebuilt under a spec that is refused.
             draft.create.clear()

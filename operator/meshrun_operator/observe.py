@@ -283,3 +283,6 @@ class Observed:
     """The job's Workload (or why it has none); None when the operator runs without Kueue."""
     domains: Mapping[str, str] | None = None
     """Node name -> its value of the job's spec.scheduling.topologyKey (e.g. its rack)."""
+    capacity: int | None = None
+    """Pods of the job's size the nodes it may use could hold, its own pods' places counted as
+    free (spec.elastic); None: not counted (no node watch, a CPU job, not elastic)."""
