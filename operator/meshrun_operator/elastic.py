@@ -91,13 +91,12 @@ def _target(
     if stuck:
         short = short or now
         if now - short >= timedelta(seconds=elastic.shrink_after_seconds):
-            bound = sum(1 for p in attempt if p.node)
-            pods = observed.capacity if observed.capacity is not None else bound
+            pods = _room_to_shrink_to(attempt, observed.capacity)
             smaller = largest_fitting(settings, plan, pods, below=current - 1)
             target = smaller
     elif attempt:
         short = None  # the gang is placed; between attempts the clock keeps running
-    room = _room(draft, settings, plan, current, attempt, observed, clocks, stuck)
+    room = _room(draft, settings, plan, at, attempt, observed, clocks, stuck)
     if target is None and room is not None:
         target = room
     draft.derived["elastic"] = {
@@ -108,11 +107,21 @@ def _target(
     return target, len(stuck)
 
 
+def _room_to_shrink_to(attempt: list[PodView], capacity: int | None) -> int:
+    """Pods the shrunk job may count on: those of the attempt the scheduler placed (proven
+    room), fewer if the node watch counts fewer; the node watch's count alone when none was
+    placed (a gang scheduler binds all pods or none)."""
+    bound = sum(1 for p in attempt if p.node)
+    if capacity is None:
+        return bound
+    return min(bound, capacity) if bound else capacity
+
+
 def _room(
     draft: Draft,
     settings: JobSpec,
     plan: Plan,
-    current: int,
+    at: Plan,
     attempt: list[PodView],
     observed: Observed,
     clocks: dict[str, Any],
@@ -122,11 +131,12 @@ def _room(
     was written since it appeared); updates ``clocks``."""
     elastic = settings.elastic
     assert elastic is not None
-    running = bool(attempt) and all(p.phase == PodPhase.RUNNING and p.node for p in attempt)
+    whole = len(attempt) == at.num_nodes
+    running = whole and all(p.phase == PodPhase.RUNNING and p.node for p in attempt)
     larger = None
     if running and not stuck and observed.capacity is not None:
         larger = largest_fitting(settings, plan, observed.capacity)
-    if larger is None or larger <= current:
+    if larger is None or larger <= at.layout.dp:
         clocks.update(roomSince=None, roomStep=None)
         return None
     step = _checkpointed(settings, draft, observed)

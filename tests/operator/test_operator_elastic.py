@@ -90,6 +90,15 @@ def test_the_shrink_takes_the_largest_allowed_degree_the_capacity_holds() -> Non
     assert job["status"]["resizes"][-1]["step"] == 0
 
 
+def test_the_shrink_trusts_the_placed_pods_over_a_node_count_that_looks_free() -> None:
+    # The node watch sees room for all 4 pods (other workloads' pods are invisible to it), but
+    # the scheduler placed only one: dp2 (1 pod), not dp4.
+    job, _ = run(make_job(**SPEC), observe(), 0)
+    job, _ = run(job, _seen(_pods(0, 1, 4), capacity=4), 5)
+    job, decision = run(job, _seen(_pods(0, 1, 4), capacity=4), 70)
+    assert job["status"]["dataParallel"] == 2 and len(decision.delete_pods) == 4
+
+
 def test_no_shrink_below_min_data_parallel() -> None:
     job = _half_placed(elastic={**SPEC["elastic"], "minDataParallel": 8})
     job, decision = run(job, _seen(_pods(0, 2, 4), capacity=2), 200)
