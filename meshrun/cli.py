@@ -118,13 +118,16 @@ def plan_command(file: str, output: str, picture: str | None, mounts: Sequence[s
         return EXIT_INVALID
     try:
         jobs = parse_jobs(sys.stdin.read()) if file == "-" else load_jobs(file)
+        specs = [mount(job["spec"], mounts) for job in jobs]
+        names = [job["metadata"]["name"] for job in jobs]
         plans: list[Plan] = [
-            plan_checked(mount(job["spec"], mounts), job["metadata"]["name"]) for job in jobs
+            plan_checked(spec, name) for spec, name in zip(specs, names, strict=True)
         ]
+        degrees = [_elastic_degrees(spec, plan) for spec, plan in zip(specs, plans, strict=True)]
     except SpecError as error:
         print(f"meshrun plan: invalid job in {file}: {error}", file=sys.stderr)
         return EXIT_INVALID
-    _print_plans(plans, output)
+    _print_plans(plans, output, degrees)
     if picture is not None:
         error_code = _draw(plans, picture)
         if error_code:
@@ -132,17 +135,30 @@ def plan_command(file: str, output: str, picture: str | None, mounts: Sequence[s
     return EXIT_OK if all(plan.memory.fits for plan in plans) else EXIT_DOES_NOT_FIT
 
 
-def _print_plans(plans: list[Any], output: str) -> None:
+def _elastic_degrees(spec: Any, plan: Any) -> list[int]:
+    """The data-parallel degrees a job with spec.elastic may run at (none without it)."""
+    from meshrun.planner.elastic import elastic_degrees
+    from meshrun.specread import read_spec
+
+    return elastic_degrees(read_spec(spec), plan)
+
+
+def _print_plans(plans: list[Any], output: str, degrees: list[list[int]]) -> None:
     if output == "text":
         from rich.console import Console
 
-        from meshrun.planner.text import render
+        from meshrun.planner.text import elastic_text, render
 
         console = Console()
-        for plan in plans:
+        for plan, allowed in zip(plans, degrees, strict=True):
             console.print(render(plan))
+            if allowed:
+                console.print(elastic_text(plan, allowed))
         return
-    data = [plan.to_dict() for plan in plans]
+    data = [
+        {**plan.to_dict(), **({"elasticDataParallel": allowed} if allowed else {})}
+        for plan, allowed in zip(plans, degrees, strict=True)
+    ]
     document: Any = data[0] if len(data) == 1 else data
     if output == "json":
         json.dump(document, sys.stdout, indent=2)

@@ -238,3 +238,17 @@ def test_delegated_subcommands_receive_their_own_flags(command: str, flag: str) 
     assert result.returncode == 0, result.stderr
     assert f"usage: meshrun {command}" in result.stdout
     assert flag in result.stdout
+
+
+def test_plan_of_an_elastic_job_names_the_degrees_it_may_run_at(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    elastic = ROOT / "examples" / "elastic.yaml"
+    assert main(["plan", str(elastic), "-o", "json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["elasticDataParallel"] == [2, 4, 8]
+    assert main(["plan", str(elastic)]) == EXIT_OK
+    assert "Elastic: may run at dp2 (2 pod(s)), dp4 (4 pod(s)), dp8 (8 pod(s))" in " ".join(
+        capsys.readouterr().out.split()
+    )
+    assert main(["plan", str(DEMO), "-o", "json"]) == EXIT_OK
+    assert "elasticDataParallel" not in json.loads(capsys.readouterr().out)
