@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from meshrun_operator.observe import Observed, PodView
-from operator_factories import make_job, make_pod, observe
+from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import run
 
 pytestmark = pytest.mark.unit
@@ -173,3 +173,40 @@ def test_a_trainer_that_reports_no_step_grows_once_the_room_lasted() -> None:
     assert decision.delete_pods == ()
     job, decision = run(job, _seen(_pods(1, 2, 2), capacity=4), 250)
     assert job["status"]["dataParallel"] == 8 and len(decision.delete_pods) == 2
+
+
+def test_a_lost_node_restarts_the_gang_once_then_it_shrinks() -> None:
+    job, _ = run(make_job(**SPEC), observe(), 0)
+    job, _ = run(job, _seen(_pods(0, 4, 4)), 2)
+    assert job["status"]["phase"] == "Running"
+    # node-3 went NotReady at t=10 and stays so past the toleration (30 s): NodeLost.
+    seen = observe(*_pods(0, 4, 4), nodes={"node-3": False})
+    down = replace(seen, not_ready_since={"node-3": at(10)})
+    job, decision = run(job, down, 39)
+    assert job["status"]["restarts"] == 0
+    job, decision = run(job, down, 41)
+    assert job["status"]["restarts"] == 1 and job["status"]["lastFailure"]["reason"] == "NodeLost"
+    # The next attempt: three pods placed, the fourth has no node left.
+    job, decision = run(job, _seen([]), 60)
+    assert decision.create_pods == (0, 1, 2, 3)
+    job, _ = run(job, _seen(_pods(1, 3, 4)), 62)
+    job, decision = run(job, _seen(_pods(1, 3, 4)), 121)
+    assert decision.delete_pods == ()
+    job, decision = run(job, _seen(_pods(1, 3, 4)), 122)
+    status = job["status"]
+    # Room for 3 pods proven; dp6 does not split the batch: dp4 on 2 pods.
+    assert status["dataParallel"] == 4 and len(decision.delete_pods) == 4
+    assert status["restarts"] == 1 and status["disruptions"] == 1
+
+
+def test_the_shrink_clock_outlives_a_shorter_gang_timeout() -> None:
+    job = _half_placed(scheduling={"gangTimeoutSeconds": 30})
+    job, decision = run(job, _seen(_pods(0, 2, 4)), 36)
+    assert job["status"]["gangRetries"] == 1 and len(decision.delete_pods) == 4
+    assert job["status"]["dataParallel"] == 8
+    job, decision = run(job, _seen([]), 50)
+    assert decision.create_pods == (0, 1, 2, 3)
+    job, _ = run(job, _seen(_pods(1, 2, 4)), 52)
+    # 60 s after the pods were first seen unschedulable (t=5), not after the second attempt.
+    job, decision = run(job, _seen(_pods(1, 2, 4)), 66)
+    assert job["status"]["dataParallel"] == 4 and len(decision.delete_pods) == 4
