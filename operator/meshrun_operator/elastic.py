@@ -25,7 +25,7 @@ from typing import Any
 
 from meshrun.errors import SpecError
 from meshrun.planner import Plan
-from meshrun.planner.elastic import largest_fitting, resized
+from meshrun.planner.elastic import elastic_degrees, largest_fitting, pods_at, resized
 from meshrun.spec import JobSpec
 from meshrun_operator.conditions import format_time, parse_time
 from meshrun_operator.evaluation import Evaluation
@@ -55,6 +55,14 @@ def sized(
     current = at.layout.dp
     old = draft.old_phase
     idle = queued or settings.run_policy.suspend or (old is not None and old.finished)
+    if queued:
+        # Kueue decides the size: what it admitted (partial admission), else the planned one.
+        admitted = _admitted_pods(observed)
+        job, at = settings, plan
+        if admitted is not None:
+            fitting = largest_fitting(settings, plan, admitted, below=plan.layout.dp)
+            job, at = _at(settings, plan, fitting or plan.layout.dp)
+        current = at.layout.dp
     target, stuck = (None, 0) if idle else _target(draft, settings, plan, at, observed)
     resizing = target is not None and target != current
     if target is not None and resizing:
@@ -66,6 +74,30 @@ def sized(
     if at is plan:
         return ev, resizing
     return Evaluation(spec=ev.spec, settings=job, plan=at), resizing
+
+
+def admission_floor(settings: JobSpec, plan: Plan) -> int | None:
+    """The ``minCount`` of an elastic job's Workload: the pods of its smallest allowed degree,
+    so Kueue may admit fewer pods than planned (partial admission). Only when its pods form one
+    pod set (no pipeline stages: Kueue reduces each pod set's count on its own); None else."""
+    if settings.elastic is None or plan.layout.pp > 1:
+        return None
+    degrees = [d for d in elastic_degrees(settings, plan) if d <= plan.layout.dp]
+    low = degrees[0] if degrees else None
+    if low is None or low >= plan.layout.dp:
+        return None
+    return pods_at(settings, plan, low)
+
+
+def _admitted_pods(observed: Observed) -> int | None:
+    """The pods Kueue admitted the job's one pod set with, or None (not admitted, or several
+    pod sets)."""
+    view = observed.kueue
+    workload = view.workload if view is not None else None
+    admission = ((workload or {}).get("status") or {}).get("admission") or {}
+    assignments = admission.get("podSetAssignments") or []
+    count = assignments[0].get("count") if len(assignments) == 1 else None
+    return count if isinstance(count, int) else None
 
 
 def _at(settings: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:

@@ -23,6 +23,7 @@ from meshrun_operator.apiclient import ApiError
 from meshrun_operator.builders import build_pod
 from meshrun_operator.children import JobRef, owner_reference
 from meshrun_operator.context import newest
+from meshrun_operator.elastic import admission_floor
 from meshrun_operator.evaluation import Evaluation
 from meshrun_operator.kube import Kube
 from meshrun_operator.kueue_admission import (
@@ -167,6 +168,7 @@ async def create_workload(
         priority_class=ref.priority_class,
         priority=priority,
         topology=kueue.TopologyRequest(topology_key) if topology_key else None,
+        min_count=admission_floor(settings, plan),
     )
     pods = [build_pod(job, settings, plan, i, 0, {}) for i in range(plan.num_nodes)]
     tolerations = await _queue_tolerations(kube, link, job.namespace, ref.queue)
