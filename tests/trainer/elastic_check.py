@@ -47,7 +47,12 @@ TRAINING = {
 }
 JOBS: dict[str, dict[str, Any]] = {
     "ddp": {"strategy": {"type": "ddp"}},
+    "zero1": {"strategy": {"type": "zero", "zeroStage": 1}},  # optimizer shards change owners
     "zero3": {"strategy": {"type": "zero", "zeroStage": 3}},
+    "dp2-tp2": {
+        "strategy": {"type": "hybrid", "dataParallel": 2, "tensorParallel": 2},
+        "resources": {"numNodes": 2, "numProcPerNode": 2, "accelerator": "cpu"},
+    },
     "pp2-dp2": {
         "strategy": {
             "type": "hybrid",
@@ -62,6 +67,10 @@ JOBS: dict[str, dict[str, Any]] = {
 }
 
 
+PODS = {"numNodes": 4, "numProcPerNode": 1, "accelerator": "cpu"}
+"""Four one-process pods: half the data-parallel degree is half the pods."""
+
+
 class Preempted(Exception):
     """Raised on every rank at the same step: the job loses its pods there."""
 
@@ -70,7 +79,9 @@ def _spec(name: str) -> dict[str, Any]:
     job = JOBS[name]
     return {
         "image": "local",
-        "resources": {"numNodes": 4, "numProcPerNode": 1, "accelerator": "cpu"},
+        "resources": job.get(
+            "resources", {"numNodes": 4, "numProcPerNode": 1, "accelerator": "cpu"}
+        ),
         "strategy": job["strategy"],
         "model": {"preset": "tiny"},
         "training": {**TRAINING, **job.get("training", {})},

@@ -1,12 +1,13 @@
 """An elastic job keeps its training exact across data-parallel resizes.
 
-Three launches per job (DDP, ZeRO-3, PP x DP): the planned degree (4 ranks) until a preemption
-just after the checkpoint of step 3, half the data-parallel degree (2 ranks, twice the gradient
-accumulation, same TP/PP and global batch) from that checkpoint until a preemption after step 6,
-then the planned degree again to the end. Each step's loss must match the uninterrupted run's
-within the layouts' parity tolerance (fp32, 1e-4 relative, as tests/trainer/
-test_resume_layouts.py): the same samples in each global batch, the same learning-rate schedule
-(warmup, then cosine: a shifted step shows), the same AdamW moments and step counts.
+Three launches for all the jobs (DDP, ZeRO-1, ZeRO-3, DP x TP, PP x DP): the planned degree
+(4 ranks) until a preemption just after the checkpoint of step 3, half the data-parallel degree
+(2 ranks, twice the gradient accumulation, same TP/PP and global batch) from that checkpoint
+until a preemption after step 6, then the planned degree again to the end. Each step's loss
+must match the uninterrupted run's within the layouts' parity tolerance (fp32, 1e-4 relative,
+as tests/trainer/test_resume_layouts.py): the same samples in each global batch, the same
+learning-rate schedule (warmup, then cosine: a shifted step shows), the same AdamW moments and
+step counts.
 """
 
 from __future__ import annotations
