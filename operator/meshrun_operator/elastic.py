@@ -46,8 +46,10 @@ def sized(
     """The evaluation to run the attempt at (the plan at status.dataParallel), and whether the
     job resizes now (then the attempt is already torn down). Without spec.elastic: ``ev``."""
     settings, plan = ev.settings, ev.plan
-    if settings is None or plan is None or settings.elastic is None:
+    if settings is None or plan is None:
         return ev, False
+    if settings.elastic is None:
+        return _no_longer_elastic(draft, ev, observed), False
     derived = draft.derived
     recorded = derived.get("dataParallel")
     current = recorded if isinstance(recorded, int) else plan.layout.dp
@@ -74,6 +76,23 @@ def sized(
     if at is plan:
         return ev, resizing
     return Evaluation(spec=ev.spec, settings=job, plan=at), resizing
+
+
+def _no_longer_elastic(draft: Draft, ev: Evaluation, observed: Observed) -> Evaluation:
+    """A job whose spec.elastic was removed while it ran resized: its live attempt goes on at
+    the degree its pods were built for (a pod added at the planned size would not fit that
+    gang); the next attempt runs the planned size. Any other job: ``ev`` as it is."""
+    assert ev.settings is not None and ev.plan is not None
+    recorded = draft.derived.get("dataParallel")
+    if not isinstance(recorded, int):
+        return ev
+    live = any(p.attempt == draft.attempt and not p.deleting for p in observed.pods)
+    if not live or recorded == ev.plan.layout.dp:
+        draft.derived["dataParallel"] = None
+        return ev
+    job, at = _at(ev.settings, ev.plan, recorded)
+    draft.derived.update(layout=at.layout.text(), gpus=at.gpus)
+    return Evaluation(spec=ev.spec, settings=job, plan=at)
 
 
 def admission_floor(settings: JobSpec, plan: Plan) -> int | None:

@@ -210,3 +210,18 @@ def test_the_shrink_clock_outlives_a_shorter_gang_timeout() -> None:
     # 60 s after the pods were first seen unschedulable (t=5), not after the second attempt.
     job, decision = run(job, _seen(_pods(1, 2, 4)), 66)
     assert job["status"]["dataParallel"] == 4 and len(decision.delete_pods) == 4
+
+
+def test_spec_elastic_removed_while_resized_keeps_the_attempt_then_runs_the_planned_size() -> None:
+    job = _shrunk()
+    del job["spec"]["elastic"]  # as after an edit the operator did not see the attempt start
+    job, decision = run(job, _seen(_pods(1, 2, 2), capacity=6, step=7), 130)
+    assert decision.create_pods == () and decision.delete_pods == ()
+    assert job["status"]["dataParallel"] == 4 and job["status"]["layout"] == "dp4 x pp1 x tp1"
+    # The attempt ends (a pod fails): the next one is the planned job of 4 pods.
+    failed = make_pod(1, 1, phase="Failed", node="node-1", exit_code=1)
+    job, decision = run(job, _seen([_pods(1, 2, 2)[0], failed]), 140)
+    assert job["status"]["restarts"] == 1
+    job, decision = run(job, _seen([]), 200)
+    assert decision.create_pods == (0, 1, 2, 3) and "dataParallel" not in job["status"]
+    assert job["status"]["layout"] == "dp8 x pp1 x tp1"
