@@ -18,7 +18,7 @@ MIN_PLANNED = Rule(
     "(spec.strategy.dataParallel, at most spec.resources.numNodes x numProcPerNode)",
 )
 BOUNDS_BATCH = Rule(
-    f"{E}.minDataParallel",
+    E,
     f"{E}.minDataParallel and maxDataParallel must divide spec.training.globalBatchSize / "
     "spec.training.microBatchSize (every allowed data-parallel degree keeps the global batch)",
 )

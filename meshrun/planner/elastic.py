@@ -11,6 +11,7 @@ step counter and learning-rate schedule; only the time per step changes.
 from __future__ import annotations
 
 from dataclasses import replace
+from math import isqrt
 from typing import cast
 
 from meshrun.errors import SpecError
@@ -70,21 +71,31 @@ def resized(job: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
     return sized, replace(new, strategy=plan.strategy)
 
 
+def _candidates(job: JobSpec, plan: Plan) -> list[int]:
+    """The degrees between the bounds that divide globalBatchSize / microBatchSize, ascending
+    (through the divisors of that quotient: a huge maxDataParallel costs nothing)."""
+    assert job.elastic is not None
+    passes = job.training.global_batch_size // job.training.micro_batch_size
+    low = job.elastic.min_data_parallel
+    high = job.elastic.max_data_parallel or plan.layout.dp
+    small = [d for d in range(1, isqrt(passes) + 1) if passes % d == 0]
+    return sorted(d for d in {*small, *(passes // d for d in small)} if low <= d <= high)
+
+
+def _plans(job: JobSpec, plan: Plan, dp: int) -> bool:
+    try:
+        resized(job, plan, dp)
+    except SpecError:
+        return False
+    return True
+
+
 def elastic_degrees(job: JobSpec, plan: Plan) -> list[int]:
     """The degrees the job may run at, ascending: from minDataParallel to maxDataParallel (the
     planned degree when unset), those :func:`resized` plans (empty without spec.elastic)."""
     if job.elastic is None:
         return []
-    low = job.elastic.min_data_parallel
-    high = job.elastic.max_data_parallel or plan.layout.dp
-    found = []
-    for dp in range(low, high + 1):
-        try:
-            resized(job, plan, dp)
-        except SpecError:
-            continue
-        found.append(dp)
-    return found
+    return [dp for dp in _candidates(job, plan) if _plans(job, plan, dp)]
 
 
 def largest_fitting(job: JobSpec, plan: Plan, pods: int, below: int | None = None) -> int | None:
@@ -92,15 +103,9 @@ def largest_fitting(job: JobSpec, plan: Plan, pods: int, below: int | None = Non
     ``pods``; None when none does. Tries the largest first and stops at the first that plans."""
     if job.elastic is None:
         return None
-    high = job.elastic.max_data_parallel or plan.layout.dp
-    if below is not None:
-        high = min(high, below)
-    for dp in range(high, job.elastic.min_data_parallel - 1, -1):
-        if (pods_at(job, plan, dp) or pods + 1) > pods:
-            continue
-        try:
-            resized(job, plan, dp)
-        except SpecError:
-            continue
-        return dp
+    for dp in reversed(_candidates(job, plan)):
+        needed = pods_at(job, plan, dp)
+        fits = (below is None or dp <= below) and needed is not None and needed <= pods
+        if fits and _plans(job, plan, dp):
+            return dp
     return None

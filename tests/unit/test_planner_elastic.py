@@ -115,3 +115,12 @@ def test_the_minimum_is_checked_against_the_degree_the_planner_derives() -> None
     with pytest.raises(SpecError) as raised:
         plan_job(spec, "p")
     assert raised.value.field == MIN_PLANNED.field and "8 > 4" in raised.value.rule
+
+
+def test_a_huge_max_data_parallel_costs_only_the_batch_divisors() -> None:
+    batch = {"globalBatchSize": 2**30, "microBatchSize": 1}
+    job = read_spec(_job(training=batch, elastic={"minDataParallel": 1, "maxDataParallel": 2**29}))
+    plan = plan_job(job, "j")
+    # Every power of two up to 2**29 splits the batch; room for 7 pods holds dp4.
+    assert largest_fitting(job, plan, 7) == 4
+    assert largest_fitting(job, plan, 1) == 1
