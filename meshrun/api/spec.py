@@ -272,6 +272,20 @@ class Networking:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Elastic:
+    """``spec.elastic``: run on fewer (or more) data-parallel replicas as capacity changes."""
+
+    min_data_parallel: int
+    """The fewest data-parallel replicas the job may run on."""
+    max_data_parallel: int | None
+    """The most it may grow to; None: the planned degree."""
+    shrink_after_seconds: int
+    """Seconds pods may stay unschedulable before the job shrinks."""
+    grow_after_seconds: int
+    """Seconds room for more replicas must last before the job grows."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class JobSpec:
     """A whole ``spec``, defaulted and typed."""
 
@@ -297,6 +311,8 @@ class JobSpec:
     """``spec.scheduling``."""
     networking: Networking
     """``spec.networking``."""
+    elastic: Elastic | None
+    """``spec.elastic``; None: the job always runs at its planned size."""
 
     shape: ModelShape = field(metadata=DERIVED)
     """The model's sizes: the preset's, overridden by the explicit ones in ``model``."""

@@ -135,22 +135,28 @@ def plan_command(
     except SpecError as error:
         print(f"meshrun plan: invalid job in {file}: {error}", file=sys.stderr)
         return EXIT_INVALID
+    from meshrun.planner.elastic import elastic_degrees
+
     results: list[Any] = []
     layouts: list[list[Any]] = []
+    degrees: list[list[int]] = []
     for index, document in enumerate(documents):
         where = f"{source}[{index}]" if len(documents) > 1 else source
         try:
             job = check_job(document, f"{source}[{index}]")
             spec = read_spec(mount(job["spec"], mounts))
-            results.append(plan_checked(spec, job["metadata"]["name"]))
+            plan = plan_checked(spec, job["metadata"]["name"])
+            results.append(plan)
             layouts.append(best_layouts(spec, candidates) if candidates else [])
+            degrees.append(elastic_degrees(spec, plan))
         except SpecError as error:
             print(f"meshrun plan: invalid job in {where}: {error}", file=sys.stderr)
             results.append(error)
             layouts.append([])
+            degrees.append([])
     plans = [r for r in results if not isinstance(r, SpecError)]
     if output != "text" or plans:
-        _print_plans(results, output, layouts if candidates else None)
+        _print_plans(results, output, layouts if candidates else None, degrees)
     if picture is not None and plans:
         error_code = _draw(plans, picture)
         if error_code:
@@ -160,23 +166,30 @@ def plan_command(
     return EXIT_OK if all(plan.memory.fits for plan in plans) else EXIT_DOES_NOT_FIT
 
 
-def _print_plans(results: list[Any], output: str, layouts: list[list[Any]] | None) -> None:
+def _print_plans(
+    results: list[Any],
+    output: str,
+    layouts: list[list[Any]] | None,
+    degrees: list[list[int]],
+) -> None:
     """Plans (and refused documents' errors) as text, JSON or YAML; one document prints one
     object, several a list in document order; ``layouts``: each plan's fastest layouts for
-    ``--candidates``."""
+    ``--candidates``; ``degrees``: the data-parallel degrees an elastic job may run at."""
     from meshrun.api.errors import SpecError
     from meshrun.planner.fastest import candidate_dict
 
     if output == "text":
         from rich.console import Console
 
-        from meshrun.cli.text import render, render_candidates
+        from meshrun.cli.text import elastic_text, render, render_candidates
 
         console = Console()
         for index, result in enumerate(results):
             if isinstance(result, SpecError):
                 continue  # said on stderr
             console.print(render(result))
+            if degrees[index]:
+                console.print(elastic_text(result, degrees[index]))
             if layouts is not None:
                 console.print(render_candidates(layouts[index]))
         return
@@ -186,6 +199,8 @@ def _print_plans(results: list[Any], output: str, layouts: list[list[Any]] | Non
             data.append({"error": str(result)})
             continue
         entry = result.to_dict()
+        if degrees[index]:
+            entry["elasticDataParallel"] = degrees[index]
         if layouts is not None:
             entry["candidates"] = [candidate_dict(c) for c in layouts[index]]
         data.append(entry)

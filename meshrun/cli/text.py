@@ -156,6 +156,18 @@ def render_candidates(choices: list[Choice]) -> RenderableType:
     return table
 
 
+def elastic_text(plan: Plan, degrees: list[int]) -> str:
+    """The sizes an elastic job may run at (spec.elastic), in one sentence."""
+    per_replica = plan.layout.pp * plan.layout.tp
+    sizes = ", ".join(
+        f"dp{dp} ({dp * per_replica // plan.num_proc_per_node} pod(s))" for dp in degrees
+    )
+    return (
+        f"Elastic: may run at {sizes}, the same pp{plan.layout.pp} x tp{plan.layout.tp} and "
+        "global batch (gradient accumulation follows the degree)."
+    )
+
+
 def to_text(plan: Plan, width: int = 100) -> str:
     """The rendering as plain text (no colour), e.g. for tests and logs."""
     console = Console(width=width, record=True, color_system=None, force_terminal=False)

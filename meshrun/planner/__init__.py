@@ -5,5 +5,6 @@ Pure Python, no I/O, shared by ``meshrun plan`` and the operator. It reads the s
 Modules, lowest first: ``degrees`` (degrees and schedule), ``memory`` (per-GPU estimate),
 ``steptime`` (the predicted step), ``auto`` (the strategy table of docs/planner.md), ``search``
 (every layout that fits, fastest first), ``fastest`` (``strategy: auto``), ``ranks`` (rank
-order and pods), ``explain`` and ``plan`` (``plan_job``). The renderers live in ``meshrun.cli``.
+order and pods), ``explain``, ``plan`` (``plan_job``) and ``elastic`` (a job planned at another
+data-parallel degree). The renderers live in ``meshrun.cli``.
 """

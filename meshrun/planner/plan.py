@@ -17,6 +17,7 @@ from meshrun.planner.fastest import choose_fastest
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
 from meshrun.planner.steptime import StepEstimate
+from meshrun.rules.elastic import check_elastic
 from meshrun.rules.names import check_job_name
 from meshrun.rules.strategy import check_spec
 
@@ -185,6 +186,7 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     check_job_name(name, job.resources.num_nodes)
     check_spec(job)
     choice = _choose(job)
+    check_elastic(job, choice.layout.dp)
     reasons = [*choice.reasons, *describe(job, choice.strategy, choice.layout)]
     return Plan(
         name=name,

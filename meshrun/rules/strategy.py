@@ -20,6 +20,7 @@ from meshrun.api.layout import Layout
 from meshrun.api.policyspec import POLICY_RULES, check_policy
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import BYTE_VOCAB, JobSpec
+from meshrun.rules.elastic import ELASTIC_RULES, check_elastic
 from meshrun.rules.inputs import INPUT_RULES, check_inputs_spec
 from meshrun.rules.names import NAME_RULES, check_queue_name
 
@@ -133,6 +134,7 @@ ALL_RULES = (
     *INPUT_RULES,
     *NAME_RULES,
     *POLICY_RULES,
+    *ELASTIC_RULES,
 )
 """The rules the CRD also states as CEL."""
 
@@ -175,6 +177,7 @@ def check_spec(job: JobSpec) -> None:
     check_queue_name(job)
     check_policy(job.run_policy.pod_failure_policy)
     check_egress(job)
+    check_elastic(job)
     if t.data is None:
         check_data(job.dataset, job.shape)
 

@@ -94,6 +94,9 @@ class WorkloadRequest:
     creator of a Workload fills in (Kueue's job integrations do the same lookup)."""
     topology: TopologyRequest | None = None
     """The topology request of every pod set, or None (unconstrained)."""
+    min_count: int | None = None
+    """The fewest pods Kueue may admit the one pod set with (partial admission, an elastic
+    job: meshrun_operator.lifecycle.elastic.admission_floor), or None: all or nothing."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +257,8 @@ def build_workload(
         topology = _topology_request(request.topology, pod_set)
         if topology:
             entry["topologyRequest"] = topology
+        if request.min_count is not None and len(sets) == 1:
+            entry["minCount"] = request.min_count
         spec["podSets"].append(entry)
     if request.priority_class:
         spec["priorityClassRef"] = {

@@ -154,6 +154,17 @@ class Reason(StrEnum):
         "Workload {workload} is deactivated (spec.active is false){why}; set spec.active to "
         "true to queue it again",
     )
+    # Elastic data parallelism (spec.elastic): a resize restarts the gang as a disruption
+    SHRINK = (
+        "Shrink",
+        "{stuck} pod(s) could not be scheduled for {seconds}s: dataParallel {old} -> {new} "
+        "({layout}), resuming from the checkpoint of step {step}",
+    )
+    GROW = (
+        "Grow",
+        "room for more replicas for {seconds}s: dataParallel {old} -> {new} ({layout}), "
+        "resuming from the checkpoint of step {step}",
+    )
     # Failures the operator detects itself (the exit-code table lives in failures.py)
     NODE_LOST = "NodeLost", "node {node} {state}"
     POD_DELETED = "PodDeleted", "pod {pod} disappeared"

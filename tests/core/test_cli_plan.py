@@ -280,3 +280,17 @@ def test_text_shows_the_predicted_step_and_candidates(
     assert len(speeds) == 3 and speeds == sorted(speeds, reverse=True)
     assert data["estimate"]["tokensPerSecondPerGpu"] == pytest.approx(speeds[0])
     assert data["layoutString"] == data["candidates"][0]["layoutString"]
+
+
+def test_plan_of_an_elastic_job_names_the_degrees_it_may_run_at(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    elastic = ROOT / "examples" / "elastic.yaml"
+    assert main(["plan", str(elastic), "-o", "json"]) == EXIT_OK
+    assert json.loads(capsys.readouterr().out)["elasticDataParallel"] == [2, 4, 8]
+    assert main(["plan", str(elastic)]) == EXIT_OK
+    assert "Elastic: may run at dp2 (2 pod(s)), dp4 (4 pod(s)), dp8 (8 pod(s))" in " ".join(
+        capsys.readouterr().out.split()
+    )
+    assert main(["plan", str(DEMO), "-o", "json"]) == EXIT_OK
+    assert "elasticDataParallel" not in json.loads(capsys.readouterr().out)

@@ -16,7 +16,7 @@ from meshrun.api import policyspec
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import SpecError
 from meshrun.planner.plan import plan_job
-from meshrun.rules import inputs, names, strategy
+from meshrun.rules import elastic, inputs, names, strategy
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -189,6 +189,9 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
             }
         },
     ),
+    (elastic.MIN_PLANNED, {"elastic": {"minDataParallel": 4}}),
+    (elastic.BOUNDS_BATCH, {"elastic": {"minDataParallel": 1, "maxDataParallel": 3}}),
+    (elastic.MAX_MIN, {"elastic": {"minDataParallel": 2, "maxDataParallel": 1}}),
     (
         policyspec.NO_ZERO_IN,
         {

@@ -22,6 +22,7 @@ from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.envcontract import pod_env
 from meshrun.files.hf import load_hf_model
+from meshrun.planner.elastic import elastic_degrees, resized
 from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.unit
@@ -145,7 +146,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
     training["compile"] = draw(st.booleans())
     model = draw(models())
     model = draw(own_parts(model, training))
-    return {
+    spec: dict[str, Any] = {
         "image": "trainer:1",
         "resources": {
             "numNodes": nodes,
@@ -156,6 +157,12 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
         "model": model,
         "training": training,
     }
+    if draw(st.integers(0, 3)) == 0:
+        elastic = {"minDataParallel": draw(st.sampled_from([1, 2, 3]))}
+        if draw(st.booleans()):
+            elastic["maxDataParallel"] = draw(st.sampled_from([2, 4, 8, 16]))
+        spec["elastic"] = elastic
+    return spec
 
 
 @settings(max_examples=400, deadline=None)
@@ -191,6 +198,17 @@ def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
         assert cfg.training.global_batch_size == job.training.global_batch_size
         stages = sorted(plan.stages, key=lambda s: s.virtual * plan.layout.pp + s.pp)
         assert cfg.layout.stage_layers == tuple((s.first, s.last) for s in stages)
+    # An elastic job's every allowed degree starts its trainers too, with the same TP, PP,
+    # global batch and micro-batch size.
+    for dp in elastic_degrees(job, plan):
+        event("elastic degree")
+        sized, at = resized(job, plan, dp)
+        env = pod_env(at, sized, job_name="prop", namespace="ns", pod_index=0, master_addr="m")
+        cfg = from_env(env)
+        assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (dp, plan.layout.pp, plan.layout.tp)
+        assert cfg.layout.world_size == at.world_size == sized.resources.world_size
+        assert cfg.training.global_batch_size == job.training.global_batch_size
+        assert cfg.training.micro_batch_size == job.training.micro_batch_size
 
 
 TP8_SEQ100 = {

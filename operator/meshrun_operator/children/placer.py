@@ -101,11 +101,7 @@ class Placer:
         stages = [0] * plan.layout.pp
         for index in range(settings.resources.num_nodes):
             stages[pod_stage(plan, index)] += 1
-        used: dict[str, int] = {}
-        for store in self.pods_index.values():
-            for pod in store:
-                if pod.node and pod.phase not in ENDED and pod.owner_uid != job.uid:
-                    used[pod.node] = used.get(pod.node, 0) + pod.accelerators
+        used = self._used(job.uid)
         pod_spec = copy.deepcopy((settings.pod_template or {}).get("spec") or {})
         select_product(pod_spec, settings.resources.accelerator_product)  # as build_pod does
         fits = node_filter(pod_spec)
@@ -119,6 +115,30 @@ class Placer:
             )  # fmt: skip
             return None
         return Promise(job.namespace, job.name, attempt, key, per_pod, tuple(placements))
+
+    def capacity(self, uid: str, settings: JobSpec) -> int | None:
+        """Pods of the job's size its pods may go on the nodes for (spec.elastic): the nodes'
+        allocatable accelerators less what the operator's other pods hold, the job's own pods'
+        places counted as free; None for a CPU job (nothing to count)."""
+        if settings.resources.accelerator == CPU:
+            return None
+        per_pod = settings.resources.num_proc_per_node
+        used = self._used(uid)
+        fits = node_filter((settings.pod_template or {}).get("spec") or {})
+        return sum(
+            max(node.accelerators - used.get(name, 0), 0) // per_pod
+            for name, node in self.nodes.items()
+            if fits(node)
+        )
+
+    def _used(self, uid: str) -> dict[str, int]:
+        """Accelerators per node held by the live, bound pods of jobs other than ``uid``."""
+        used: dict[str, int] = {}
+        for store in self.pods_index.values():
+            for pod in store:
+                if pod.node and pod.phase not in ENDED and pod.owner_uid != uid:
+                    used[pod.node] = used.get(pod.node, 0) + pod.accelerators
+        return used
 
     def _promised(self, uid: str, key: str) -> dict[str, int]:
         """Accelerators per domain promised to other jobs' pods that are not bound yet; a

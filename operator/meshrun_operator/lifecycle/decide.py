@@ -22,7 +22,7 @@ from meshrun.api.spec import CPU, JobSpec
 from meshrun.planner.plan import Plan
 from meshrun_operator import vocabulary as words
 from meshrun_operator.kueue import KueueActions, QueueRef
-from meshrun_operator.lifecycle import creation, specedits, troubles
+from meshrun_operator.lifecycle import creation, elastic, specedits, troubles
 from meshrun_operator.lifecycle import queue as kueue_flow
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate, still_refused
 from meshrun_operator.lifecycle.failurepolicy import judge
@@ -101,7 +101,11 @@ def decide(
             draft.derived.update(
                 strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
             )
-        _run(draft, ev.settings, ev.plan, observed, kueue_flow.queue_of(ev.settings, metadata))
+        queue = kueue_flow.queue_of(ev.settings, metadata)
+        # An elastic job runs at status.dataParallel; a resize restarts the gang right here.
+        ev, resizing = elastic.sized(draft, ev, observed, queued=queue is not None)
+        if not resizing and ev.settings is not None:
+            _run(draft, ev.settings, ev.plan, observed, queue)
         if ev.plan is None and draft.create:
             # The running attempt's pods cannot be rebuilt under a spec that is refused.
             draft.create.clear()

@@ -34,6 +34,7 @@ from meshrun_operator.kueue import (
     admit_pods,
     apply_admission,
 )
+from meshrun_operator.lifecycle.elastic import admission_floor
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.names import PRIORITY_CLASS_LABEL
 from meshrun_operator.seen.views import Observed
@@ -170,6 +171,7 @@ async def create_workload(
         priority_class=ref.priority_class,
         priority=priority,
         topology=kueue.TopologyRequest(topology_key) if topology_key else None,
+        min_count=admission_floor(settings, plan),
     )
     pods = [build_pod(job, settings, plan, i, 0, {}) for i in range(plan.num_nodes)]
     tolerations = await _queue_tolerations(kube, link, job.namespace, ref.queue)

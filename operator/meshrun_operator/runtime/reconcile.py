@@ -86,6 +86,8 @@ async def _act(
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
     spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
     ev = ctx.evaluations.of(job.uid, spec, job.name, generation)
+    if ctx.placer is not None and ev.settings is not None and ev.settings.elastic is not None:
+        observed = replace(observed, capacity=ctx.placer.capacity(job.uid, ev.settings))
     now = datetime.now(UTC)
     running = ctx.attempts.get(job.uid)
     decision = decide(job_body, observed, now, ctx.tuning, ev, running)

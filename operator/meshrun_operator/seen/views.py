@@ -294,3 +294,6 @@ class Observed:
     missing_children: tuple[str, ...] = ()
     """Kinds of the job's own children other than pods (Service, NetworkPolicy) that its watch
     does not show: deleted by someone, they are created again while the gang runs."""
+    capacity: int | None = None
+    """Pods of the job's size the nodes it may use could hold, its own pods' places counted as
+    free (spec.elastic); None: not counted (no node watch, a CPU job, not elastic)."""

@@ -298,3 +298,36 @@ def test_placement_shows_each_pods_stage_and_domain() -> None:
         ("job-0", 0, "rack-0"),
         ("job-1", 1, "rack-1"),
     ]
+
+
+def test_an_elastic_job_admitted_with_fewer_pods_runs_at_that_size() -> None:
+    job = Passes()
+    job.job["spec"]["elastic"] = {"minDataParallel": 4}
+    job.run(0, make_workload())
+    partial = {
+        **ADMISSION,
+        "podSetAssignments": [{**ADMISSION["podSetAssignments"][0], "count": 1}],
+    }
+    start = job.run(1, make_workload(RESERVED, IS_ADMITTED, admission=partial))
+    # One pod of 4 GPUs: dp4 instead of the planned dp8, twice the gradient accumulation.
+    assert start.create_pods == (0,)
+    assert start.build is not None and start.build.plan is not None
+    layout = start.build.plan.layout
+    assert (layout.dp, layout.grad_accumulation) == (4, 2)
+    status = start.status
+    assert (status["dataParallel"], status["plan"]["dp"], status["layout"]) == (
+        4,
+        8,
+        "dp4 x pp1 x tp1",
+    )
+    running = job.run(5, make_workload(RESERVED, IS_ADMITTED, admission=partial), *pods()[:1])
+    assert running.status["phase"] == "Running" and running.create_pods == ()
+    assert running.delete_pods == ()
+
+
+def test_a_rigid_job_runs_its_planned_size_whatever_the_admission_says() -> None:
+    # Kueue admits a job without minCount whole or not at all; the operator never shrinks it.
+    job = Passes()
+    job.run(0, make_workload())
+    start = job.run(1, admitted())
+    assert start.create_pods == (0, 1) and "dataParallel" not in start.status

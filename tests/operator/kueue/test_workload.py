@@ -179,3 +179,30 @@ def test_a_missing_pod_or_queue_is_refused_with_the_reason() -> None:
     with pytest.raises(SpecError) as error:
         kueue.build_workload(request(queue_name=""), make_plan(), make_pods(4), OWNER)
     assert error.value.field == "spec.scheduling.queueName"
+
+
+def test_an_elastic_job_of_one_pod_set_may_be_admitted_partially() -> None:
+    from meshrun_operator.lifecycle.elastic import admission_floor
+
+    from meshrun.api.read import read_spec
+
+    spec = {
+        **pipeline_spec(4, 8, 1),
+        "strategy": {"type": "ddp"},
+        "training": {"steps": 10, "globalBatchSize": 64, "microBatchSize": 1},
+        "elastic": {"minDataParallel": 16},
+    }
+    plan = plan_job(spec, "train")
+    floor = admission_floor(read_spec(spec), plan)
+    assert floor == 2  # dp16: 2 pods of 8 GPUs
+    workload = kueue.build_workload(request(min_count=floor), plan, make_pods(4), OWNER)
+    (pod_set,) = workload["spec"]["podSets"]
+    assert (pod_set["count"], pod_set["minCount"]) == (4, 2)
+    # Without spec.elastic the Workload is all or nothing: Kueue admits 4 pods or none.
+    rigid = {k: v for k, v in spec.items() if k != "elastic"}
+    assert admission_floor(read_spec(rigid), plan_job(rigid, "train")) is None
+    plain = kueue.build_workload(request(), plan, make_pods(4), OWNER)
+    assert "minCount" not in plain["spec"]["podSets"][0]
+    # Pipeline stages are pod sets of their own, which Kueue would reduce each on its own.
+    staged = {**pipeline_spec(4, 8, 2), "elastic": {"minDataParallel": 8}}
+    assert admission_floor(read_spec(staged), plan_job(staged, "train")) is None

@@ -1,0 +1,49 @@
+"""The rules of ``spec.elastic``: which data-parallel degrees an elastic job may run at.
+
+An elastic job keeps its tensor and pipeline layout and its global batch at every size, so a
+degree is allowed when it splits the global batch into whole micro-batches per replica. The
+API server checks the bounds (CEL on ``spec``, with the same messages); the planned degree is
+known only after planning, so :func:`check_elastic` runs again with it.
+"""
+
+from __future__ import annotations
+
+from meshrun.api.errors import Rule
+from meshrun.api.spec import JobSpec
+
+E = "spec.elastic"
+MIN_PLANNED = Rule(
+    f"{E}.minDataParallel",
+    f"{E}.minDataParallel must not exceed the planned data-parallel degree "
+    "(spec.strategy.dataParallel, at most spec.resources.numNodes x numProcPerNode)",
+)
+BOUNDS_BATCH = Rule(
+    E,
+    f"{E}.minDataParallel and maxDataParallel must divide spec.training.globalBatchSize / "
+    "spec.training.microBatchSize (every allowed data-parallel degree keeps the global batch)",
+)
+MAX_MIN = Rule(
+    f"{E}.maxDataParallel",
+    f"{E}.maxDataParallel must not be below {E}.minDataParallel",
+)
+ELASTIC_RULES = (MIN_PLANNED, BOUNDS_BATCH, MAX_MIN)
+
+
+def check_elastic(job: JobSpec, planned_dp: int | None = None) -> None:
+    """The CEL rules restated; with ``planned_dp`` (the planner's degree), the minimum against
+    it too."""
+    elastic = job.elastic
+    if elastic is None:
+        return
+    low, high = elastic.min_data_parallel, elastic.max_data_parallel
+    if high is not None and high < low:
+        raise MAX_MIN.error(f"{high} < {low}")
+    bound = job.strategy.data_parallel or job.resources.world_size
+    if planned_dp is not None:
+        bound = planned_dp
+    if low > bound:
+        raise MIN_PLANNED.error(f"{low} > {bound}")
+    passes = job.training.global_batch_size // job.training.micro_batch_size
+    for degree in (low, high):
+        if degree is not None and passes % degree:
+            raise BOUNDS_BATCH.error(f"{degree} does not divide {passes}")
