@@ -12,9 +12,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshrun.api.errors import Rule
+from meshrun.api.errors import Rule, SpecError
 
 if TYPE_CHECKING:
+    from meshrun.api.presets import ModelShape
     from meshrun.api.spec import JobSpec
 
 M, T = "spec.model", "spec.training"
@@ -82,3 +83,24 @@ def check_data_source(format: str, text_field: str, has_hf: bool) -> None:
 def check_warmup(warmup_steps: int, steps: int) -> None:
     if warmup_steps > steps:
         raise WARMUP_STEPS.error(f"{warmup_steps} > {steps}")
+
+
+HF_SIZES = {
+    "layers": "layers",
+    "hidden": "hidden",
+    "heads": "heads",
+    "kv_heads": "kvHeads",
+    "vocab": "vocab",
+    "ffn_hidden": "ffnHidden",
+}
+"""ModelShape field -> spec.model key of the sizes that may be given beside hf."""
+
+
+def check_sizes(shape: ModelShape, given: dict[str, int | None]) -> None:
+    """Sizes given beside ``spec.model.hf`` (or planned from them) agree with config.json."""
+    for name, value in given.items():
+        if value is not None and getattr(shape, name) != value:
+            raise SpecError(
+                f"spec.model.{HF_SIZES[name]}",
+                f"{value}, but config.json in spec.model.hf.path gives {getattr(shape, name)}",
+            )

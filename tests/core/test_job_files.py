@@ -28,7 +28,7 @@ from meshrun.api.crd import with_defaults
 from meshrun.api.errors import Rule, SpecError
 from meshrun.api.read import read_spec
 from meshrun.envcontract import ENV_OF_FIELD, INPUT_VARIABLES, pod_env
-from meshrun.files.checks import mount, plan_checked
+from meshrun.files.checks import mount, plan_checked, read_with_files
 from meshrun.files.hf import safetensors_header
 from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import plan_job
@@ -217,7 +217,7 @@ def test_the_rules_of_the_own_parts(
 
 
 def test_the_env_contract_carries_every_field_to_the_trainer(files: Path) -> None:
-    job = read_spec(example_spec(files))
+    job = read_with_files(example_spec(files))
     plan = plan_job(job, "hf")
     env = pod_env(plan, job, job_name="hf", namespace="ns", pod_index=0, master_addr="m")
     assert {name: env[name] for name in INPUT_VARIABLES} == {
@@ -262,7 +262,7 @@ def test_the_env_contract_carries_every_field_to_the_trainer(files: Path) -> Non
     ],
 )
 def test_bad_variables_name_themselves(files: Path, name: str, value: str, fragment: str) -> None:
-    job = read_spec(example_spec(files))
+    job = read_with_files(example_spec(files))
     env = pod_env(plan_job(job), job, job_name="j", namespace="n", pod_index=0, master_addr="m")
     with pytest.raises(ConfigError) as caught:
         from_env({**env, name: value})
@@ -281,15 +281,18 @@ def test_a_job_without_own_parts_gets_the_crds_optimizer() -> None:
     assert cfg.training.optimizer.weight_decay == WEIGHT_DECAY
 
 
-def test_the_operator_checks_what_it_can_see(files: Path, tmp_path: Path) -> None:
+def test_the_operator_judges_the_spec_and_never_its_files(files: Path, tmp_path: Path) -> None:
     spec = example_spec(files)
     _tokenizer_too_big(spec, files, tmp_path)
-    ev = evaluate(spec, "hf")
+    with pytest.raises(SpecError, match="the tokenizer has 320 tokens"):
+        plan_checked(spec, "hf")  # meshrun plan, which may read the visible folder
+    ev = evaluate(spec, "hf")  # the operator reads no config.json: it needs the sizes
     assert ev.error is not None and ev.error.field == "spec.model.hf.path"
-    assert "the tokenizer has 320 tokens" in ev.error.rule
-    ev = evaluate(example_spec(), "hf")
-    assert ev.plan is not None
-    assert any("is not visible here" in w for w in ev.plan.status_summary()["warnings"])
+    assert "is not read where the job is planned" in ev.error.rule
+    sized = {**spec, "model": {**example_spec()["model"], "hf": spec["model"]["hf"]}}
+    ev = evaluate(sized, "hf")  # planned from the sizes beside hf; the trainer checks the folder
+    assert ev.error is None and ev.plan is not None
+    assert ev.plan.model.vocab == sized["model"]["vocab"]
 
 
 def test_the_validation_loss_reaches_status_progress() -> None:

@@ -1,4 +1,9 @@
-"""A job spec checked once per generation: read into types (CRD defaults applied), planned."""
+"""A job spec checked once per generation: read into types (CRD defaults applied), planned.
+
+Pure: the operator never opens a path a job names (its model folder, its data). A model folder's
+shape comes from the sizes given beside ``spec.model.hf``; the trainer checks the files first
+thing in its pod and fails permanently, naming the field, when they disagree.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +14,7 @@ from typing import Any
 from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
-from meshrun.files.checks import plan_checked
-from meshrun.planner.plan import Plan
+from meshrun.planner.plan import Plan, plan_job
 from meshrun_operator.lifecycle.state import InvalidSpec
 
 
@@ -34,7 +38,7 @@ def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
     settings = None
     try:
         settings = read_spec(spec)
-        plan = plan_checked(settings, name)  # the job's files too, where visible here
+        plan = plan_job(settings, name)
     except SpecError as error:
         return Evaluation(spec=spec, settings=settings, error=error)
     except (ValueError, TypeError, KeyError) as error:

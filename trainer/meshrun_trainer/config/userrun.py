@@ -11,8 +11,8 @@ from pathlib import Path
 
 from meshrun.api.userspec import Data, LRSchedule, Optimizer
 from meshrun.files.data import check_data_files, check_tokenizer
-from meshrun.files.hf import FIELD, SIZES, HFModel, check_sizes, load_hf_model
-from meshrun.rules.inputs import TEXT_DATA_HF
+from meshrun.files.hf import FIELD, HFModel, load_hf_model
+from meshrun.rules.inputs import HF_SIZES, TEXT_DATA_HF, check_sizes
 from meshrun_trainer.config.read import TrainConfig
 
 
@@ -57,7 +57,7 @@ def with_model(cfg: TrainConfig, run: UserRun) -> TrainConfig:
     config.json's (they are, unless the job was planned from sizes given beside hf)."""
     if run.hf is None:
         return cfg
-    check_sizes(run.hf.shape, {name: getattr(cfg.model, name) for name in SIZES})
+    check_sizes(run.hf.shape, {name: getattr(cfg.model, name) for name in HF_SIZES})
     return dataclasses.replace(cfg, model=run.hf.shape)
 
 

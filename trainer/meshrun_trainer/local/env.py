@@ -13,9 +13,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from meshrun.api.read import read_spec
 from meshrun.api.spec import CPU, JobSpec
 from meshrun.envcontract import pod_env
+from meshrun.files.checks import read_with_files
 from meshrun.localnet import free_port
 from meshrun.planner.plan import Plan, plan_job
 
@@ -117,7 +117,7 @@ def layout_env(
         strategy["microBatches"] = micro_batches
     if virtual_stages > 1:
         strategy["virtualStages"] = virtual_stages
-    job = read_spec(
+    job = read_with_files(
         {
             "image": "local",
             "resources": {"numNodes": 1, "numProcPerNode": dp * pp * tp, "accelerator": CPU},
