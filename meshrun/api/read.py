@@ -21,7 +21,7 @@ from typing import Any, TypeVar
 
 from meshrun.api.crd import validate_spec, with_defaults
 from meshrun.api.errors import SpecError
-from meshrun.api.presets import PRESETS, ModelShape
+from meshrun.api.presets import PRESETS, REQUIRED_SIZES, SIZES, ModelShape, sizes_of
 from meshrun.api.spec import JobSpec, Model
 from meshrun.rules.inputs import HF_PRESET, HF_SEQ_LEN, HF_SIZES, MODEL_SOURCE, check_sizes
 
@@ -113,39 +113,18 @@ def resolve_model(model: Model, folder_shape: ModelShape | None = None) -> Model
     size overriding it, or explicit sizes."""
     if model.hf is not None:
         return hf_shape(model, folder_shape)
+    given = sizes_of(model)
     if model.preset is not None:
         base = PRESETS[model.preset]
     else:
-        given = {
-            "layers": model.layers,
-            "hidden": model.hidden,
-            "heads": model.heads,
-            "vocab": model.vocab,
-            "seqLen": model.seq_len,
-        }
-        missing = [name for name, value in given.items() if value is None]
+        missing = [SIZES[name] for name in REQUIRED_SIZES if given[name] is None]
         if missing:
             raise MODEL_SOURCE.error(f"missing {', '.join(missing)}")
-        assert model.layers and model.hidden and model.heads and model.vocab and model.seq_len
-        base = ModelShape(
-            layers=model.layers,
-            hidden=model.hidden,
-            heads=model.heads,
-            vocab=model.vocab,
-            seq_len=model.seq_len,
-            ffn_hidden=default_ffn_hidden(model.hidden),
-            kv_heads=model.heads,
-        )
-    overrides: dict[str, Any] = {
-        "layers": model.layers,
-        "hidden": model.hidden,
-        "heads": model.heads,
-        "vocab": model.vocab,
-        "seq_len": model.seq_len,
-        "ffn_hidden": model.ffn_hidden,
-        "kv_heads": model.kv_heads,
-    }
-    shape = dataclasses.replace(base, **{k: v for k, v in overrides.items() if v is not None})
+        assert model.hidden and model.heads
+        derived = {"ffn_hidden": default_ffn_hidden(model.hidden), "kv_heads": model.heads}
+        base = ModelShape(**{**given, **derived})  # type: ignore[arg-type]
+    overrides: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    shape = dataclasses.replace(base, **overrides)
     if model.preset is None and model.kv_heads is None:
         shape = dataclasses.replace(shape, kv_heads=shape.heads)
     return shape
@@ -178,14 +157,20 @@ def hf_shape(model: Model, folder_shape: ModelShape | None) -> ModelShape:
             "beside hf (the trainer checks them against config.json): spec.model needs "
             f"{', '.join(missing)} too",
         )
-    assert model.layers and model.hidden and model.heads and model.vocab
-    assert model.kv_heads and model.ffn_hidden
-    return ModelShape(
-        layers=model.layers,
-        hidden=model.hidden,
-        heads=model.heads,
-        vocab=model.vocab,
-        seq_len=model.seq_len,
-        ffn_hidden=model.ffn_hidden,
-        kv_heads=model.kv_heads,
-    )
+    return ModelShape(**sizes_of(model))  # type: ignore[arg-type]  # every size is given
+
+
+def write_section(value: Any) -> Any:
+    """The JSON of a dataclass read by :func:`read_section` (its inverse): each field under its
+    CRD key, nested sections written alike, unset (None) fields and derived ones left out."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        written: dict[str, Any] = {}
+        for field in dataclasses.fields(value):
+            item = getattr(value, field.name)
+            if item is None or field.metadata.get("derived"):
+                continue
+            written[crd_key_of(field)] = write_section(item)
+        return written
+    if isinstance(value, list | tuple):
+        return [write_section(item) for item in value]
+    return copy.deepcopy(value)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from meshrun.api.errors import Rule, SpecError
+from meshrun.api.presets import SIZES
 
 if TYPE_CHECKING:
     from meshrun.api.presets import ModelShape
@@ -85,15 +86,9 @@ def check_warmup(warmup_steps: int, steps: int) -> None:
         raise WARMUP_STEPS.error(f"{warmup_steps} > {steps}")
 
 
-HF_SIZES = {
-    "layers": "layers",
-    "hidden": "hidden",
-    "heads": "heads",
-    "kv_heads": "kvHeads",
-    "vocab": "vocab",
-    "ffn_hidden": "ffnHidden",
-}
-"""ModelShape field -> spec.model key of the sizes that may be given beside hf."""
+HF_SIZES = {name: key for name, key in SIZES.items() if name != "seq_len"}
+"""ModelShape field -> spec.model key of the sizes given beside hf (config.json's; seqLen is
+the training window, the job's own)."""
 
 
 def check_sizes(shape: ModelShape, given: dict[str, int | None]) -> None:

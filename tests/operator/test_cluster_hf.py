@@ -52,6 +52,16 @@ def env_of(pod: dict[str, Any]) -> dict[str, str]:
     return {e["name"]: e.get("value", "") for e in pod["spec"]["containers"][0]["env"]}
 
 
+def document_of(pod: dict[str, Any]) -> dict[str, Any]:
+    """The job document the pod's trainer reads."""
+    document: dict[str, Any] = json.loads(env_of(pod)["MESHRUN_JOB"])
+    return document
+
+
+def hf_path_of(pod: dict[str, Any]) -> str:
+    return str(document_of(pod)["spec"]["model"]["hf"]["path"])
+
+
 def invalid_message(cluster: Cluster, name: str) -> str:
     cluster.wait_phase(name, "Failed")
     invalid = cluster.condition(name, "Invalid")
@@ -66,14 +76,18 @@ def test_an_hf_job_is_planned_from_the_sizes_and_its_pods_get_the_files(
     write_example(tmp_path)
     cluster.apply(hf_job("hf", tmp_path, **SIZES))
     pods = cluster.wait_running_pods("hf", 2)
-    env = env_of(pods[1])
-    assert env["MESHRUN_MODEL_HF_PATH"] == str(tmp_path / "models" / "tiny-llama")
-    assert env["MESHRUN_DATA_PATH"] == str(tmp_path / "data" / "train.jsonl")
-    assert env["MESHRUN_DATA_VALIDATION_PATH"] == str(tmp_path / "data" / "val.jsonl")
-    assert (env["MESHRUN_DATA_FORMAT"], env["MESHRUN_DATA_EVAL_EVERY_STEPS"]) == ("jsonl", "5")
-    assert env["MESHRUN_MODEL_KV_HEADS"] == "2" and env["MESHRUN_MODEL_FFN_HIDDEN"] == "192"
-    assert env["MESHRUN_LR_DECAY"] == "cosine" and env["MESHRUN_OPTIMIZER_BETAS"] == "0.9,0.95"
-    assert env["MESHRUN_EXPORT_PATH"] == str(tmp_path / "out" / "tiny-llama-finetuned")
+    document = document_of(pods[1])
+    spec, training = document["spec"], document["spec"]["training"]
+    assert spec["model"]["hf"]["path"] == str(tmp_path / "models" / "tiny-llama")
+    assert training["data"]["path"] == str(tmp_path / "data" / "train.jsonl")
+    assert training["data"]["validation"]["path"] == str(tmp_path / "data" / "val.jsonl")
+    assert (training["data"]["format"], training["data"]["evalEverySteps"]) == ("jsonl", 5)
+    assert document["plan"]["model"]["kvHeads"] == 2
+    assert document["plan"]["model"]["ffnHidden"] == 192
+    assert training["lrSchedule"]["decay"] == "cosine"
+    assert training["optimizer"]["betas"] == [0.9, 0.95]
+    assert training["export"]["path"] == str(tmp_path / "out" / "tiny-llama-finetuned")
+    assert document["pod"]["index"] == 1
     volumes = {v["name"] for v in pods[0]["spec"]["volumes"]}
     assert {"models", "data", "out"} <= volumes
     mounts = {m["mountPath"] for m in pods[0]["spec"]["containers"][0]["volumeMounts"]}
@@ -119,7 +133,7 @@ def test_a_folder_on_a_volume_needs_the_sizes_beside_it(
     assert "spec.model needs layers, hidden, heads, kvHeads, vocab, ffnHidden" in message
     cluster.apply(hf_job("sizes", None, **SIZES))
     pods = cluster.wait_running_pods("sizes", 2)
-    assert env_of(pods[0])["MESHRUN_MODEL_HF_PATH"] == "/models/tiny-llama"
+    assert hf_path_of(pods[0]) == "/models/tiny-llama"
 
 
 def rss_bytes(pid: int) -> int:
@@ -153,7 +167,7 @@ def test_hostile_paths_neither_grow_nor_block_the_operator(
         cluster.apply(job)
     for index in range(len(HOSTILE_PATHS)):  # judged purely: planned, pods created as asked
         pods = cluster.wait_running_pods(f"hostile{index}", 2)
-        assert env_of(pods[0])["MESHRUN_MODEL_HF_PATH"] == HOSTILE_PATHS[index][1]
+        assert hf_path_of(pods[0]) == HOSTILE_PATHS[index][1]
     cluster.apply(hf_job("after", None, **SIZES))  # the loop still serves everyone else
     cluster.wait_running_pods("after", 2)
     assert operator_process.healthy()
