@@ -6,10 +6,11 @@ The trainer rebuilds the same :class:`meshrun.api.spec.JobSpec` and
 (:func:`meshrun.api.read.read_section`), so a spec field added to the CRD and its dataclass
 reaches the trainer with no other edit. Pure: no I/O.
 
-``spec.podTemplate`` is not in the document (the pod is its template; the trainer never reads
-it), so the document's size is bounded by the CRD's other fields: a few KiB, far below the
-128 KiB Linux allows one environment string (MAX_ARG_STRLEN); :data:`MAX_DOCUMENT_BYTES` is
-checked when it is written.
+``spec.podTemplate``, ``spec.command`` and ``spec.args`` are not in the document (the pod
+carries them; the trainer never reads them), so the document is a few KiB (1.9-2.7 KiB for the
+examples), far below the 128 KiB Linux allows one environment string (MAX_ARG_STRLEN);
+:data:`MAX_DOCUMENT_BYTES` is checked when it is written, and by the operator's evaluation
+(:func:`check_document_size`), so a job whose document would not fit is Invalid before any pod.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ class JobDocument:
     """The defaulted spec, its plan and one pod's identity."""
 
     spec: JobSpec
-    """The typed, defaulted spec (``spec.podTemplate`` left out)."""
+    """The typed, defaulted spec (``podTemplate``, ``command`` and ``args`` left out)."""
     plan: Plan
     """The planner's layout, model shape and memory estimate."""
     pod: Pod
@@ -65,7 +66,7 @@ class JobDocument:
 
 def write_document(document: JobDocument) -> str:
     """The document as compact JSON (refusing NaN: the CRD admits only finite numbers)."""
-    spec = replace(document.spec, pod_template=None)
+    spec = replace(document.spec, pod_template=None, command=None, args=None)
     text = json.dumps(
         {
             "spec": write_section(spec),
@@ -98,6 +99,21 @@ def read_document(text: str, field: str = JOB_VARIABLE) -> JobDocument:
         raise SpecError(field, f"holds a malformed plan or pod: {error}") from None
     spec = read_section(JobSpec, defaulted(raw["spec"]), shape=plan.model)
     return JobDocument(spec=spec, plan=plan, pod=pod)
+
+
+def check_document_size(spec: JobSpec, plan: Plan) -> None:
+    """SpecError naming ``spec`` when the job's document would not fit one environment string."""
+    pod = Pod(
+        job_name=plan.name,
+        namespace="",
+        index=0,
+        attempt=0,
+        checkpoint_dir=None,
+        checkpoint_keep=0,
+        metrics_port=0,
+        termination_log="",
+    )
+    write_document(JobDocument(spec=spec, plan=plan, pod=pod))
 
 
 def termination_log_of(text: str) -> str | None:

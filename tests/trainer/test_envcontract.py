@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
+from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_trainer.config.read import from_env
 
 from meshrun.api import crd as crd_module
@@ -80,9 +81,19 @@ def test_every_field_of_the_spec_round_trips_through_the_document(name: str) -> 
     plan, spec = planned(name)
     env = pod_env(plan, spec, job_name=name, namespace="ns", pod_index=0, master_addr="m")
     document = read_document(env[JOB_VARIABLE])
-    assert document.spec == dataclasses.replace(spec, pod_template=None)
+    assert document.spec == dataclasses.replace(spec, pod_template=None, command=None, args=None)
     assert document.plan == plan
     assert len(env[JOB_VARIABLE]) < 4096, "far below the 128 KiB of one environment string"
+
+
+def test_a_document_too_big_for_the_environment_makes_the_job_invalid() -> None:
+    job = load_jobs(EXAMPLES / "ddp.yaml")[0]
+    huge = {**job["spec"], "args": ["x" * 200_000]}  # the pod carries args, not the document
+    assert evaluate(huge, "big").error is None
+    spec = {**job["spec"], "image": "r/" + "x" * 100_000}
+    ev = evaluate(spec, "big")
+    assert ev.error is not None and ev.error.field == "spec"
+    assert "the job document is" in ev.error.rule
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

@@ -14,6 +14,7 @@ from typing import Any
 from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
+from meshrun.jobdoc import check_document_size
 from meshrun.planner.plan import Plan, plan_job
 from meshrun_operator.lifecycle.state import InvalidSpec
 
@@ -39,6 +40,7 @@ def evaluate(spec: Mapping[str, Any], name: str) -> Evaluation:
     try:
         settings = read_spec(spec)
         plan = plan_job(settings, name)
+        check_document_size(settings, plan)  # what the trainer pods will be handed
     except SpecError as error:
         return Evaluation(spec=spec, settings=settings, error=error)
     except (ValueError, TypeError, KeyError) as error:
