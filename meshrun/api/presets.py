@@ -84,6 +84,25 @@ class ModelShape:
         return self.layers * self.layer_parameters() + self.embedding_parameters()
 
 
+SIZES = {
+    "layers": "layers",
+    "hidden": "hidden",
+    "heads": "heads",
+    "kv_heads": "kvHeads",
+    "vocab": "vocab",
+    "seq_len": "seqLen",
+    "ffn_hidden": "ffnHidden",
+}
+"""The seven sizes of a model: ModelShape field -> its ``spec.model`` key (and the plan's)."""
+REQUIRED_SIZES = ("layers", "hidden", "heads", "vocab", "seq_len")
+"""The sizes a model without a preset must give (ffnHidden and kvHeads follow from them)."""
+
+
+def sizes_of(source: object) -> dict[str, int | None]:
+    """The seven sizes of ``source`` (a ModelShape, or spec.model with unset ones None)."""
+    return {name: getattr(source, name) for name in SIZES}
+
+
 PRESETS: dict[str, ModelShape] = {
     "tiny": ModelShape(
         layers=4, hidden=64, heads=4, vocab=256, seq_len=64, ffn_hidden=192, kv_heads=4

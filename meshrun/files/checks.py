@@ -21,11 +21,20 @@ from pathlib import Path
 from typing import Any
 
 from meshrun.api.errors import SpecError
-from meshrun.api.read import read_spec
-from meshrun.api.spec import JobSpec
+from meshrun.api.presets import ModelShape
+from meshrun.api.read import defaulted, read_section, read_spec
+from meshrun.api.spec import JobSpec, Model
 from meshrun.api.userspec import Data
+from meshrun.files.bounded import in_kernel_filesystem
 from meshrun.files.data import check_data_files, check_dataset_size, check_tokenizer, known_tokens
-from meshrun.files.hf import FIELD, SUPPORTED, HFModel, load_hf_model
+from meshrun.files.hf import (
+    FIELD,
+    SUPPORTED,
+    HFModel,
+    load_hf_model,
+    read_config,
+    shape_from_config,
+)
 from meshrun.planner.explain import parameter_text
 from meshrun.planner.plan import Plan, plan_job
 
@@ -66,6 +75,30 @@ def mount(spec: Mapping[str, Any], mounts: Sequence[str]) -> dict[str, Any]:
     return result
 
 
+def visible_folder(path: str) -> bool:
+    """A model folder on this machine (never one in the kernel's filesystems)."""
+    return not in_kernel_filesystem(path) and Path(path).is_dir()
+
+
+def folder_shape(model: Model) -> ModelShape | None:
+    """The shape ``spec.model.hf``'s config.json gives, when the folder is visible here."""
+    hf = model.hf
+    if hf is None or model.seq_len is None or model.preset is not None:
+        return None  # the reader refuses these with the rule's own message
+    if not visible_folder(hf.path):
+        return None
+    return shape_from_config(read_config(hf.path), model.seq_len)
+
+
+def read_with_files(spec: Mapping[str, Any] | JobSpec) -> JobSpec:
+    """:func:`meshrun.api.read.read_spec`, with the model's shape from its folder's config.json
+    where the folder is visible here (the reader itself never opens a file)."""
+    if isinstance(spec, JobSpec):
+        return spec
+    model = read_section(Model, defaulted(spec)["model"])
+    return read_spec(spec, folder_shape=folder_shape(model))
+
+
 def check_inputs(
     job: JobSpec, *, local: bool = False, count_tokens: TokenCounter | None = None
 ) -> tuple[HFModel | None, list[str]]:
@@ -79,7 +112,7 @@ def check_inputs(
     hf, notes = job.model.hf, []
     model = None
     if hf is not None:
-        if Path(hf.path).is_dir():
+        if visible_folder(hf.path):
             model = load_hf_model(hf.path, job.shape.seq_len)
         elif local:
             raise SpecError(FIELD, f"{hf.path} does not exist")
@@ -147,7 +180,7 @@ def plan_checked(
 ) -> Plan:
     """:func:`meshrun.planner.plan.plan_job`, then :func:`check_inputs`: its notes join the plan's
     warnings and the model's origin its explanation. SpecError names the field at fault."""
-    job = read_spec(spec)
+    job = read_with_files(spec)
     plan = plan_job(job, name)
     model, notes = check_inputs(job, local=local, count_tokens=count_tokens)
     sentence = model_sentence(job, model)

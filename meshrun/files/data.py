@@ -21,12 +21,24 @@ from typing import Any, get_args
 
 from meshrun.api.errors import SpecError
 from meshrun.api.userspec import Data, DataFormat
+from meshrun.files.bounded import (
+    LINE_CAP,
+    TOKENIZER_CAP,
+    in_kernel_filesystem,
+    is_regular,
+    open_regular,
+    open_regular_text,
+    read_bounded,
+    read_text_bounded,
+)
 
 Format = DataFormat
 FORMATS: tuple[Format, ...] = get_args(DataFormat)
 FIELD = "spec.training.data"
 CACHE_DIR = ".meshrun-cache"
 """The folder beside a text dataset where its tokens are cached."""
+NPY_HEADER_CAP = 2**16
+"""A .npy header is a short dict literal (NEP 1 pads it to 64 bytes)."""
 WIDE_VOCAB = 2**16
 """Vocabularies above this need uint32 token ids."""
 
@@ -37,16 +49,16 @@ def data_files(format: Format, path: str | Path) -> list[Path]:
     if format != "arrow":
         return [root]
     state = root / "state.json"
-    if state.is_file():
-        listed = json.loads(state.read_text(encoding="utf-8")).get("_data_files", [])
+    if is_regular(state):
+        listed = json.loads(read_text_bounded(state, FIELD)).get("_data_files", [])
         return [root / entry["filename"] for entry in listed]
     return sorted(root.glob("*.arrow"))
 
 
 def _first_record(format: Format, file: Path) -> dict[str, Any] | None:
     if format == "jsonl":
-        with open(file, encoding="utf-8") as handle:
-            for line in handle:
+        with open_regular_text(file, FIELD) as handle:
+            while line := handle.readline(LINE_CAP):
                 if line.strip():
                     record = json.loads(line)
                     return record if isinstance(record, dict) else {}
@@ -70,12 +82,14 @@ def check_data_files(spec: Data, field: str = FIELD) -> None:
     for key, path in (("path", spec.path), ("validation.path", validation)):
         if path is None:
             continue
+        if in_kernel_filesystem(path):
+            raise SpecError(f"{field}.{key}", f"{path} is a kernel file, not a job's data")
         files = data_files(spec.format, path)
         if not Path(path).exists() or not files:
             raise SpecError(f"{field}.{key}", f"{path} does not exist (or holds no data files)")
         for file in files:
-            if not file.is_file():
-                raise SpecError(f"{field}.{key}", f"{file} does not exist")
+            if not is_regular(file):
+                raise SpecError(f"{field}.{key}", f"{file} does not exist as a regular file")
         if spec.format == "tokens":
             continue
         try:
@@ -91,7 +105,7 @@ def check_data_files(spec: Data, field: str = FIELD) -> None:
 
 def tokenizer_vocab(tokenizer_json: Path) -> int:
     """Ids a ``tokenizer.json`` can produce: its model's vocabulary plus added tokens."""
-    data = json.loads(tokenizer_json.read_text(encoding="utf-8"))
+    data = json.loads(read_text_bounded(tokenizer_json, "spec.model.hf.path", TOKENIZER_CAP))
     ids = [int(i) for i in (data.get("model", {}).get("vocab") or {}).values()]
     ids += [int(t["id"]) for t in data.get("added_tokens", [])]
     return max(ids, default=-1) + 1
@@ -99,7 +113,7 @@ def tokenizer_vocab(tokenizer_json: Path) -> int:
 
 def check_tokenizer(tokenizer_json: Path | None, model_vocab: int, field: str) -> None:
     """The tokenizer exists and all its ids fit the model's embedding."""
-    if tokenizer_json is None or not tokenizer_json.is_file():
+    if tokenizer_json is None or not is_regular(tokenizer_json):
         raise SpecError(field, "text data needs the model folder's tokenizer.json, none found")
     vocab = tokenizer_vocab(tokenizer_json)
     if vocab > model_vocab:
@@ -112,7 +126,7 @@ def check_tokenizer(tokenizer_json: Path | None, model_vocab: int, field: str) -
 
 def cache_key(format: Format, path: str | Path, field: str, tokenizer_json: Path) -> str:
     """A key over the tokenizer, the text field and the files' names, sizes and times."""
-    digest = hashlib.sha256(tokenizer_json.read_bytes())
+    digest = hashlib.sha256(read_bounded(tokenizer_json, "spec.model.hf.path", TOKENIZER_CAP))
     digest.update(f"{format}\0{field}".encode())
     for file in data_files(format, path):
         stat = file.stat()
@@ -141,12 +155,13 @@ def token_width(path: Path, vocab: int) -> int:
 
 def _npy_length(path: Path) -> int | None:
     """The length of a 1-D ``.npy`` array, read from its header (NEP 1 format), else None."""
-    with open(path, "rb") as handle:
+    with open_regular(path, FIELD) as handle:
         magic = handle.read(8)
         if magic[:6] != b"\x93NUMPY":
             return None
         size = 2 if magic[6] == 1 else 4
-        header = handle.read(int.from_bytes(handle.read(size), "little")).decode("latin1")
+        length = min(int.from_bytes(handle.read(size), "little"), NPY_HEADER_CAP)
+        header = handle.read(length).decode("latin1")
     shape = ast.literal_eval(header).get("shape")
     return int(shape[0]) if isinstance(shape, tuple) and len(shape) == 1 else None
 
@@ -161,7 +176,7 @@ def known_tokens(spec: Data, path: str, tokenizer_json: Path | None, vocab: int)
             if file.suffix == ".npy"
             else file.stat().st_size // token_width(file, vocab)
         )
-    if tokenizer_json is None or not tokenizer_json.is_file():
+    if tokenizer_json is None or not is_regular(tokenizer_json):
         return None
     cache = cache_path(spec.format, path, spec.text_field, tokenizer_json, vocab)
     return cache.stat().st_size // token_width(cache, vocab) if cache.is_file() else None

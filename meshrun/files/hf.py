@@ -14,14 +14,17 @@ import json
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from meshrun.api.errors import SpecError
 from meshrun.api.presets import ModelShape, RopeScaling
-from meshrun.rules.inputs import HF_PRESET, HF_SEQ_LEN
-
-if TYPE_CHECKING:
-    from meshrun.api.spec import Model
+from meshrun.files.bounded import (
+    HEADER_CAP,
+    in_kernel_filesystem,
+    is_regular,
+    open_regular,
+    read_text_bounded,
+)
 
 FIELD = "spec.model.hf.path"
 SUPPORTED = {
@@ -58,15 +61,15 @@ class HFModel:
     @property
     def tokenizer(self) -> Path | None:
         path = self.path / "tokenizer.json"
-        return path if path.is_file() else None
+        return path if is_regular(path) else None
 
 
 def read_config(folder: str | Path, field: str = FIELD) -> dict[str, Any]:
     path = Path(folder) / "config.json"
-    if not path.is_file():
+    if not path.exists():
         raise SpecError(field, f"{path} does not exist (a Hugging Face folder has config.json)")
     try:
-        config = json.loads(path.read_text(encoding="utf-8"))
+        config = json.loads(read_text_bounded(path, field))
     except (OSError, ValueError) as error:
         raise SpecError(field, f"{path} is not readable JSON: {error}") from None
     if not isinstance(config, dict):
@@ -185,8 +188,10 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
 
 def safetensors_header(path: Path) -> dict[str, Any]:
     """The JSON header of a safetensors file (8-byte little-endian length, then JSON)."""
-    with open(path, "rb") as handle:
+    with open_regular(path, FIELD) as handle:
         (length,) = struct.unpack("<Q", handle.read(8))
+        if length > HEADER_CAP:
+            raise ValueError(f"its header claims {length} bytes, more than {HEADER_CAP}")
         header: dict[str, Any] = json.loads(handle.read(length))
     header.pop("__metadata__", None)
     return header
@@ -220,7 +225,7 @@ def check_weights(model: HFModel, field: str = FIELD) -> None:
 def load_hf_model(folder: str | Path, seq_len: int, field: str = FIELD) -> HFModel:
     """Read and check a Hugging Face folder; SpecError names what is wrong."""
     path = Path(folder)
-    if not path.is_dir():
+    if in_kernel_filesystem(path) or not path.is_dir():
         raise SpecError(field, f"{path} is not a directory")
     config = read_config(path, field)
     shape = shape_from_config(config, seq_len, field)
@@ -229,65 +234,3 @@ def load_hf_model(folder: str | Path, seq_len: int, field: str = FIELD) -> HFMod
     if model.weights:
         check_weights(model, field)
     return model
-
-
-SIZES = {
-    "layers": "layers",
-    "hidden": "hidden",
-    "heads": "heads",
-    "kv_heads": "kvHeads",
-    "vocab": "vocab",
-    "ffn_hidden": "ffnHidden",
-}
-"""ModelShape field -> spec.model key of the sizes that may be given beside hf."""
-
-
-def check_sizes(shape: ModelShape, given: dict[str, int | None]) -> None:
-    """Sizes given beside ``spec.model.hf`` (or planned from them) agree with config.json."""
-    for name, value in given.items():
-        if value is not None and getattr(shape, name) != value:
-            raise SpecError(
-                f"spec.model.{SIZES[name]}",
-                f"{value}, but config.json in {FIELD} gives {getattr(shape, name)}",
-            )
-
-
-def planned_shape(model: Model) -> ModelShape:
-    """The shape a job with ``spec.model.hf`` is planned with.
-
-    Where the folder is visible (``meshrun plan`` and ``meshrun run --local`` on local paths)
-    config.json gives it, and sizes given beside hf must agree. Where it is not (the operator,
-    for a folder on a volume it does not mount), the sizes given beside hf are the plan's, and
-    the trainer checks them against config.json before it starts.
-    """
-    assert model.hf is not None
-    if model.preset is not None:
-        raise HF_PRESET.error(f"preset {model.preset}")
-    if model.seq_len is None:
-        raise HF_SEQ_LEN.error()
-    given = {name: getattr(model, name) for name in SIZES}
-    folder = Path(model.hf.path)
-    if folder.is_dir():
-        shape = shape_from_config(read_config(folder), model.seq_len)
-        check_sizes(shape, given)
-        return shape
-    missing = [key for name, key in SIZES.items() if given[name] is None]
-    if missing:
-        raise SpecError(
-            FIELD,
-            f"{folder} is not a folder on this machine. A job whose folder is on a volume is "
-            "planned from the sizes given beside hf (the trainer checks them against "
-            f"config.json): spec.model needs {', '.join(missing)} too. For a local run, fix "
-            "the path",
-        )
-    assert model.layers and model.hidden and model.heads and model.vocab
-    assert model.kv_heads and model.ffn_hidden
-    return ModelShape(
-        layers=model.layers,
-        hidden=model.hidden,
-        heads=model.heads,
-        vocab=model.vocab,
-        seq_len=model.seq_len,
-        ffn_hidden=model.ffn_hidden,
-        kv_heads=model.kv_heads,
-    )

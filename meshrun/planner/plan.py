@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.api.layout import Layout, Stage
-from meshrun.api.presets import ModelShape
+from meshrun.api.presets import SIZES, ModelShape
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
 from meshrun.planner.auto import Choice, fit_degrees, search_hybrid
@@ -129,13 +129,7 @@ class Plan:
             "model": {
                 "preset": self.preset,
                 "parameters": m.parameters(),
-                "layers": m.layers,
-                "hidden": m.hidden,
-                "heads": m.heads,
-                "kvHeads": m.kv_heads,
-                "vocab": m.vocab,
-                "seqLen": m.seq_len,
-                "ffnHidden": m.ffn_hidden,
+                **{key: getattr(m, name) for name, key in SIZES.items()},
             },
             "pods": pod_table(self.name, self.num_nodes, self.num_proc_per_node),
             "ranks": rank_table(

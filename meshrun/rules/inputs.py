@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshrun.api.errors import Rule
+from meshrun.api.errors import Rule, SpecError
+from meshrun.api.presets import SIZES
 
 if TYPE_CHECKING:
+    from meshrun.api.presets import ModelShape
     from meshrun.api.spec import JobSpec
 
 M, T = "spec.model", "spec.training"
@@ -82,3 +84,18 @@ def check_data_source(format: str, text_field: str, has_hf: bool) -> None:
 def check_warmup(warmup_steps: int, steps: int) -> None:
     if warmup_steps > steps:
         raise WARMUP_STEPS.error(f"{warmup_steps} > {steps}")
+
+
+HF_SIZES = {name: key for name, key in SIZES.items() if name != "seq_len"}
+"""ModelShape field -> spec.model key of the sizes given beside hf (config.json's; seqLen is
+the training window, the job's own)."""
+
+
+def check_sizes(shape: ModelShape, given: dict[str, int | None]) -> None:
+    """Sizes given beside ``spec.model.hf`` (or planned from them) agree with config.json."""
+    for name, value in given.items():
+        if value is not None and getattr(shape, name) != value:
+            raise SpecError(
+                f"spec.model.{HF_SIZES[name]}",
+                f"{value}, but config.json in spec.model.hf.path gives {getattr(shape, name)}",
+            )

@@ -1,10 +1,9 @@
 """Every rule a job must satisfy, written once.
 
 ``meshrun plan`` and the operator (its Invalid condition) run these through
-:func:`meshrun.planner.plan.plan_job`; the trainer runs the model, layout and data rules on what it
-reads from its environment, so a job the planner accepts starts without a configuration error.
-Each rule raises SpecError naming a spec field; the trainer reports the environment variable
-that carries it as well (``meshrun.envcontract.ENV_OF_FIELD``).
+:func:`meshrun.planner.plan.plan_job`; the trainer runs the model, layout and data rules on the
+job document it reads (meshrun.jobdoc), so a job the planner accepts starts without a
+configuration error. Each rule raises SpecError naming a spec field.
 
 Rules the API server can check alone are also CEL rules of the CRD (``x-kubernetes-validations``);
 those are the ``Rule`` constants below, whose messages appear word for word in the CRD

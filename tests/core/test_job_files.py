@@ -22,22 +22,24 @@ from meshrun_trainer.config.layout import ConfigError
 from meshrun_trainer.config.read import from_env
 from meshrun_trainer.config.userrun import from_env as read_user_run
 from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.local.env import edit_document
 from meshrun_trainer.local.examplefiles import write_example
 
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import Rule, SpecError
 from meshrun.api.read import read_spec
-from meshrun.envcontract import ENV_OF_FIELD, INPUT_VARIABLES, pod_env
-from meshrun.files.checks import mount, plan_checked
+from meshrun.envcontract import pod_env
+from meshrun.files.checks import mount, plan_checked, read_with_files
 from meshrun.files.hf import safetensors_header
 from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import plan_job
 from meshrun.rules import inputs
+from meshrun.rules.inputs import HF_SIZES
 
 pytestmark = pytest.mark.unit
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "hf-finetune.yaml"
-SIZES = ("layers", "hidden", "heads", "kvHeads", "vocab", "ffnHidden")
+SIZES = tuple(HF_SIZES.values())
 
 
 @pytest.fixture(scope="module")
@@ -217,24 +219,9 @@ def test_the_rules_of_the_own_parts(
 
 
 def test_the_env_contract_carries_every_field_to_the_trainer(files: Path) -> None:
-    job = read_spec(example_spec(files))
+    job = read_with_files(example_spec(files))
     plan = plan_job(job, "hf")
     env = pod_env(plan, job, job_name="hf", namespace="ns", pod_index=0, master_addr="m")
-    assert {name: env[name] for name in INPUT_VARIABLES} == {
-        "MESHRUN_MODEL_HF_PATH": str(files / "models" / "tiny-llama"),
-        "MESHRUN_DATA_FORMAT": "jsonl",
-        "MESHRUN_DATA_PATH": str(files / "data" / "train.jsonl"),
-        "MESHRUN_DATA_TEXT_FIELD": "text",
-        "MESHRUN_DATA_VALIDATION_PATH": str(files / "data" / "val.jsonl"),
-        "MESHRUN_DATA_EVAL_EVERY_STEPS": "5",
-        "MESHRUN_OPTIMIZER_BETAS": "0.9,0.95",
-        "MESHRUN_OPTIMIZER_WEIGHT_DECAY": "0.1",
-        "MESHRUN_LR_WARMUP_STEPS": "2",
-        "MESHRUN_LR_DECAY": "cosine",
-        "MESHRUN_LR_MIN_RATIO": "0.1",
-        "MESHRUN_EXPORT_PATH": str(files / "out" / "tiny-llama-finetuned"),
-    }
-    assert all(ENV_OF_FIELD[field] == name for name, field in INPUT_VARIABLES.items())
     cfg = from_env(env)
     assert job.model.hf is not None and cfg.hf_path == job.model.hf.path
     assert cfg.training.data == job.training.data
@@ -243,36 +230,37 @@ def test_the_env_contract_carries_every_field_to_the_trainer(files: Path) -> Non
     assert cfg.training.export_path == str(files / "out" / "tiny-llama-finetuned")
     run = read_user_run(cfg)
     assert with_model(cfg, run).model == plan.model, "config.json's whole architecture"
-    assert run.optimizer.betas == (0.9, 0.95) and run.lr_schedule.decay == "cosine"
+    assert cfg.training.optimizer.betas == [0.9, 0.95] and run.lr_schedule.decay == "cosine"
     with pytest.raises(SpecError) as caught:
-        with_model(from_env({**env, "MESHRUN_MODEL_VOCAB": "512"}), run)
+        with_model(from_env(edit_document(env, plan={"model": {"vocab": 512}})), run)
     assert caught.value.field == "spec.model.vocab"
 
 
 @pytest.mark.parametrize(
-    ("name", "value", "fragment"),
+    ("training", "field", "fragment"),
     [
-        ("MESHRUN_OPTIMIZER_BETAS", "0.9", "two numbers in [0, 1)"),
-        ("MESHRUN_OPTIMIZER_BETAS", "0.9,1.0", "two numbers in [0, 1)"),
-        ("MESHRUN_OPTIMIZER_WEIGHT_DECAY", "-0.1", ">= 0"),
-        ("MESHRUN_LR_DECAY", "step", "constant, cosine, linear"),
-        ("MESHRUN_LR_MIN_RATIO", "1.5", "<= 1.0"),
-        ("MESHRUN_DATA_FORMAT", "csv", "jsonl, parquet, arrow, tokens"),
-        ("MESHRUN_LR_WARMUP_STEPS", "21", "warmupSteps: must not exceed spec.training.steps"),
+        ({"optimizer": {"betas": [0.9]}}, "spec.training.optimizer.betas", "2 items"),
+        ({"optimizer": {"betas": [0.9, 1.0]}}, "spec.training.optimizer.betas[1]", "less than 1"),
+        ({"optimizer": {"weightDecay": -0.1}}, "spec.training.optimizer.weightDecay", "at least 0"),
+        ({"lrSchedule": {"decay": "step"}}, "spec.training.lrSchedule.decay", "constant"),
+        ({"lrSchedule": {"minRatio": 1.5}}, "spec.training.lrSchedule.minRatio", "at most 1"),
+        ({"data": {"format": "csv"}}, "spec.training.data.format", "jsonl"),
+        ({"lrSchedule": {"warmupSteps": 21}}, "spec.training.lrSchedule.warmupSteps", "must not"),
     ],
 )
-def test_bad_variables_name_themselves(files: Path, name: str, value: str, fragment: str) -> None:
-    job = read_spec(example_spec(files))
+def test_a_bad_document_names_the_spec_field(
+    files: Path, training: dict[str, Any], field: str, fragment: str
+) -> None:
+    job = read_with_files(example_spec(files))
     env = pod_env(plan_job(job), job, job_name="j", namespace="n", pod_index=0, master_addr="m")
     with pytest.raises(ConfigError) as caught:
-        from_env({**env, name: value})
-    assert caught.value.field == name and fragment in caught.value.rule
+        from_env(edit_document(env, spec={"training": training}))
+    assert caught.value.field == field and fragment in caught.value.rule, caught.value
 
 
 def test_a_job_without_own_parts_gets_the_crds_optimizer() -> None:
     job = read_spec({"image": "i", "model": {"preset": "tiny"}})
     env = pod_env(plan_job(job), job, job_name="j", namespace="n", pod_index=0, master_addr="m")
-    assert env["MESHRUN_MODEL_HF_PATH"] == env["MESHRUN_DATA_FORMAT"] == ""
     cfg = from_env(env)
     assert cfg.hf_path is None and cfg.training.data is None and cfg.training.export_path is None
     defaults = with_defaults({"training": {}})  # not a spec, but the CRD's training defaults
@@ -281,15 +269,18 @@ def test_a_job_without_own_parts_gets_the_crds_optimizer() -> None:
     assert cfg.training.optimizer.weight_decay == WEIGHT_DECAY
 
 
-def test_the_operator_checks_what_it_can_see(files: Path, tmp_path: Path) -> None:
+def test_the_operator_judges_the_spec_and_never_its_files(files: Path, tmp_path: Path) -> None:
     spec = example_spec(files)
     _tokenizer_too_big(spec, files, tmp_path)
-    ev = evaluate(spec, "hf")
+    with pytest.raises(SpecError, match="the tokenizer has 320 tokens"):
+        plan_checked(spec, "hf")  # meshrun plan, which may read the visible folder
+    ev = evaluate(spec, "hf")  # the operator reads no config.json: it needs the sizes
     assert ev.error is not None and ev.error.field == "spec.model.hf.path"
-    assert "the tokenizer has 320 tokens" in ev.error.rule
-    ev = evaluate(example_spec(), "hf")
-    assert ev.plan is not None
-    assert any("is not visible here" in w for w in ev.plan.status_summary()["warnings"])
+    assert "is not read where the job is planned" in ev.error.rule
+    sized = {**spec, "model": {**example_spec()["model"], "hf": spec["model"]["hf"]}}
+    ev = evaluate(sized, "hf")  # planned from the sizes beside hf; the trainer checks the folder
+    assert ev.error is None and ev.plan is not None
+    assert ev.plan.model.vocab == sized["model"]["vocab"]
 
 
 def test_the_validation_loss_reaches_status_progress() -> None:

@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from meshrun_trainer.config.read import from_env
 
 from meshrun.api.errors import SpecError
-from meshrun.api.read import read_spec
 from meshrun.envcontract import pod_env
+from meshrun.files.checks import read_with_files
 from meshrun.files.hf import load_hf_model
 from meshrun.planner.elastic import elastic_degrees, resized
 from meshrun.planner.plan import plan_job
@@ -169,7 +169,7 @@ def specs(draw: st.DrawFn) -> dict[str, Any]:
 @given(specs())
 def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
     try:
-        job = read_spec(spec)
+        job = read_with_files(spec)
         plan = plan_job(job, "prop")
     except SpecError as error:
         event(f"refused: {error.field}")

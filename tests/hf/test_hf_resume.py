@@ -29,9 +29,16 @@ def _env(model: Path, data: Path, checkpoints: Path) -> dict[str, str]:
     job = {"train": str(data / "train.jsonl"), "validation": str(data / "val.jsonl")}
     spec_model, training = spec_parts(str(model), {**job, "steps": STEPS, "evalEvery": 2}, None)
     training["checkpoint"] = {"everySteps": 2}
-    env = layout_env(spec_model, training, pp=2, micro_batches=2, grad_accumulation=2)
     # The operator's checkpoint mount (not a spec field): here a folder per run.
-    return cpu_env(**{**env, "WORLD_SIZE": "2", "MESHRUN_CHECKPOINT_DIR": str(checkpoints)})
+    env = layout_env(
+        spec_model,
+        training,
+        pp=2,
+        micro_batches=2,
+        grad_accumulation=2,
+        checkpoint_dir=str(checkpoints),
+    )
+    return cpu_env(**{**env, "WORLD_SIZE": "2"})
 
 
 def _events(stdout: str) -> dict[str, Any]:

@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 def steps_of(pod: dict[str, Any]) -> str:
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    return str(env["MESHRUN_STEPS"])
+    return str(json.loads(str(env["MESHRUN_JOB"]))["spec"]["training"]["steps"])
 
 
 def test_edits_take_effect_at_the_next_attempt_and_never_fail_a_running_job(

@@ -104,8 +104,9 @@ def _run(name: str, shrink: bool, directory: Path, stop_after: int | None) -> di
         pod_index=0,
         master_addr="127.0.0.1",
         checkpoint_dir=str(directory),
+        metrics_port=0,
+        termination_log="/dev/null",
     )
-    env.update(MESHRUN_METRICS_PORT="0", MESHRUN_TERMINATION_LOG="/dev/null")
     cfg = from_env(env)
     records: list[StepRecord] = []
 

@@ -69,8 +69,8 @@ PAIRS = [  # (saved, resumed under)
 
 
 def _cfg(layout: dict[str, Any], steps: int, directory: Path) -> Any:
-    env = layout_env(MODEL, {**TRAINING, "steps": steps}, **layout)
-    env |= {"MESHRUN_CHECKPOINT_DIR": str(directory), "WORLD_SIZE": str(dist.get_world_size())}
+    env = layout_env(MODEL, {**TRAINING, "steps": steps}, checkpoint_dir=str(directory), **layout)
+    env |= {"WORLD_SIZE": str(dist.get_world_size())}
     return from_env(env)
 
 

@@ -68,9 +68,9 @@ def _env(strategy: dict[str, Any], checkpoint_dir: Path) -> dict[str, str]:
         master_addr="127.0.0.1",
         master_port=free_port(),
         checkpoint_dir=str(checkpoint_dir),
+        metrics_port=0,
+        termination_log=str(checkpoint_dir.parent / "termination.json"),
     )
-    env["MESHRUN_TERMINATION_LOG"] = str(checkpoint_dir.parent / "termination.json")
-    env["MESHRUN_METRICS_PORT"] = "0"
     return cpu_env(**env)
 
 

@@ -1,14 +1,18 @@
-"""Trainer configuration from the environment: no defaults, and the planner's rules."""
+"""The trainer's configuration from the job document: the core's types, read by the planner's
+reader, checked by the planner's rules, errors naming the spec field."""
 
 from __future__ import annotations
 
+import json
+from typing import Any
+
 import pytest
-from meshrun_trainer.config.layout import ConfigError, parse_stage_layers
+from meshrun_trainer.config.layout import ConfigError
 from meshrun_trainer.config.read import from_env
-from meshrun_trainer.local.env import layout_env
+from meshrun_trainer.local.env import edit_document, layout_env
 
 from meshrun.api.presets import PRESETS
-from meshrun.envcontract import ENV_OF_FIELD
+from meshrun.jobdoc import JOB_VARIABLE
 
 pytestmark = pytest.mark.unit
 
@@ -16,12 +20,11 @@ TINY = {"preset": "tiny"}
 TRAINING = {"steps": 4, "globalBatchSize": 8, "precision": "fp32", "dataset": "synthetic"}
 
 
-def make_env(**overrides: str) -> dict[str, str]:
-    """A one-process tiny job's environment, with MESHRUN_<KEY> overrides."""
+def make_env(**parts: Any) -> dict[str, str]:
+    """A one-process tiny job's environment, its document's spec/plan/pod edited by ``parts``."""
     env = layout_env(TINY, TRAINING)
     del env["WORLD_SIZE"]  # torchrun sets it for each process it starts
-    env.update({f"MESHRUN_{k.upper()}": v for k, v in overrides.items()})
-    return env
+    return edit_document(env, **parts)
 
 
 def test_a_planned_environment_reads_back_exactly() -> None:
@@ -40,94 +43,84 @@ def test_interleaved_pipeline_takes_planner_ranges_in_stage_order() -> None:
         TINY, TRAINING, pp=2, schedule="interleaved-1f1b", virtual_stages=2, micro_batches=4
     )
     cfg = from_env(env)
-    assert env["MESHRUN_STAGE_LAYERS"] == "0-0,1-1,2-2,3-3"
     assert cfg.layout.num_stages == 4
     assert cfg.layout.stage_layers == ((0, 0), (1, 1), (2, 2), (3, 3))
 
 
-READ = sorted(
-    name
-    for name in layout_env(TINY, TRAINING)
-    # torchrun reads PET_* and MASTER_*; these two are for people and tools, not the trainer.
-    if name.startswith("MESHRUN_") and name not in ("MESHRUN_POD_INDEX", "MESHRUN_STRATEGY")
-)
-
-
-@pytest.mark.parametrize("name", READ)
-def test_every_variable_is_required(name: str) -> None:
+def test_the_document_is_required() -> None:
     env = make_env()
-    del env[name]
-    with pytest.raises(ConfigError) as caught:
+    del env[JOB_VARIABLE]
+    with pytest.raises(ConfigError, match="MESHRUN_JOB: is required"):
         from_env(env)
-    assert caught.value.field == name
-    assert "is required" in caught.value.rule
+    with pytest.raises(ConfigError, match="MESHRUN_JOB: is not JSON"):
+        from_env({**env, JOB_VARIABLE: "{"})
 
 
-def test_every_field_the_rules_name_has_a_variable() -> None:
-    env = make_env()
-    assert set(ENV_OF_FIELD.values()) - {"WORLD_SIZE"} <= set(env)
+def stages(*ranges: tuple[int, int]) -> list[dict[str, Any]]:
+    return [{"pp": i, "virtual": 0, "first": a, "last": b} for i, (a, b) in enumerate(ranges)]
+
+
+PIPELINE = {"dp": 1, "pp": 2, "tp": 1, "microBatches": 2}
+MB4 = {"training": {"microBatchSize": 4}}
+PLAN_MB4 = {"layout": PIPELINE, "microBatchSize": 4}  # the trainer takes the plan's size
 
 
 @pytest.mark.parametrize(
-    ("overrides", "field", "fragment"),
+    ("parts", "field", "fragment"),
     [
-        ({"dp": "two"}, "MESHRUN_DP", "integer"),
-        ({"tp": "0"}, "MESHRUN_TP", ">= 1"),
-        ({"tp": "3"}, "MESHRUN_TP", "spec.strategy.tensorParallel: must divide spec.model.heads"),
-        ({"model_seq_len": "30", "tp": "4"}, "MESHRUN_TP", "(4 does not divide seqLen=30)"),
-        ({"pp": "8", "micro_batches": "8"}, "MESHRUN_PP", "8 stages for layers=4"),
-        ({"zero_stage": "4"}, "MESHRUN_ZERO_STAGE", "must be 0, 1, 2 or 3"),
-        ({"pipeline_schedule": "zigzag"}, "MESHRUN_PIPELINE_SCHEDULE", "one of"),
+        ({"plan": {"layout": {"tp": 3}}}, "spec.strategy.tensorParallel", "must divide"),
+        ({"plan": {"layout": {"zeroStage": 4}}}, "spec.strategy.zeroStage", "0, 1, 2 or 3"),
         (
-            {
-                "pp": "2",
-                "micro_batches": "2",
-                "micro_batch_size": "4",
-                "pipeline_schedule": "interleaved-1f1b",
-            },
-            "MESHRUN_VIRTUAL_STAGES",
-            "at least 2",
+            {"plan": {"layout": {"pp": 8, "microBatches": 8}}},
+            "spec.strategy.pipelineParallel",
+            "8 stages for layers=4",
         ),
         (
-            {"pp": "2", "micro_batches": "2", "micro_batch_size": "4", "stage_layers": "0-2,2-3"},
-            "MESHRUN_STAGE_LAYERS",
+            {"plan": {**PLAN_MB4, "stages": stages((0, 2), (2, 3))}, "spec": MB4},
+            "plan.stages",
             "contiguous",
         ),
         (
-            {"pp": "2", "micro_batches": "2", "micro_batch_size": "4", "stage_layers": "0-0,1-2"},
-            "MESHRUN_STAGE_LAYERS",
+            {"plan": {**PLAN_MB4, "stages": stages((0, 0), (1, 2))}, "spec": MB4},
+            "plan.stages",
             "cover all 4",
         ),
         (
-            {"pp": "2", "micro_batches": "2", "micro_batch_size": "4"},
-            "MESHRUN_STAGE_LAYERS",
+            {"plan": PLAN_MB4, "spec": MB4},
+            "plan.stages",
             "needs pp x virtualStages = 2",
         ),
-        ({"stage_layers": "a-b,c"}, "MESHRUN_STAGE_LAYERS", "look like"),
-        ({"dp": "3"}, "MESHRUN_GLOBAL_BATCH_SIZE", "(8 against 3x8 = 24)"),
-        ({"grad_accumulation": "2"}, "MESHRUN_GLOBAL_BATCH_SIZE", "gradient accumulation"),
-        ({"learning_rate": "fast"}, "MESHRUN_LEARNING_RATE", "number"),
-        ({"learning_rate": "-1"}, "MESHRUN_LEARNING_RATE", "greater than 0"),
-        ({"precision": "fp8"}, "MESHRUN_PRECISION", "bf16, fp32"),
-        ({"model_kv_heads": "3"}, "MESHRUN_MODEL_KV_HEADS", "(3 does not divide heads=4)"),
-        ({"model_heads": "64", "model_kv_heads": "4"}, "MESHRUN_MODEL_HEADS", "rotary"),
-        ({"dataset": "corpus", "model_vocab": "128"}, "MESHRUN_DATASET", "vocab >= 256"),
+        ({"plan": {"layout": {"dp": 3}}}, "spec.training.globalBatchSize", "(8 against 3x8 = 24)"),
+        ({"spec": {"training": {"learningRate": "fast"}}}, "spec.training.learningRate", "number"),
+        ({"spec": {"training": {"precision": "fp8"}}}, "spec.training.precision", "bf16"),
+        ({"plan": {"model": {"kvHeads": 3}}}, "spec.model.kvHeads", "(3 does not divide heads=4)"),
+        ({"plan": {"model": {"heads": 64, "kvHeads": 4}}}, "spec.model.heads", "rotary"),
+        (
+            {"spec": {"training": {"dataset": "corpus"}}, "plan": {"model": {"vocab": 128}}},
+            "spec.training.dataset",
+            "vocab >= 256",
+        ),
     ],
 )
-def test_bad_values_name_the_variable_and_rule(
-    overrides: dict[str, str], field: str, fragment: str
+def test_bad_values_name_the_spec_field_and_rule(
+    parts: dict[str, Any], field: str, fragment: str
 ) -> None:
     with pytest.raises(ConfigError) as caught:
-        from_env(make_env(**overrides))
-    assert caught.value.field == field
+        from_env(make_env(**parts))
+    assert caught.value.field == field, caught.value
     assert fragment in caught.value.rule
     assert str(caught.value).startswith(f"{field}: ")
 
 
 def test_world_size_must_match_the_layout() -> None:
-    with pytest.raises(ConfigError, match=r"WORLD_SIZE: spec.strategy: .*1x1x1 = 1, not 4"):
+    with pytest.raises(ConfigError, match=r"spec.strategy: .*1x1x1 = 1, not 4"):
         from_env({**make_env(), "WORLD_SIZE": "4"})
 
 
-def test_stage_layer_parsing() -> None:
-    assert parse_stage_layers("0-1, 2-3,4") == ((0, 1), (2, 3), (4, 4))
+def test_the_document_holds_only_what_the_crd_allows() -> None:
+    document = json.loads(make_env()[JOB_VARIABLE])
+    assert set(document) == {"spec", "plan", "pod"}
+    assert "podTemplate" not in document["spec"]
+    with pytest.raises(ConfigError) as caught:
+        from_env(make_env(spec={"training": {"warpDrive": True}}))
+    assert caught.value.field.startswith("spec.training")

@@ -6,21 +6,35 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
-from meshrun_trainer.local.env import layout_env
+from meshrun_trainer.local.env import edit_document, layout_env
 from trainer_launch import REPO, cpu_env
 
 pytestmark = pytest.mark.trainer
 
 
 def trainer(
-    tmp_path: Path, *, drop: str = "", **env: str
+    tmp_path: Path,
+    *,
+    drop: str = "",
+    spec: dict[str, Any] | None = None,
+    plan: dict[str, Any] | None = None,
+    pod: dict[str, Any] | None = None,
+    **env: str,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run the trainer with a one-process tiny job's environment, changed by ``env``/``drop``."""
+    """Run the trainer with a one-process tiny job's environment, its document's spec, plan and
+    pod changed as given, ``env`` set and ``drop`` removed."""
     log = tmp_path / "termination-log"
     base = layout_env({"preset": "tiny"}, {"steps": 3, "globalBatchSize": 8, "dataset": "corpus"})
-    base.update(MESHRUN_TERMINATION_LOG=str(log), **env)
+    parts = {
+        "spec": spec or {},
+        "plan": plan or {},
+        "pod": {"terminationLog": str(log), **(pod or {})},
+    }
+    base = edit_document(base, **parts)
+    base.update(**env)
     base.pop(drop, None)
     proc = subprocess.run(
         [sys.executable, "-m", "meshrun_trainer"],
@@ -46,8 +60,8 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
     assert len(message["peakMemoryBytes"]) == 1
 
 
-def test_bad_configuration_exits_2_naming_the_variable(tmp_path: Path) -> None:
-    proc, log = trainer(tmp_path, MESHRUN_TP="3", WORLD_SIZE="3")
+def test_bad_configuration_exits_2_naming_the_field(tmp_path: Path) -> None:
+    proc, log = trainer(tmp_path, plan={"layout": {"tp": 3}}, WORLD_SIZE="3")
     assert proc.returncode == 2
     # torchrun exits 1 whatever its worker's code: the termination message says "permanent".
     message = json.loads(log.read_text())
@@ -57,21 +71,27 @@ def test_bad_configuration_exits_2_naming_the_variable(tmp_path: Path) -> None:
         True,
     )
     assert (
-        "invalid configuration: MESHRUN_TP: spec.strategy.tensorParallel: must divide "
-        "spec.model.heads"
+        "invalid configuration: spec.strategy.tensorParallel: must divide spec.model.heads"
     ) in proc.stderr
     assert "(3 does not divide heads=4)" in proc.stderr
     assert "Traceback" not in proc.stderr
-    missing, _ = trainer(tmp_path, drop="MESHRUN_LEARNING_RATE")
-    assert missing.returncode == 2, "the trainer has no defaults of its own"
-    assert "invalid configuration: MESHRUN_LEARNING_RATE: is required" in missing.stderr
+    missing, _ = trainer(tmp_path, drop="MESHRUN_JOB")
+    assert missing.returncode == 2, "the trainer has no configuration of its own"
+    assert "invalid configuration: MESHRUN_JOB: is required" in missing.stderr
+    wrong, _ = trainer(tmp_path, spec={"training": {"learningRate": "fast"}})
+    assert wrong.returncode == 2
+    assert "invalid configuration: spec.training.learningRate: must be a number" in wrong.stderr
 
 
 @pytest.mark.timeout(180)
 def test_failure_reaches_the_termination_message(tmp_path: Path) -> None:
     blocker = tmp_path / "not-a-directory"
     blocker.write_text("a file where the checkpoint directory should be")
-    proc, log = trainer(tmp_path, MESHRUN_CHECKPOINT_DIR=str(blocker), MESHRUN_CHECKPOINT_EVERY="2")
+    proc, log = trainer(
+        tmp_path,
+        spec={"training": {"checkpoint": {"everySteps": 2}}},
+        pod={"checkpointDir": str(blocker)},
+    )
     assert proc.returncode != 0
     message = json.loads(log.read_text())
     assert message["status"] == "Failed" and message["rank"] == 0
@@ -81,7 +101,8 @@ def test_failure_reaches_the_termination_message(tmp_path: Path) -> None:
 def test_a_gpu_job_without_cuda_fails_permanently_instead_of_using_the_cpu(
     tmp_path: Path,
 ) -> None:
-    proc, log = trainer(tmp_path, MESHRUN_ACCELERATOR="nvidia.com/gpu", CUDA_VISIBLE_DEVICES="")
+    gpu = {"resources": {"accelerator": "nvidia.com/gpu"}}
+    proc, log = trainer(tmp_path, spec=gpu, CUDA_VISIBLE_DEVICES="")
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "no usable accelerator" in proc.stderr and "not falling back to the CPU" in proc.stderr
     assert "Traceback" not in proc.stderr and '"event": "step"' not in proc.stdout
@@ -97,9 +118,8 @@ def test_compiled_blocks_train_like_eager(tmp_path: Path) -> None:
     for compile_ in ("false", "true"):
         proc, _ = trainer(
             tmp_path,
-            MESHRUN_COMPILE=compile_,
-            MESHRUN_ACTIVATION_CHECKPOINTING="selective",
-            MESHRUN_PRECISION="fp32",
+            spec={"training": {"compile": compile_ == "true", "precision": "fp32"}},
+            plan={"activationCheckpointing": "selective"},
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         events = [json.loads(line) for line in proc.stdout.splitlines()]
@@ -115,7 +135,7 @@ def test_a_loss_that_turns_non_finite_stops_the_trainer_with_a_permanent_reason(
 ) -> None:
     # A learning rate no model survives: the weights blow up after the first step, and so does
     # the loss of the next.
-    proc, log = trainer(tmp_path, MESHRUN_LEARNING_RATE="1e30", MESHRUN_STEPS="6")
+    proc, log = trainer(tmp_path, spec={"training": {"learningRate": 1e30, "steps": 6}})
     assert proc.returncode == 4, proc.stderr[-2000:]
     message = json.loads(log.read_text())  # strict JSON: no NaN in it
     assert (message["status"], message["reason"], message["permanent"]) == (

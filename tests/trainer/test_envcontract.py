@@ -1,16 +1,25 @@
-"""pod_env: the operator/trainer contract, round-tripped through the trainer's own parser."""
+"""pod_env: the operator/trainer contract, torchrun's variables, the coordinates for a custom
+entrypoint and the job document, round-tripped through the trainer's reading of it."""
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import re
 from pathlib import Path
 
 import pytest
+from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_trainer.config.read import from_env
 
+from meshrun.api import crd as crd_module
+from meshrun.api import spec as spec_module
 from meshrun.api.crd import load_jobs
+from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
-from meshrun.api.spec import JobSpec
+from meshrun.api.spec import JobSpec, Training
 from meshrun.envcontract import pod_env
+from meshrun.jobdoc import JOB_VARIABLE, check_document_size, read_document
 from meshrun.planner.plan import Plan, plan_job
 
 pytestmark = pytest.mark.unit
@@ -42,14 +51,84 @@ def test_demo_job_env_for_second_pod() -> None:
     assert env["PET_MASTER_ADDR"] == env["MASTER_ADDR"] == "demo-0.demo"
     assert env["PET_MASTER_PORT"] == env["MASTER_PORT"] == "29501"
     assert env["WORLD_SIZE"] == "8" and env["MESHRUN_ATTEMPT"] == "2"
-    assert env["MESHRUN_STAGE_LAYERS"] == "0-1,2-3"
-    assert env["MESHRUN_CHECKPOINT_DIR"] == "/ckpt" and env["MESHRUN_CHECKPOINT_EVERY"] == "5"
+    assert (env["MESHRUN_DP"], env["MESHRUN_PP"], env["MESHRUN_TP"]) == ("2", "2", "2")
+    assert env["MESHRUN_CHECKPOINT_DIR"] == "/ckpt"
+    assert set(env) == {*TORCHRUN, *COORDINATES, JOB_VARIABLE}
     assert "RANK" not in env and "LOCAL_RANK" not in env, "torchrun sets these per process"
     assert all(isinstance(v, str) for v in env.values())
     cfg = from_env(env)
     assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (2, 2, 2)
     assert cfg.training.steps == 20 and cfg.training.precision == "fp32"
     assert cfg.job_name == "demo" and cfg.namespace == "ns" and cfg.attempt == 2
+    assert cfg.layout.stage_layers == ((0, 1), (2, 3))
+    assert cfg.training.checkpoint_dir == "/ckpt" and cfg.training.checkpoint_every == 5
+
+
+TORCHRUN = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "PET_NNODES", "PET_NPROC_PER_NODE")
+TORCHRUN += ("PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
+COORDINATES = ("MESHRUN_JOB_NAME", "MESHRUN_NAMESPACE", "MESHRUN_ATTEMPT", "MESHRUN_POD_INDEX")
+COORDINATES += ("MESHRUN_DP", "MESHRUN_PP", "MESHRUN_TP", "MESHRUN_CHECKPOINT_DIR")
+"""The variables docs/env-contract.md documents for a custom entrypoint."""
+
+
+def test_the_documented_variables_are_the_pods() -> None:
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "env-contract.md").read_text()
+    documented = set(re.findall(r"`((?:MESHRUN|PET|MASTER)_[A-Z_]+|WORLD_SIZE)`", doc))
+    assert documented == {*TORCHRUN, *COORDINATES, JOB_VARIABLE}
+
+
+@pytest.mark.parametrize("name", [path.stem for path in sorted(EXAMPLES.glob("*.yaml"))])
+def test_every_field_of_the_spec_round_trips_through_the_document(name: str) -> None:
+    plan, spec = planned(name)
+    env = pod_env(plan, spec, job_name=name, namespace="ns", pod_index=0, master_addr="m")
+    document = read_document(env[JOB_VARIABLE])
+    assert document.spec == dataclasses.replace(spec, pod_template=None, command=None, args=None)
+    assert document.plan == plan
+    assert len(env[JOB_VARIABLE]) < 8192, "far below the 128 KiB of one environment string"
+
+
+def test_a_document_too_big_for_the_environment_makes_the_job_invalid() -> None:
+    job = load_jobs(EXAMPLES / "ddp.yaml")[0]
+    # the pod carries args, not the document: the most the CRD admits still runs
+    huge = {**job["spec"], "args": ["x" * 4096] * 1024}
+    assert evaluate(huge, "big").error is None
+    # The CRD's bounds keep every admitted spec's document small; past them (a spec read by
+    # hand), the document is refused before any pod is made.
+    spec = read_spec(job["spec"])
+    plan = plan_job(job["spec"], "big")
+    with pytest.raises(SpecError) as caught:
+        check_document_size(dataclasses.replace(spec, image="r/" + "x" * 100_000), plan)
+    assert caught.value.field == "spec" and "the job document is" in caught.value.rule
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TrainingWithANewField(Training):
+    """``spec.training`` with one more field, as a developer adding one would write it."""
+
+    warmup_jitter: int
+    """A new field: only its CRD property and this line were added."""
+
+
+def test_a_new_spec_field_reaches_the_trainer_with_no_other_edit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    served = copy.deepcopy(crd_module.crd())
+    version = next(v for v in served["spec"]["versions"] if v["name"] == crd_module.VERSION)
+    training = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["training"]
+    training["properties"]["warmupJitter"] = {"type": "integer", "minimum": 0, "default": 3}
+    monkeypatch.setattr(crd_module, "crd", lambda: served)
+    monkeypatch.setattr(spec_module, "Training", TrainingWithANewField)
+    job = load_jobs(EXAMPLES / "ddp.yaml")[0]
+    for given, expected in (
+        (job["spec"], 3),
+        ({**job["spec"], "training": {"warmupJitter": 7}}, 7),
+    ):
+        spec = read_spec(given)
+        plan = plan_job(spec, "new")
+        env = pod_env(plan, spec, job_name="new", namespace="ns", pod_index=0, master_addr="m")
+        cfg = from_env(env)  # the trainer's own reading of its pod's environment
+        assert isinstance(cfg.spec.training, TrainingWithANewField)
+        assert cfg.spec.training.warmup_jitter == expected
 
 
 @pytest.mark.parametrize(
@@ -72,7 +151,7 @@ def test_every_example_parses_in_the_trainer(name: str) -> None:
 def test_interleaved_stage_ranges_are_in_stage_order() -> None:
     plan, spec = planned("3d")
     env = pod_env(plan, spec, job_name="x", namespace="ns", pod_index=0, master_addr="m")
-    firsts = [int(r.split("-")[0]) for r in env["MESHRUN_STAGE_LAYERS"].split(",")]
+    firsts = [first for first, _ in from_env(env).layout.stage_layers]
     assert firsts == sorted(firsts) and len(firsts) == plan.layout.pp * plan.layout.virtual_stages
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from meshrun_trainer.components.progress import Metrics, ProgressServer, Reporter
 from meshrun_trainer.config.read import from_env
-from meshrun_trainer.local.env import layout_env
+from meshrun_trainer.local.env import edit_document, layout_env
 from meshrun_trainer.runner import StepRecord
 
 pytestmark = pytest.mark.unit
@@ -21,7 +21,7 @@ def test_step_lines_endpoints_and_termination_message(
     log = tmp_path / "termination-log"
     env = layout_env({"preset": "tiny"}, {"steps": 5, "globalBatchSize": 8}, name="j1")
     # No fixed port in tests: the server is started below on a free one.
-    cfg = from_env({**env, "MESHRUN_METRICS_PORT": "0", "MESHRUN_TERMINATION_LOG": str(log)})
+    cfg = from_env(edit_document(env, pod={"metricsPort": 0, "terminationLog": str(log)}))
     reporter = Reporter(cfg)
     assert reporter.server is None
     reporter.server = ProgressServer(0, reporter.metrics, reporter.progress)
@@ -51,7 +51,7 @@ def test_unwritable_termination_log_does_not_fail(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     env = layout_env({"preset": "tiny"}, {"globalBatchSize": 8})
-    cfg = from_env({**env, "MESHRUN_TERMINATION_LOG": str(tmp_path / "missing" / "log")})
+    cfg = from_env(edit_document(env, pod={"terminationLog": str(tmp_path / "missing" / "log")}))
     Reporter(cfg).finish({"status": "Succeeded"})
     assert "cannot write termination log" in capsys.readouterr().err
 

@@ -4,7 +4,8 @@ One process per GPU (or CPU slot) under torchrun; everything comes from the envi
 operator sets (docs/env-contract.md). The packages, lower never importing higher (the
 import-linter contracts of pyproject.toml):
 
-- ``config`` / ``models``: the typed configuration and its rules, read from MESHRUN_* variables;
+- ``config`` / ``models``: the typed configuration and its rules, read from the job document
+  (MESHRUN_JOB);
   a Llama-like decoder built from meshrun.api.presets, initialised identically on every rank
   before splitting, and Hugging Face weights.
 - ``distributed``: process group (nccl on CUDA, else gloo) and the (pp, dp, tp) DeviceMesh; the

@@ -16,6 +16,7 @@ from meshrun.envcontract import (
     EXIT_NO_ACCELERATOR,
     PERMANENT_REASONS,
 )
+from meshrun.jobdoc import JOB_VARIABLE, termination_log_of
 from meshrun_trainer.components.progress import TERMINATION_MESSAGE_LIMIT, Reporter, finite_json
 from meshrun_trainer.config.read import TrainConfig, from_env
 from meshrun_trainer.config.userrun import from_env as user_run_from_env
@@ -87,12 +88,12 @@ def main() -> int:
         run = user_run_from_env(cfg)
         cfg = with_model(cfg, run)
     except SpecError as error:
-        log = os.environ.get("MESHRUN_TERMINATION_LOG")
+        log = termination_log_of(os.environ.get(JOB_VARIABLE, ""))
         return _refuse(log, error, EXIT_CONFIG_ERROR, "invalid configuration")
     if cfg.training.checkpoint_every and not cfg.training.checkpoint_dir:
         print(
-            "meshrun-trainer: MESHRUN_CHECKPOINT_EVERY is set but MESHRUN_CHECKPOINT_DIR is not;"
-            " not checkpointing",
+            "meshrun-trainer: spec.training.checkpoint.everySteps is set but the pod has no "
+            "checkpoint directory (spec.training.checkpoint.volume); not checkpointing",
             file=sys.stderr,
         )
     try:

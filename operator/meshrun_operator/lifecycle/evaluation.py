@@ -1,4 +1,9 @@
-"""A job spec checked once per generation: read into types (CRD defaults applied), planned."""
+"""A job spec checked once per generation: read into types (CRD defaults applied), planned.
+
+Pure: the operator never opens a path a job names (its model folder, its data). A model folder's
+shape comes from the sizes given beside ``spec.model.hf``; the trainer checks the files first
+thing in its pod and fails permanently, naming the field, when they disagree.
+"""
 
 from __future__ import annotations
 
@@ -10,8 +15,8 @@ from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
 from meshrun.envcontract import pod_env
-from meshrun.files.checks import plan_checked
-from meshrun.planner.plan import Plan
+from meshrun.jobdoc import check_document_size
+from meshrun.planner.plan import Plan, plan_job
 from meshrun_operator.children.builders import build_pod
 from meshrun_operator.children.owner import JobRef
 from meshrun_operator.children.podpolicy import PodPolicy
@@ -50,7 +55,8 @@ def evaluate(spec: Mapping[str, Any], name: str, admission: Admission | None = N
     rules = admission or Admission()
     try:
         settings = read_spec(spec)
-        plan = plan_checked(settings, name)  # the job's files too, where visible here
+        plan = plan_job(settings, name)
+        check_document_size(settings, plan)  # what the trainer pods will be handed
         admit(settings, plan, name, rules)
     except SpecError as error:
         return Evaluation(spec=spec, settings=settings, error=error)

@@ -13,8 +13,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from meshrun.api.userspec import LRSchedule
-from meshrun_trainer.config.userrun import OptimizerSettings
+from meshrun.api.userspec import LRSchedule, Optimizer
 
 ADAMW_BETAS = (0.9, 0.95)
 """The CRD's default betas (spec.training.optimizer.betas; Llama 2's, Touvron et al. 2023,
@@ -39,19 +38,19 @@ def lr_factor(step: int, total_steps: int, schedule: LRSchedule) -> float:
 
 def make_optimizer(
     params: Iterable[torch.nn.Parameter],
-    settings: OptimizerSettings | float,
+    learning_rate: float,
+    settings: Optimizer | None = None,
     zero1_group: dist.ProcessGroup | None = None,
 ) -> torch.optim.Optimizer:
-    """AdamW (fused on CUDA); sharded across ``zero1_group`` (ZeRO-1) when given."""
-    if not isinstance(settings, OptimizerSettings):
-        settings = OptimizerSettings(
-            learning_rate=settings, betas=ADAMW_BETAS, weight_decay=WEIGHT_DECAY
-        )
+    """AdamW (fused on CUDA) at peak ``learning_rate`` with ``settings``
+    (spec.training.optimizer; None: the CRD's defaults); sharded across ``zero1_group`` (ZeRO-1)
+    when given."""
+    betas = tuple(settings.betas) if settings is not None else ADAMW_BETAS
     params = list(params)
     options: dict[str, Any] = {
-        "lr": settings.learning_rate,
-        "betas": settings.betas,
-        "weight_decay": settings.weight_decay,
+        "lr": learning_rate,
+        "betas": betas,
+        "weight_decay": settings.weight_decay if settings is not None else WEIGHT_DECAY,
         "eps": ADAMW_EPS,
         # One kernel for all parameters instead of a loop of small ones (torch docs: AdamW).
         "fused": bool(params) and all(p.device.type == "cuda" for p in params),

@@ -11,14 +11,14 @@ from meshrun.api.layout import Layout as PlannedLayout
 
 
 class ConfigError(SpecError):
-    """A configuration value breaks a rule; ``field`` names the environment variable (the same
-    field-and-rule shape as the planner's SpecError, so callers handle both alike)."""
+    """The job document breaks a rule; ``field`` names the spec field (the planner's SpecError,
+    raised by the trainer before any collective: exit code 2, reason ConfigError)."""
 
 
 @dataclass(frozen=True)
 class Layout(PlannedLayout):
     """The planner's layout (degrees, ZeRO stage, schedule, micro-batches) as a trainer process
-    reads it from its environment, plus the layers each pipeline stage holds."""
+    reads it from the job document, plus the layers each pipeline stage holds."""
 
     stage_layers: tuple[tuple[int, int], ...]
     """Inclusive layer range of each pipeline stage, pp * virtual_stages of them in stage order."""
@@ -28,23 +28,9 @@ class Layout(PlannedLayout):
         return self.pp * self.virtual_stages
 
 
-def parse_stage_layers(
-    raw: str, field: str = "MESHRUN_STAGE_LAYERS"
-) -> tuple[tuple[int, int], ...]:
-    """Parse ``"0-1,2-3"`` into ((0, 1), (2, 3)) (inclusive ranges, stage order)."""
-    stages: list[tuple[int, int]] = []
-    for part in raw.split(","):
-        first, sep, last = part.strip().partition("-")
-        try:
-            stages.append((int(first), int(last if sep else first)))
-        except ValueError:
-            raise ConfigError(field, f"must look like '0-1,2-3', got {raw!r}") from None
-    return tuple(stages)
-
-
 def check_stage_layers(layout: Layout, layers: int) -> None:
-    """The stage ranges of MESHRUN_STAGE_LAYERS: one per stage, contiguous, covering the model."""
-    field = "MESHRUN_STAGE_LAYERS"
+    """The plan's stage ranges: one per stage, contiguous, covering the model."""
+    field = "plan.stages"
     if len(layout.stage_layers) != layout.num_stages:
         raise ConfigError(
             field,

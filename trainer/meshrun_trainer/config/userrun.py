@@ -9,16 +9,16 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from meshrun.api.userspec import Data, LRSchedule, Optimizer
+from meshrun.api.userspec import Data, LRSchedule
 from meshrun.files.data import check_data_files, check_tokenizer
-from meshrun.files.hf import FIELD, SIZES, HFModel, check_sizes, load_hf_model
-from meshrun.rules.inputs import TEXT_DATA_HF
+from meshrun.files.hf import FIELD, HFModel, load_hf_model
+from meshrun.rules.inputs import HF_SIZES, TEXT_DATA_HF, check_sizes
 from meshrun_trainer.config.read import TrainConfig
 
 
 @dataclass(frozen=True, kw_only=True)
 class UserRun:
-    """The job's own model folder, data, optimizer, schedule and export."""
+    """The job's own model folder, data, schedule and export."""
 
     hf: HFModel | None
     """The Hugging Face folder the model comes from (shape, weights, tokenizer), or None."""
@@ -26,8 +26,6 @@ class UserRun:
     """Text or token data; None trains on the synthetic stream or the shipped corpus."""
     export: Path | None
     """Write the trained model here as a Hugging Face folder at the end, or None."""
-    optimizer: OptimizerSettings
-    """AdamW's settings."""
     lr_schedule: LRSchedule
     """Warmup and decay."""
 
@@ -47,7 +45,6 @@ def from_env(cfg: TrainConfig) -> UserRun:
         hf=hf,
         data=data,
         export=Path(training.export_path) if training.export_path else None,
-        optimizer=OptimizerSettings.of(training.learning_rate, training.optimizer),
         lr_schedule=training.lr_schedule,
     )
 
@@ -57,25 +54,5 @@ def with_model(cfg: TrainConfig, run: UserRun) -> TrainConfig:
     config.json's (they are, unless the job was planned from sizes given beside hf)."""
     if run.hf is None:
         return cfg
-    check_sizes(run.hf.shape, {name: getattr(cfg.model, name) for name in SIZES})
+    check_sizes(run.hf.shape, {name: getattr(cfg.model, name) for name in HF_SIZES})
     return dataclasses.replace(cfg, model=run.hf.shape)
-
-
-@dataclass(frozen=True, kw_only=True)
-class OptimizerSettings:
-    """AdamW's hyper-parameters: spec.training.optimizer with learningRate as the peak."""
-
-    learning_rate: float
-    """Peak learning rate, reached at the end of the warmup."""
-    betas: tuple[float, float]
-    """AdamW's beta1 and beta2."""
-    weight_decay: float
-    """Decoupled weight decay (Loshchilov and Hutter 2019)."""
-
-    @classmethod
-    def of(cls, learning_rate: float, optimizer: Optimizer) -> OptimizerSettings:
-        """The settings of a job: its learning rate and spec.training.optimizer."""
-        beta1, beta2 = optimizer.betas
-        return cls(
-            learning_rate=learning_rate, betas=(beta1, beta2), weight_decay=optimizer.weight_decay
-        )

@@ -8,14 +8,17 @@ want, planned and checked by the planner like any other, never a hand-written en
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from meshrun.api.read import read_spec
 from meshrun.api.spec import CPU, JobSpec
 from meshrun.envcontract import pod_env
+from meshrun.files.checks import read_with_files
+from meshrun.jobdoc import JOB_VARIABLE
 from meshrun.localnet import free_port
 from meshrun.planner.plan import Plan, plan_job
 
@@ -60,6 +63,13 @@ def local_envs(
     envs, why_cpu = [], None
     per_pod = job.resources.num_proc_per_node
     for index in range(job.resources.num_nodes):
+        devices, reason = device_env(
+            job.resources.accelerator, plan.world_size, per_pod, index, gpus
+        )
+        why_cpu = why_cpu or reason
+        if reason:  # a GPU job run on this machine's CPUs: the trainer must not ask for CUDA
+            job = replace(job, resources=replace(job.resources, accelerator="cpu"))
+            plan = replace(plan, accelerator=CPU)
         env = pod_env(
             plan,
             job,
@@ -69,16 +79,10 @@ def local_envs(
             master_addr="127.0.0.1",
             master_port=master_port,
             checkpoint_dir=checkpoint_dir,
+            metrics_port=free_port() if index == 0 else 0,
+            termination_log=str(workdir / f"pod-{index}-termination.json"),
         )
-        devices, reason = device_env(
-            job.resources.accelerator, plan.world_size, per_pod, index, gpus
-        )
-        why_cpu = why_cpu or reason
         env.update(devices)
-        if reason:  # a GPU job run on this machine's CPUs: the trainer must not ask for CUDA
-            env["MESHRUN_ACCELERATOR"] = CPU
-        env["MESHRUN_TERMINATION_LOG"] = str(workdir / f"pod-{index}-termination.json")
-        env["MESHRUN_METRICS_PORT"] = str(free_port()) if index == 0 else "0"
         envs.append(env)
     return envs, why_cpu
 
@@ -96,6 +100,7 @@ def layout_env(
     virtual_stages: int = 1,
     grad_accumulation: int = 1,
     name: str = "local",
+    checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
     """The environment of every process of a one-pod job laid out as asked.
 
@@ -117,7 +122,7 @@ def layout_env(
         strategy["microBatches"] = micro_batches
     if virtual_stages > 1:
         strategy["virtualStages"] = virtual_stages
-    job = read_spec(
+    job = read_with_files(
         {
             "image": "local",
             "resources": {"numNodes": 1, "numProcPerNode": dp * pp * tp, "accelerator": CPU},
@@ -127,6 +132,31 @@ def layout_env(
         }
     )
     plan = plan_job(job, name)
-    env = pod_env(plan, job, job_name=name, namespace="local", pod_index=0, master_addr="127.0.0.1")
-    env.update(MESHRUN_METRICS_PORT="0", MESHRUN_TERMINATION_LOG=os.devnull)
-    return env
+    return pod_env(
+        plan,
+        job,
+        job_name=name,
+        namespace="local",
+        pod_index=0,
+        master_addr="127.0.0.1",
+        checkpoint_dir=checkpoint_dir,
+        metrics_port=0,
+        termination_log=os.devnull,
+    )
+
+
+def edit_document(env: Mapping[str, str], **parts: Mapping[str, Any]) -> dict[str, str]:
+    """``env`` with its job document's ``spec``, ``plan`` or ``pod`` keys replaced (merged
+    section by section), for tests and benchmarks that vary one pod's run."""
+    document = json.loads(env[JOB_VARIABLE])
+    for part, changes in parts.items():
+        document[part] = _merged(document[part], changes)
+    return {**env, JOB_VARIABLE: json.dumps(document)}
+
+
+def _merged(base: Any, changes: Mapping[str, Any]) -> Any:
+    merged = dict(base)
+    for key, value in changes.items():
+        nested = isinstance(value, Mapping) and isinstance(merged.get(key), Mapping)
+        merged[key] = _merged(merged[key], value) if nested else value
+    return merged

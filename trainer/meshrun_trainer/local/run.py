@@ -23,10 +23,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from meshrun.api.crd import load_jobs
 from meshrun.api.errors import SpecError
-from meshrun.api.read import read_spec
 from meshrun.api.userspec import Data
 from meshrun.envcontract import TRAINER_COMMAND
-from meshrun.files.checks import mount, plan_checked
+from meshrun.files.checks import mount, plan_checked, read_with_files
 from meshrun.files.hf import HFModel
 from meshrun.files.mountflag import add_mount_flag
 from meshrun_trainer.components.data.windows import dataset_tokens
@@ -83,7 +82,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
         raise UsageError(f"--plot: {args.plot} must end in .png, .svg or .pdf")
     job = _pick_job(args.file, args.job)
     name = str(job.get("metadata", {}).get("name", "job"))
-    spec = read_spec(mount(job.get("spec", {}), args.mount))
+    spec = read_with_files(mount(job.get("spec", {}), args.mount))
 
     # Every file checked before any process starts; a text dataset is tokenized here, once.
     def count_tokens(data: Data, path: str, model: HFModel | None, vocab: int) -> int:

@@ -14,7 +14,7 @@ from meshrun_trainer.components import checkpoint
 from meshrun_trainer.components.data.synthetic import replica_rows
 from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
 from meshrun_trainer.config.read import TrainConfig
-from meshrun_trainer.config.userrun import OptimizerSettings, UserRun
+from meshrun_trainer.config.userrun import UserRun
 from meshrun_trainer.config.userrun import from_env as read_user_run
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import (
@@ -48,7 +48,6 @@ def peak_memory() -> tuple[int, str]:
 def build_runner(
     cfg: TrainConfig,
     mesh: Mesh,
-    optimizer: OptimizerSettings | None = None,
     options: PartOptions | None = None,
     source: WeightSource | None = None,
 ) -> Runner:
@@ -62,8 +61,11 @@ def build_runner(
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(cfg, mesh, stage_ids, options, source)
     zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
-    settings = optimizer or OptimizerSettings.of(cfg.training.learning_rate, cfg.training.optimizer)
-    optimizers = [make_optimizer(part.parameters(), settings, zero1) for part in parts]
+    training = cfg.training
+    optimizers = [
+        make_optimizer(part.parameters(), training.learning_rate, training.optimizer, zero1)
+        for part in parts
+    ]
     schedule = None
     if layout.pp > 1:
         scale = loss_scale(layout)
@@ -145,7 +147,7 @@ def train(
     """
     training = cfg.training
     run = run or read_user_run(cfg)
-    runner = build_runner(cfg, mesh, run.optimizer, source=weight_source(run, cfg.model))
+    runner = build_runner(cfg, mesh, source=weight_source(run, cfg.model))
     hooks = UserHooks(cfg, run, mesh, runner)
     result = TrainResult()
     if training.checkpoint_dir:

@@ -29,7 +29,8 @@ from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 
 from meshrun.api.presets import ModelShape
-from meshrun.files.hf import SUPPORTED, TOKENIZER_FILES
+from meshrun.files.bounded import read_text_bounded
+from meshrun.files.hf import FIELD, SUPPORTED, TOKENIZER_FILES
 
 _BLOCK = {
     "attention.wq": "self_attn.q_proj",
@@ -179,7 +180,7 @@ def export(
         shutil.rmtree(tmp / "sharded", ignore_errors=True)
         config = None
         if source is not None:
-            config = json.loads((source / "config.json").read_text(encoding="utf-8"))
+            config = json.loads(read_text_bounded(source / "config.json", FIELD))
             for name in TOKENIZER_FILES:
                 if (source / name).is_file():
                     shutil.copy2(source / name, tmp / name)

@@ -25,7 +25,15 @@ from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, T
 from tokenizers import Tokenizer
 
 from meshrun.api.errors import SpecError
+from meshrun.files.bounded import (
+    LINE_CAP,
+    TOKENIZER_CAP,
+    is_regular,
+    open_regular_text,
+    read_text_bounded,
+)
 from meshrun.files.data import Format, data_files, token_width
+from meshrun.files.hf import FIELD
 
 BATCH = 1024
 """Documents handed to the tokenizer at once (it encodes a batch on all cores)."""
@@ -35,21 +43,21 @@ def eos_id(model_folder: Path, tokenizer: Tokenizer) -> int:
     """The EOS token: tokenizer_config.json's ``eos_token``, else config.json's ``eos_token_id``."""
     names: list[str | None] = []
     config_file = model_folder / "tokenizer_config.json"
-    if config_file.is_file():
-        eos = json.loads(config_file.read_text(encoding="utf-8")).get("eos_token")
+    if is_regular(config_file):
+        eos = json.loads(read_text_bounded(config_file, FIELD, TOKENIZER_CAP)).get("eos_token")
         names.append(eos.get("content") if isinstance(eos, dict) else eos)
     for name in names:
         found = tokenizer.token_to_id(name) if name else None
         if found is not None:
             return int(found)
-    config = json.loads((model_folder / "config.json").read_text(encoding="utf-8"))
+    config = json.loads(read_text_bounded(model_folder / "config.json", FIELD))
     eos_ids = config.get("eos_token_id")
     if isinstance(eos_ids, list) and eos_ids:
         return int(eos_ids[0])
     if isinstance(eos_ids, int):
         return eos_ids
     raise SpecError(
-        "spec.model.hf.path",
+        FIELD,
         "no EOS token: tokenizer_config.json has no eos_token and config.json no eos_token_id",
     )
 
@@ -81,8 +89,8 @@ def documents(format: Format, path: str | Path, field: str) -> Iterator[list[str
 
 def _jsonl(file: Path, field: str) -> Iterator[list[str]]:
     batch: list[str] = []
-    with open(file, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
+    with open_regular_text(file, "spec.training.data.path") as handle:
+        for number, line in enumerate(iter(lambda: handle.readline(LINE_CAP), ""), 1):
             if not line.strip():
                 continue
             try:
