@@ -4,7 +4,7 @@ e2e-kind` runs) to phase Succeeded, and each final loss equals `meshrun run --lo
 shrunk job: the same layout, seed and data on the same CPU kernels.
 
 One chart install and one image build serve every example; the local reference of a job trains
-while the cluster trains the job before it."""
+while the cluster trains it."""
 
 from __future__ import annotations
 
@@ -26,7 +26,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3600)]
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 NAMES = [yaml.safe_load(p.read_text())["metadata"]["name"] for p in EXAMPLES]
-"""The jobs in the order the tests run them."""
 JOB_TIMEOUT = 900
 TOLERATION = {"key": REAL_NODE_LABEL, "operator": "Equal", "value": "true", "effect": "NoSchedule"}
 
@@ -87,28 +86,12 @@ def installed(real_node: str, kubectl: Kubectl, kubeconfig: str) -> Iterator[str
     kubectl("delete", "namespace", namespace, "--wait=false", check=False)
 
 
-@pytest.fixture(scope="module")
-def local_runs(
-    jobs: dict[str, dict[str, Any]], tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, LocalRun]]:
-    """Each job's local reference, started one ahead of the cluster job that needs it."""
-    runs: dict[str, LocalRun] = {}
-    root = tmp_path_factory.mktemp("local")
-
-    def start(name: str) -> None:
-        if name in jobs and name not in runs:
-            runs[name] = LocalRun(jobs[name], root / name)
-
-    class Ahead(dict[str, LocalRun]):
-        def __getitem__(self, name: str) -> LocalRun:
-            start(name)
-            following = NAMES[NAMES.index(name) + 1 :]
-            if following:
-                start(following[0])
-            return runs[name]
-
-    yield Ahead()
-    for run in runs.values():
+@pytest.fixture
+def local_run(tmp_path: Path) -> Iterator[list[LocalRun]]:
+    """The local reference run of a test, stopped if the test ends first."""
+    runs: list[LocalRun] = []
+    yield runs
+    for run in runs:
         if run.proc.poll() is None:
             run.proc.kill()
 
@@ -124,12 +107,15 @@ def test_example_trains_on_the_real_node_with_the_local_final_loss(
     name: str,
     jobs: dict[str, dict[str, Any]],
     installed: str,
-    local_runs: dict[str, LocalRun],
+    local_run: list[LocalRun],
+    tmp_path: Path,
     kubectl: Kubectl,
     real_node: str,
 ) -> None:
     namespace = installed
-    local = local_runs[name]
+    # The local reference trains while the cluster trains the same job.
+    local = LocalRun(jobs[name], tmp_path / "local")
+    local_run.append(local)
     job = on_real_node(jobs[name], namespace)
     kubectl("apply", "-f", "-", input=json.dumps(job))
 
