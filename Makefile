@@ -71,8 +71,12 @@ demo: cluster-up ## Run the main demo job on the local cluster
 	hack/demo.sh
 
 .PHONY: e2e-kind
-e2e-kind: ## kind end-to-end (needs Docker + internet): build images, helm install, run every example
+e2e-kind: ## kind end-to-end, offline (node image built here, cached; KIND_NODE_IMAGE=kindest/node:... to use a published one): helm install, run every example
 	hack/e2e-kind.sh
+
+.PHONY: e2e-kind-down
+e2e-kind-down: ## Remove what e2e-kind made: the kind cluster and its Docker engine (E2E_KIND_PURGE=1: the cached node image too)
+	hack/e2e-kind.sh down
 
 .PHONY: bench
 bench: venv tools ## Run the benchmarks under bench/ (prints figures)

@@ -4,7 +4,8 @@
 # only when its cached binary is missing, so a fresh clone on the same machine reuses them.
 #
 #   hack/build-tools.sh            build whatever is missing
-#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns, kueue)
+#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns, kueue,
+#                                  kubeadm, kind: the last two for make e2e-kind)
 #   hack/build-tools.sh training-operator   opt-in, never built by default: the peer operator
 #                                  that bench/operator_scale.py runs side by side with meshrun
 set -euo pipefail
@@ -93,6 +94,21 @@ build_kubelet() {
     k8s.io/kubernetes/cmd/kube-proxy
 }
 
+# kubeadm for the kind node image (hack/kind/build-node-image.sh): kind runs `kubeadm init` inside
+# the node container, so it must be the same Kubernetes version as the other binaries.
+build_kubeadm() {
+  local dir=$CACHE/kubeadm-$KUBE_VERSION
+  [[ -x $dir/kubeadm ]] && return
+  log "building kubeadm $KUBE_VERSION; ~10 min on 2 cores"
+  build_in_wrapper "$dir" "$(kube_wrapper_gomod)" "$(kube_ldflags)" "$KUBE_VERSION" \
+    k8s.io/kubernetes/cmd/kubeadm
+}
+
+# kind's module has no replace directives; `go install` builds it at the pinned tag.
+build_kind() {
+  build_go_install kind "$KIND_VERSION" sigs.k8s.io/kind
+}
+
 # CoreDNS answers the headless Service names (<pod>.<svc>.<ns>.svc.cluster.local) from the API
 # server, exactly as in kubeadm and kind clusters; it is one static Go binary.
 build_coredns() {
@@ -166,6 +182,8 @@ link_all() {
   [[ -x $CACHE/coredns-$COREDNS_VERSION/coredns ]] && ln -sfn "$CACHE/coredns-$COREDNS_VERSION/coredns" "$BIN/coredns"
   local peer=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
   [[ -x $peer ]] && ln -sfn "$peer" "$BIN/training-operator"
+  [[ -x $CACHE/kubeadm-$KUBE_VERSION/kubeadm ]] && ln -sfn "$CACHE/kubeadm-$KUBE_VERSION/kubeadm" "$BIN/kubeadm"
+  [[ -x $CACHE/kind-$KIND_VERSION/kind ]] && ln -sfn "$CACHE/kind-$KIND_VERSION/kind" "$BIN/kind"
   [[ -x $CACHE/kueue-$KUEUE_VERSION/kueue ]] && ln -sfn "$CACHE/kueue-$KUEUE_VERSION/kueue" "$BIN/kueue"
   return 0
 }

@@ -5,10 +5,14 @@
 # The KWOK controller manages only nodes annotated kwok.x-k8s.io/node=fake (the extra args below
 # override kwokctl's manage-all-nodes), so a real kubelet node can join the same cluster.
 #
-#   hack/cluster.sh up      start, or reuse a running cluster (idempotent); NODES=N nodes,
-#                           KUEUE=1 adds Kueue (hack/kueue/up.sh)
+#   hack/cluster.sh up      start, or reuse a running cluster (idempotent; a component that died
+#                           is started again); NODES=N nodes, KUEUE=1 adds Kueue (hack/kueue/up.sh)
 #   hack/cluster.sh down    stop every process and remove the cluster's state
-#   hack/cluster.sh status  say whether it is up
+#   hack/cluster.sh status  say whether it is up, and name any component that is not running
+#
+# A single-instance control plane needs no leader election: kube-controller-manager and
+# kube-scheduler run without it, so a machine too loaded to renew a lease in time (parallel CPU
+# training) no longer makes them give up their lease and exit.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 source "$ROOT/hack/versions.env"
@@ -40,6 +44,50 @@ healthy() {
   [[ -s $KUBECONFIG_OUT ]] && kc get --raw /readyz >/dev/null 2>&1
 }
 
+# kwokctl's binary runtime keeps one pid file per component (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler, kwok).
+PIDS=$KWOK_WORKDIR/clusters/$NAME/pids
+
+# component_running PIDFILE: its process is alive, not a zombie, and still this cluster's
+# component (after a machine restart the number may belong to something else).
+component_running() {
+  local pid state cmdline
+  pid=$(<"$1") || return 1
+  [[ $pid =~ ^[0-9]+$ ]] || return 1
+  state=$(awk '{print $3}' "/proc/$pid/stat" 2>/dev/null) || return 1
+  [[ -n $state && $state != Z ]] || return 1
+  cmdline=$(tr '\0' ' ' <"/proc/$pid/cmdline" 2>/dev/null) || return 1
+  [[ $(basename "${cmdline%% *}") == "$(basename "$1" .pid)" ]]
+}
+
+# dead_components: the names of this cluster's components that are not running.
+dead_components() {
+  local f
+  [[ -d $PIDS ]] || return 0
+  for f in "$PIDS"/*.pid; do
+    [[ -e $f ]] || continue
+    component_running "$f" || basename "$f" .pid
+  done
+}
+
+# revive: start again the components that died while others kept running (kwokctl starts each
+# one whose pid file names no live process, with the arguments it first ran it with). A cluster
+# with no live component at all (machine restart) is left to the full restart in up().
+revive() {
+  local dead total
+  [[ -d $PIDS ]] || return 0
+  dead=$(dead_components)
+  [[ -n $dead ]] || return 0
+  total=$(find "$PIDS" -name '*.pid' | wc -l)
+  (($(wc -w <<<"$dead") < total)) || return 0
+  log "not running: $(echo $dead); starting them again (their logs: $KWOK_WORKDIR/clusters/$NAME/logs)"
+  local c
+  for c in $dead; do rm -f "$PIDS/$c.pid"; done
+  "$KWOKCTL" start cluster --name "$NAME" --wait 120s >/dev/null
+  dead=$(dead_components)
+  [[ -z $dead ]] || { log "still not running: $(echo $dead)"; return 1; }
+}
+
 # Only the fake nodes this script made (label type=kwok) beyond NODES are removed.
 sync_nodes() {
   local t0=$SECONDS
@@ -68,6 +116,7 @@ up() {
     [[ -x $BIN/$b ]] || { echo "missing $BIN/$b: run 'make tools' (hack/build-tools.sh)" >&2; exit 1; }
   done
   mkdir -p "$STATE"
+  revive
   if healthy; then
     log "reusing the running cluster"
   else
@@ -83,6 +132,8 @@ up() {
       --config "$ROOT/hack/kwok/stages.yaml" \
       --extra-args kwok-controller=manage-all-nodes=false \
       --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+      --extra-args kube-controller-manager=leader-elect=false \
+      --extra-args kube-scheduler=leader-elect=false \
       --kube-apiserver-binary "$BIN/kube-apiserver" \
       --kube-controller-manager-binary "$BIN/kube-controller-manager" \
       --kube-scheduler-binary "$BIN/kube-scheduler" \
@@ -135,6 +186,10 @@ down() {
 case ${1:-} in
   up) up ;;
   down) down ;;
-  status) if healthy; then echo "up: $KUBECONFIG_OUT"; else echo "down"; exit 1; fi ;;
+  status)
+    if ! healthy; then echo "down"; exit 1; fi
+    dead=$(dead_components)
+    if [[ -n $dead ]]; then echo "degraded: not running: $(echo $dead) (hack/cluster.sh up starts them)"; exit 1; fi
+    echo "up: $KUBECONFIG_OUT" ;;
   *) echo "usage: $0 up|down|status" >&2; exit 2 ;;
 esac

@@ -1,16 +1,16 @@
 """The jobs `make e2e-kind` submits: every example, shrunk to CPU, still plans and keeps its
-strategy (the kind run itself needs Docker and internet; see docs/install.md)."""
+strategy (the kind run: docs/local-cluster.md; the same jobs on the real node:
+tests/realnode/test_examples.py)."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 import yaml
 from helm_support import ROOT
+from kind_jobs import shrinker
 
 from meshrun.api.crd import with_defaults
 from meshrun.planner.plan import plan_job
@@ -19,14 +19,6 @@ pytestmark = pytest.mark.unit
 
 EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
 IMAGE = "meshrun/trainer:e2e"
-
-
-def shrinker() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("e2e_kind_jobs", ROOT / "hack/e2e_kind_jobs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.stem for p in EXAMPLES])
