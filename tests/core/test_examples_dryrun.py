@@ -105,6 +105,10 @@ def test_cel_rules_reject_with_field_names(
 # the API server must refuse it with the rule's message and the planner must refuse it too.
 BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
     (strategy.AUTO_DEGREES, {"strategy": {"type": "auto"}}),
+    (
+        strategy.PRODUCT_GPU,
+        {"resources": {"accelerator": "cpu", "acceleratorProduct": "NVIDIA-H100-80GB-HBM3"}},
+    ),
     (strategy.DATA_PARALLEL_ONLY, {"strategy": {"type": "ddp", "dataParallel": None}}),
     (
         strategy.DATA_PARALLEL_WORLD,
