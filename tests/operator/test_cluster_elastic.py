@@ -18,6 +18,8 @@ from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, fake_node, job_manifest
 from waiting import wait_for
 
+from meshrun.jobdoc import JOB_VARIABLE, read_document
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 POOL = "meshrun.dev/test-pool"
@@ -124,7 +126,9 @@ def test_a_lost_node_shrinks_the_job_and_a_new_one_grows_it_back(
     assert [p["metadata"]["name"] for p in pods] == ["elastic-0"], "one pod at dp8"
     assert pods[0]["spec"]["nodeName"] == kept
     env = {e["name"]: e.get("value") for e in pods[0]["spec"]["containers"][0]["env"]}
-    assert env["MESHRUN_DP"] == "8" and env["MESHRUN_GRAD_ACCUMULATION"] == "2"
+    assert env["MESHRUN_DP"] == "8"
+    # the same global batch: twice the accumulation, in the plan the trainer is handed
+    assert read_document(env[JOB_VARIABLE]).plan.layout.grad_accumulation == 2
     assert env["WORLD_SIZE"] == "8"
     reasons = {e["reason"] for e in cluster.events("elastic")}
     assert "Shrink" in reasons

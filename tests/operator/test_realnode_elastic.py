@@ -28,6 +28,8 @@ from meshrun_operator import names
 from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
 from waiting import wait_for
 
+from meshrun.jobdoc import JOB_VARIABLE, read_document
+
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 REAL_NODE = "meshrun.dev/real-node"
@@ -194,7 +196,8 @@ def test_real_trainer_pods_shrink_and_finish_with_the_uninterrupted_loss(
     ]
     assert [p["metadata"]["name"] for p in last] == ["elastic-0"], "one pod at dp1"
     env = {e["name"]: e.get("value") for e in last[0]["spec"]["containers"][0]["env"]}
-    assert (env["MESHRUN_DP"], env["MESHRUN_GRAD_ACCUMULATION"]) == ("1", "8")
+    accumulation = read_document(env[JOB_VARIABLE]).plan.layout.grad_accumulation
+    assert (env["MESHRUN_DP"], accumulation) == ("1", 8)
     terminated = last[0]["status"]["containerStatuses"][0]["state"]["terminated"]
     summary = json.loads(terminated["message"])
     assert summary["resumedFromStep"] >= 2 * EVERY, summary
