@@ -24,7 +24,7 @@ from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(600)]
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = str(ROOT / "hack" / "cluster.sh")
 KUBECTL = ROOT / ".cluster" / "bin" / "kubectl"
 SUPERVISED = ("kube-controller-manager", "kube-scheduler")

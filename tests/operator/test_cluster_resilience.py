@@ -59,6 +59,7 @@ def test_operator_killed_mid_creation_leaves_no_duplicates_or_orphans(
         second.stop()
 
 
+@pytest.mark.parametrize("how", ["not-ready", "deleted"])
 def test_a_lost_node_force_deletes_its_pods_and_restarts_the_gang(
     how: str, cluster: Cluster, private_node: str, operator_process: OperatorProcess
 ) -> None:
