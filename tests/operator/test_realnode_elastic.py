@@ -36,7 +36,9 @@ pytestmark = [
     pytest.mark.timeout(1200),
     # Known failure since the job document and the placer's product count were merged in: on
     # the real node the job finishes at dp2 without shrinking. Open until it is found.
-    pytest.mark.xfail(reason="the real-node shrink does not happen; under investigation"),
+    pytest.mark.xfail(
+        reason="the real-node shrink does not happen; under investigation", run=False
+    ),
 ]
 
 REAL_NODE = "meshrun.dev/real-node"
