@@ -32,14 +32,18 @@ class ApiError(Exception):
         """The answer's body: a Status object in JSON, usually."""
 
     @property
-    def message(self) -> str:
-        """The Status object's message, else the reason phrase."""
+    def status_object(self) -> dict[str, Any]:
+        """The answer's Status object ({} when the body is not one)."""
         try:
             status = json.loads(self.body or "{}")
         except ValueError:
-            return self.reason
-        found = status.get("message") if isinstance(status, dict) else None
-        return str(found or self.reason)
+            return {}
+        return status if isinstance(status, dict) else {}
+
+    @property
+    def message(self) -> str:
+        """The Status object's message, else the reason phrase."""
+        return str(self.status_object.get("message") or self.reason)
 
 
 @dataclass(frozen=True)

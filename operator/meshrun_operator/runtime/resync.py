@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import time
 from collections.abc import Callable
@@ -275,8 +274,5 @@ def job_is_gone(error: ApiError) -> bool:
     a job deleted in the meantime), not some child of it."""
     if error.status != 404:
         return False
-    try:
-        details = json.loads(error.body).get("details") or {}
-    except (ValueError, AttributeError):
-        return False
+    details = error.status_object.get("details") or {}
     return bool(details.get("group") == GROUP and details.get("kind") == PLURAL)
