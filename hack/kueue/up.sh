@@ -65,7 +65,10 @@ URL=https://127.0.0.1:$webhook_port
 kc create --dry-run=client -o json -f "$CRD_DIR/bases" \
   | python3 "$ROOT/hack/kueue/manifests.py" crds "$CRD_DIR/kustomization.yaml" "$URL" "$KQ/certs/ca.crt" \
   | kc apply --server-side --force-conflicts -f - >/dev/null
-kc wait --for=condition=Established --timeout=60s -f "$CRD_DIR/bases" >/dev/null
+# `kubectl wait` errors out (instead of waiting) on a CRD the API server has not yet given any
+# condition, so it is retried until every CRD reports Established.
+wait_for "Kueue's CRDs to be established" 60 \
+  kc wait --for=condition=Established --timeout=10s -f "$CRD_DIR/bases"
 kc create namespace "$KUEUE_NAMESPACE" --dry-run=client -o yaml | kc apply -f - >/dev/null
 
 if ((!keep)); then

@@ -27,6 +27,8 @@ from meshrun_operator.kueue import ADMITTED, FINISHED, PODS_READY, condition
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 
+from meshrun.jobdoc import JOB_VARIABLE, read_document
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
 
 NO_QUOTA = f"insufficient unused quota for nvidia.com/gpu in flavor {ko.FLAVOR}"
@@ -181,6 +183,45 @@ def test_quota_queues_a_job_with_kueues_reason_and_deleting_jobs_gives_the_quota
     kubectl("delete", names.PLURAL, third, "-n", b.ns, "--wait=false")
     running(a, fourth, 4)
     kubectl("delete", names.PLURAL, fourth, "-n", a.ns, "--wait=false")
+
+
+def test_partial_admission_runs_an_elastic_job_at_the_admitted_size_and_a_rigid_one_waits(
+    teams: dict[str, Cluster], kubectl: Kubectl
+) -> None:
+    """16 of the queue's 32 GPUs are taken. A job of 4 pods x 8 GPUs (DDP, dp32) without
+    spec.elastic waits for all of them; the same job with ``minDataParallel: 8`` is admitted
+    with the 2 pods the quota holds (its Workload's minCount is 1 pod) and trains at dp16, the
+    same global batch through twice the accumulation."""
+    a, b = teams["team-a"], teams["team-b"]
+    holder = submit(a, num_nodes=2, pp=2, priority="meshrun-low")  # 16 of 32 GPUs
+    running(a, holder, 2)
+    ddp = {"strategy": {"type": "ddp"}}
+
+    rigid = submit(b, num_nodes=4, pp=1, priority="meshrun-low", **ddp)
+    suspended(b, rigid, "Pending", NO_QUOTA)
+    assert "minCount" not in job_workload(b, rigid)["spec"]["podSets"][0]
+    assert b.pods(rigid) == []
+    kubectl("delete", names.PLURAL, rigid, "-n", b.ns)
+
+    elastic = {"minDataParallel": 8}
+    job = submit(b, num_nodes=4, pp=1, priority="meshrun-low", elastic=elastic, **ddp)
+    status = running(b, job, 2)
+    pod_set = job_workload(b, job)["spec"]["podSets"][0]
+    assert (pod_set["count"], pod_set["minCount"]) == (4, 1)
+    admission = job_workload(b, job)["status"]["admission"]["podSetAssignments"]
+    assert [assignment["count"] for assignment in admission] == [2]
+    running_at = (status["dataParallel"], status["layout"], status["gpus"])
+    assert running_at == (16, "dp16 x pp1 x tp1", 16)
+    assert status["plan"]["dp"] == 32, "status.plan keeps the planned layout"
+    pods = b.live_pods(job)
+    assert sorted(p["metadata"]["name"] for p in pods) == [f"{job}-0", f"{job}-1"]
+    document = read_document(_env(pods[0])[JOB_VARIABLE])
+    assert (document.plan.layout.dp, document.plan.layout.grad_accumulation) == (16, 4)
+    assert status.get("restarts", 0) == 0
+
+    finish_all(b, job)
+    b.wait_phase(job, "Succeeded")
+    kubectl("delete", names.PLURAL, holder, "-n", a.ns, "--wait=false")
 
 
 def _checkpoint_claim(kubectl: Kubectl, namespace: str) -> str:
