@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-GPU smoke test of the trainer on CUDA: the 1b preset in bf16 through `meshrun run --local`,
-# tokens/s and MFU, peak memory beside the planner's estimate, the attention kernel torch picks,
-# and a checkpoint saved and resumed on the GPU. Fails (exit 1) unless everything ran on CUDA.
+# tokens/s and MFU beside the plan's estimate for the same job, the job's matrix multiplies timed
+# against the step-time model (`meshrun calibrate`), peak memory beside the planner's estimate,
+# the attention kernel torch picks, and a checkpoint saved and resumed on the GPU. Fails (exit 1) unless everything ran on CUDA.
 #
 #   bench/gpu_smoke.sh                  # on an H100/H200 (or any CUDA GPU); about 3-5 minutes
 #   PRESET=small STEPS=10 bench/gpu_smoke.sh
@@ -35,7 +36,7 @@ metadata:
   name: $1
 spec:
   image: meshrun/trainer:0.1.0
-  resources: {numNodes: 1, numProcPerNode: 1, accelerator: nvidia.com/gpu, acceleratorMemoryGiB: 141}
+  resources: {numNodes: 1, numProcPerNode: 1, accelerator: nvidia.com/gpu${PRODUCT:+, acceleratorProduct: $PRODUCT}}
   strategy: {type: ddp}
   model: {preset: $2}
   training:
@@ -60,10 +61,23 @@ else:
     sys.exit(0 if os.environ.get("SMOKE_ALLOW_CPU") == "1" else 1)
 PYEOF
 
-# 1. Throughput, MFU and memory on the preset.
+# The GPU's product label (as GPU Feature Discovery writes it), so the plan's estimate uses its
+# profile; unset when it is not a built-in product (the estimate then assumes an H100).
+PRODUCT=${PRODUCT:-$("$PY" - <<'PYEOF'
+import torch
+from meshrun.api.hardware import PROFILES
+name = torch.cuda.get_device_name(0).replace(" ", "-") if torch.cuda.is_available() else ""
+print(name if name in PROFILES else "")
+PYEOF
+)}
+export PRODUCT
+
+# 1. Throughput, MFU and memory on the preset, beside the plan's estimate; the matrix multiplies
+# of the same job timed against the step-time model (meshrun calibrate).
 job gpu-smoke "$PRESET" "$STEPS" "$BATCH" 0 > "$work/perf.yaml"
 "$PY" -m meshrun plan "$work/perf.yaml" -o json > "$work/plan.json"
 "$PY" -m meshrun run "$work/perf.yaml" --local --quiet --summary-json "$work/perf.json"
+"$PY" -m meshrun calibrate "$work/perf.yaml" -o json > "$work/calibrate.json"
 
 # 2. The attention kernel torch's scaled_dot_product_attention picks for the model's shapes.
 "$PY" - "$PRESET" "$BATCH" > "$work/sdpa.txt" <<'PYEOF'
@@ -97,7 +111,7 @@ job resume-cut "$RESUME_PRESET" "$STEPS" 4 "$half" > "$work/rest.yaml"
   --summary-json "$work/rest.json"
 
 "$PY" - "$work" "$PRESET" "$PEAK_TFLOPS" "$half" "$started" "$LIMIT_S" "$COMPILE" <<'PYEOF'
-import json, sys, time
+import json, os, sys, time
 from pathlib import Path
 from meshrun.api.presets import PRESETS
 work, preset, peak = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3]) * 1e12
@@ -122,6 +136,23 @@ print(f"tokens/s: {tps:,.0f}")
 print(f"FLOPs per token: {flops_per_token / 1e9:.2f} GFLOP (6 x {dense / 1e9:.3f}B + 12 L h s)")
 print(f"model TFLOP/s: {tps * flops_per_token / 1e12:.1f}")
 print(f"MFU vs {peak / 1e12:.0f} TFLOP/s: {100 * tps * flops_per_token / peak:.1f}%")
+speed = plan.get("estimate")
+if speed:
+    predicted = speed["tokensPerSecondPerGpu"]
+    print(f"plan's estimate on {os.environ.get('PRODUCT') or 'the default profile (H100)'}: "
+          f"{predicted:,.0f} tokens/s, MFU {100 * speed['mfu']:.1f}%, "
+          f"step {speed['stepSeconds'] * 1e3:.3g} ms; measured / predicted "
+          f"{tps / predicted:.2f}")
+    parts = ", ".join(f"{k} {v * 1e3:.3g} ms" for k, v in speed["breakdown"].items() if v)
+    print(f"  predicted step by part: {parts}")
+else:
+    failures.append("the plan carries no estimate")
+cal = json.loads((work / "calibrate.json").read_text())
+print(f"matrix multiplies of one block (meshrun calibrate, {cal['dtype']}): "
+      f"{cal['measuredTflops']:.0f} TFLOP/s, {100 * cal['measuredEfficiency']:.0f}% of "
+      f"{cal['peakTflops']:.0f}; the model assumes {100 * cal['predictedEfficiency']:.0f}% "
+      f"(measured speed / model {cal['speedVsModel']:.2f}, implied peak "
+      f"{cal['impliedPeakTflops']:.0f} TFLOP/s)")
 print(f"peak memory: {measured / 2**30:.2f} GiB measured ({kind}), planner "
       f"{estimate / 2**30:.2f} GiB, ratio {measured / estimate:.2f}")
 print(f"attention kernel (scaled_dot_product_attention): {(work / 'sdpa.txt').read_text().strip()}")

@@ -60,6 +60,10 @@ def build_parser() -> argparse.ArgumentParser:
         ("operator", "run the Kubernetes operator (needs meshrun[operator])"),
         ("prepare-data", "tokenize a dataset once for training (needs meshrun[trainer])"),
         (
+            "calibrate",
+            "time a job's matrix multiplies against the step-time model (needs meshrun[trainer])",
+        ),
+        (
             "example-files",
             "write a tiny Hugging Face model and data for examples/hf-finetune.yaml",
         ),
@@ -92,6 +96,7 @@ DELEGATES = {
     "run": ("meshrun_trainer.local.run", "trainer"),
     "operator": ("meshrun_operator.process", "operator"),
     "prepare-data": ("meshrun_trainer.local.prepare", "trainer"),
+    "calibrate": ("meshrun_trainer.local.calibrate", "trainer"),
     "example-files": ("meshrun_trainer.local.examplefiles", "trainer"),
 }
 """Subcommand -> (module with ``main(argv) -> int``, the pip extra that installs it)."""

@@ -89,13 +89,33 @@ def gemm_efficiency(m: float, n: float, k: float) -> float:
     return GEMM_EFFICIENCY * (m / (m + h)) * (n / (n + h)) * (k / (k + h))
 
 
+def gemm_passes(m: float, n: float, k: float) -> dict[str, tuple[float, float, float]]:
+    """The three products a forward (m x k) by (k x n) multiply costs in training, as (m, n, k)
+    of each: the forward, and the backward's two, which reduce over n (the input's gradient)
+    and over m (the weight's gradient)."""
+    return {"forward": (m, n, k), "inputGradient": (m, k, n), "weightGradient": (k, n, m)}
+
+
 def gemm_seconds(m: float, n: float, k: float, peak: float) -> float:
     """Forward plus backward (data and weight gradients) of one matrix multiply, seconds."""
-    forward = 2 * m * n * k / (peak * gemm_efficiency(m, n, k))
-    # The two backward products reduce over n and over m respectively.
-    backward = 2 * m * n * k / (peak * gemm_efficiency(m, k, n))
-    backward += 2 * m * n * k / (peak * gemm_efficiency(k, n, m))
-    return forward + backward
+    return sum(
+        2 * a * b * c / (peak * gemm_efficiency(a, b, c))
+        for a, b, c in gemm_passes(m, n, k).values()
+    )
+
+
+def layer_gemms(shape: ModelShape, tokens: int, tp: int) -> dict[str, tuple[float, float, float]]:
+    """The forward matrix multiplies (m, n, k) of one block on one of ``tp`` ranks, for
+    ``tokens`` tokens, by the weights they use."""
+    q = shape.heads * shape.head_dim
+    kv = shape.kv_heads * shape.head_dim
+    h, f = shape.hidden, shape.ffn_hidden
+    return {
+        "wq,wk,wv": (tokens, (q + 2 * kv) / tp, h),  # column parallel
+        "wo": (tokens, h, q / tp),  # row parallel
+        "w1,w3": (tokens, 2 * f / tp, h),  # column parallel
+        "w2": (tokens, h, f / tp),  # row parallel
+    }
 
 
 def layer_compute_seconds(
@@ -104,14 +124,7 @@ def layer_compute_seconds(
     """(matmul seconds forward + backward, of which forward) of one block for ``tokens`` tokens of
     whole sequences on one of ``tp`` ranks."""
     q = shape.heads * shape.head_dim
-    kv = shape.kv_heads * shape.head_dim
-    h, f = shape.hidden, shape.ffn_hidden
-    gemms = (
-        (tokens, (q + 2 * kv) / tp, h),  # wq, wk, wv (column parallel)
-        (tokens, h, q / tp),  # wo (row parallel)
-        (tokens, 2 * f / tp, h),  # w1 and w3 (column parallel)
-        (tokens, h, f / tp),  # w2 (row parallel)
-    )
+    gemms = layer_gemms(shape, tokens, tp).values()
     total = sum(gemm_seconds(m, n, k, peak) for m, n, k in gemms)
     forward = sum(2 * m * n * k / (peak * gemm_efficiency(m, n, k)) for m, n, k in gemms)
     # Causal attention: QK^T and AV over half the s x s scores, 2 s^2 q FLOPs per sequence.
