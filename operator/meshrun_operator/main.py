@@ -230,8 +230,14 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     # (server-side), not every pod of the cluster, nor the Workloads of every other kind of job.
     for selector in (*LABELLED, (kueue.GROUP, kueue.WORKLOAD_PLURAL)):
         settings.watching.label_selectors[selector] = names.LABEL_JOB
-    # Handler logs are not turned into Events; the reconciler posts its own, one per change.
-    settings.posting.level = logging.WARNING
+    # kopf posts nothing: the reconciler posts its own Events, one per change, through the
+    # client that writes only while this operator leads (kube.py). kopf's poster writes with
+    # kopf's own session, which knows nothing of the Lease, so a standby or deposed operator
+    # would post through it: no log record and no kopf.event/info/warn/exception becomes an
+    # Event (kopf.warn checks only the level, hence a level above every level).
+    settings.posting.enabled = False
+    settings.posting.loggers = False
+    settings.posting.level = logging.CRITICAL + 1
     settings.posting.reporting_component = names.MANAGED_BY
     settings.execution.max_workers = options.workers
     # No timers or daemons run (resync.py says why), so nothing waits on this; kept short.

@@ -7,15 +7,22 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
-from meshrun_operator.client.errors import NotJson, strict_json
+from aiohttp import web
+from meshrun_operator.client.errors import ApiTimeout, NotJson, json_body, non_finite_field
 from meshrun_operator.client.kube import Kube
+from meshrun_operator.client.lease import LeaseApi
+from meshrun_operator.client.login import Login
+from meshrun_operator.client.rest import Rest
 from meshrun_operator.lifecycle.summary import final_progress, progress_status
 from meshrun_operator.seen.views import parse_progress, parse_summary
 from operator_factories import make_pod, observe
 from operator_lifecycle_helpers import condition, run, running_job, started_job
+from prometheus_client import REGISTRY
+from test_login import kubeconfig, serving
 
 pytestmark = pytest.mark.unit
 
@@ -71,20 +78,56 @@ def test_a_nan_loss_is_dropped_from_the_status_with_one_warning_event() -> None:
     )
 
 
-def test_no_request_body_carries_nan() -> None:
-    strict_json({"status": {"progress": {"loss": 1.0}}}, "patch")
-    with pytest.raises(NotJson, match="patch paralleltrainingjobs/status not sent"):
-        strict_json({"status": {"progress": {"loss": NAN}}}, "patch paralleltrainingjobs/status")
+def test_no_request_body_carries_nan(tmp_path: Path) -> None:
+    """Every body the operator sends (status patches, Events, the Lease, children) goes through
+    rest.py: one with NaN or an infinite number is refused there, naming the write and the
+    field, and nothing reaches the API server, nor is it counted as sent."""
+    received: list[bytes] = []
 
-    class NoRest:
-        timeout = None
+    async def handler(request: web.Request) -> web.Response:
+        received.append(await request.read())
+        return web.json_response({"metadata": {"name": "job"}})
 
-        async def request(self, *args: Any, **kwargs: Any) -> Any:
-            raise AssertionError("a body with NaN was sent")
+    def sent(verb: str, resource: str) -> float:
+        value = REGISTRY.get_sample_value(
+            "meshrun_operator_api_requests_total", {"verb": verb, "resource": resource}
+        )
+        return value or 0.0
 
-    kube = Kube(NoRest())  # type: ignore[arg-type]
-    with pytest.raises(NotJson):
-        asyncio.run(kube.patch_status("ns", "job", "1", {"progress": {"loss": INF}}))
+    async def scenario() -> None:
+        async with serving(handler) as port:
+            config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
+            rest = Rest(Login(str(config)), ApiTimeout.of(5))
+            kube = Kube(rest)
+            try:
+                await kube.patch_status("ns", "job", "1", {"progress": {"loss": 1.5}})
+                assert json.loads(received[-1])["status"]["progress"]["loss"] == 1.5
+                before = sent("patch", "paralleltrainingjobs/status")
+                with pytest.raises(NotJson) as refused:
+                    await kube.patch_status("ns", "job", "1", {"progress": {"loss": INF}})
+                assert str(refused.value) == (
+                    "patch paralleltrainingjobs/status not sent: status.progress.loss is inf"
+                    " (JSON has no NaN or infinite numbers)"
+                )
+                assert sent("patch", "paralleltrainingjobs/status") == before
+                with pytest.raises(NotJson, match=r"update leases not sent: spec\.x\[1\] is nan"):
+                    await LeaseApi(rest).replace("ns", "lease", "7", {"x": [1.0, NAN]})
+                # The door itself, without Kube: what it names unless told is the method and path.
+                with pytest.raises(NotJson, match=r"^POST /api/v1/x not sent: the body is -inf"):
+                    await rest.request("POST", "/api/v1/x", body=-INF)
+            finally:
+                await rest.close()
+
+    asyncio.run(scenario())
+    assert len(received) == 1  # only the finite patch was sent
+
+
+def test_a_bodys_first_non_finite_field_is_named() -> None:
+    assert json_body({"a": [1, {"b": 2.0}]}, "x") == b'{"a":[1,{"b":2.0}]}'
+    assert non_finite_field({"a": [1, {"b": 2.0}]}) is None
+    found = non_finite_field({"a": [1, {"b": NAN}], "c": INF})
+    assert found is not None and found[0] == "a[1].b" and math.isnan(found[1])
+    assert non_finite_field([INF]) == ("[0]", INF)
 
 
 LOSS_NOT_FINITE = {

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from pathlib import Path
 
 import kopf
 import pytest
+from kopf._core.actions.loggers import ObjectLogger
+from kopf._core.engines import posting
 from meshrun_operator.main import kopf_settings, main, parse_args
 from meshrun_operator.runtime import kueue_watch
 from meshrun_operator.runtime.handlers import register
@@ -110,3 +113,37 @@ def test_every_way_in_keeps_the_generated_kubernetes_client_out(entry: str) -> N
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "kubernetes.client.configuration False"
+
+
+def _kopf_posts(settings: kopf.OperatorSettings) -> list[str]:
+    """What kopf's own posting (its object logger and kopf.event/info/warn/exception, as a
+    handler or kopf itself would call them) puts on the queue its poster writes Events from."""
+    queue: posting.K8sEventQueue = asyncio.Queue()
+    body = kopf.Body({"apiVersion": "meshrun.dev/v1alpha1", "kind": "ParallelTrainingJob",
+                      "metadata": {"name": "j", "namespace": "ns", "uid": "u1"}})  # fmt: skip
+
+    async def scenario() -> None:
+        posting.settings_var.set(settings)
+        posting.event_queue_var.set(queue)
+        posting.event_queue_loop_var.set(asyncio.get_running_loop())
+        kopf.event(body, type="Normal", reason="Event", message="m")
+        kopf.info(body, reason="Info", message="m")
+        kopf.warn(body, reason="Warn", message="m")
+        kopf.exception(body, reason="Exception", exc=RuntimeError("m"))
+        logger = ObjectLogger(body=body, settings=settings)
+        logger.warning("a handler's warning")
+        logger.error("Handler 'job-changed' failed with an exception. Will retry.")
+
+    asyncio.run(scenario())
+    return [queue.get_nowait().reason for _ in range(queue.qsize())]
+
+
+def test_kopf_itself_posts_no_event_only_the_leader_checked_client_does() -> None:
+    """kopf's poster writes with kopf's own session, outside the leadership check: with the
+    operator's settings nothing reaches it, whoever leads. (kopf's defaults would post them.)"""
+    defaults = kopf.OperatorSettings()
+    defaults.posting.loggers = True
+    assert _kopf_posts(defaults) == ["Event", "Info", "Warn", "Exception", "Logging", "Logging"]
+    assert _kopf_posts(kopf_settings(parse_args([]))) == []
+    elected = parse_args(["--leader-election", "--leader-election-namespace", "ops"])
+    assert _kopf_posts(kopf_settings(elected)) == []

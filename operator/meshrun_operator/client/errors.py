@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -72,11 +73,32 @@ class NotJson(ValueError):
     """A request body holds a number JSON cannot carry (NaN, infinite): it is not sent."""
 
 
-def strict_json(body: Any, what: str) -> None:
-    """NotJson unless ``body`` serializes as standard JSON: Python's json writes NaN and the
-    API server answers every such patch 400, so a NaN that slipped past conform() would block
-    each write of the job instead of failing one, plainly, here."""
+def json_body(body: Any, what: str) -> bytes:
+    """``body`` as compact, strict JSON; NotJson, naming ``what`` and the field, when it holds
+    NaN or an infinite number. Python's json would write them as NaN and Infinity, which the API
+    server refuses (HTTP 400 for every such patch): one NaN that slipped past conform() would
+    block each write of the job instead of failing one, plainly, here, before anything is sent."""
     try:
-        json.dumps(body, allow_nan=False)
+        return json.dumps(body, separators=(",", ":"), allow_nan=False).encode()
     except ValueError as error:
-        raise NotJson(f"{what} not sent: {error}") from error
+        where = non_finite_field(body)
+        found = str(error) if where is None else f"{where[0]} is {where[1]}"
+        raise NotJson(f"{what} not sent: {found} (JSON has no NaN or infinite numbers)") from None
+
+
+def non_finite_field(value: Any, path: str = "") -> tuple[str, float] | None:
+    """The dotted path (``[i]`` for list items) of the first NaN or infinite float in
+    ``value``, and that number; None when there is none."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return path or "the body", value
+    if isinstance(value, dict):
+        for key, item in value.items():
+            found = non_finite_field(item, f"{path}.{key}" if path else str(key))
+            if found is not None:
+                return found
+    elif isinstance(value, list | tuple):
+        for index, item in enumerate(value):
+            found = non_finite_field(item, f"{path}[{index}]")
+            if found is not None:
+                return found
+    return None

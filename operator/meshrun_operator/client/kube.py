@@ -23,7 +23,6 @@ from meshrun_operator.client.errors import (
     ApiError,
     ApiTimeout,
     NotLeader,
-    strict_json,
 )
 from meshrun_operator.client.rest import MERGE_PATCH, Rest
 from meshrun_operator.clock import format_time
@@ -110,8 +109,6 @@ class Kube:
         deadline = self.write_seconds() if write else None
         if write and (not self.may_write() or (deadline is not None and deadline <= 0)):
             raise NotLeader(f"{verb} {resource} not sent: this operator is not the leader")
-        if "body" in options:
-            strict_json(options["body"], f"{verb} {resource}")
 
         def sending() -> None:
             if write and not self.may_write():
@@ -121,7 +118,13 @@ class Kube:
             metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
 
         return await self.rest.request(
-            method, path, timeout=self.timeout, deadline=deadline, before_send=sending, **options
+            method,
+            path,
+            timeout=self.timeout,
+            deadline=deadline,
+            before_send=sending,
+            what=f"{verb} {resource}",
+            **options,
         )
 
     async def create(self, obj: Mapping[str, Any]) -> bool:

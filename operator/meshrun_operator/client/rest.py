@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from meshrun_operator.client.errors import ApiError, ApiTimeout
+from meshrun_operator.client.errors import ApiError, ApiTimeout, json_body
 from meshrun_operator.client.login import Credentials, Login
 
 logger = logging.getLogger("meshrun.operator")
@@ -148,12 +148,15 @@ class Rest:
         deadline: float | None = None,
         before_send: Callable[[], None] | None = None,
         read: bool = True,
+        what: str | None = None,
     ) -> Any:
         """Send one request; its answer's JSON (None when empty, or when not ``read``: the
         answer is then only drained). ApiError for an error status; a request without an answer
         raises one of ``apiclient.NO_ANSWER``. ``deadline``: seconds the whole request may
-        take, the waits for a login and a connection included."""
-        payload = None if body is None else json.dumps(body, separators=(",", ":")).encode()
+        take, the waits for a login and a connection included. A body holding NaN or an infinite
+        number raises NotJson, naming ``what`` (the method and path unless given) and the field,
+        before anything is sent."""
+        payload = None if body is None else json_body(body, what or f"{method} {path}")
         headers = {"Accept": accept}
         if payload is not None:
             headers["Content-Type"] = content_type

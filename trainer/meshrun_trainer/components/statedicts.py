@@ -31,6 +31,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from meshrun_trainer.components.safeload import SafePlanner, SafeReader, UnsafeCheckpoint
 from meshrun_trainer.models.materialize import canonical_name
 
 if TYPE_CHECKING:
@@ -143,9 +144,16 @@ def load(loaded: dict[str, Any], directory: str, no_dist: bool = False) -> None:
     """DCP's load of :func:`merged` state from ``directory``; collective unless ``no_dist``.
 
     Strict: every key must be in the checkpoint, else CheckpointMismatch names the keys (DCP
-    itself raises a BaseException carrying each rank's error)."""
+    itself raises a BaseException carrying each rank's error). Nothing in the checkpoint runs
+    as code: its metadata and values are read by safeload's reader and planner, and a file
+    that names anything else raises UnsafeCheckpoint naming it."""
+    reader = SafeReader(directory)
     try:
-        dcp_load(loaded, checkpoint_id=directory, no_dist=no_dist)
+        dcp_load(loaded, storage_reader=reader, planner=SafePlanner(directory), no_dist=no_dist)
     except CheckpointException as error:
-        reasons = sorted({str(failure[0]) for failure in error.failures.values()})
+        failed = [failure[0] for failure in error.failures.values()]
+        unsafe = [reader.refused, *(f for f in failed if isinstance(f, UnsafeCheckpoint))]
+        if any(unsafe):
+            raise next(u for u in unsafe if u is not None) from None
+        reasons = sorted({str(failure) for failure in failed})
         raise CheckpointMismatch(f"{directory}: {'; '.join(reasons)}") from None

@@ -1,0 +1,137 @@
+"""A checkpoint is read without running code from it: a ``.metadata`` or a saved value that
+names anything but what DCP writes is refused, naming the file and the global, and its payload
+never runs (one process, no torchrun)."""
+
+from __future__ import annotations
+
+import builtins
+import os
+import pickle
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from meshrun_trainer.components import statedicts
+from meshrun_trainer.components.optim import make_optimizer
+from meshrun_trainer.components.safeload import UnsafeCheckpoint, allowed_global
+from meshrun_trainer.models.llama import build_model
+from meshrun_trainer.runner import Runner
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
+from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+
+from meshrun.api.presets import PRESETS
+
+pytestmark = pytest.mark.unit
+
+
+class Payload:
+    """Unpickles as a call of ``call`` with ``args`` (what an attacker's file would hold)."""
+
+    def __init__(self, call: Any, *args: Any) -> None:
+        self.call, self.args = call, args
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        return self.call, self.args
+
+
+def _state(seed: int) -> tuple[Runner, dict[str, Any]]:
+    model = build_model(PRESETS["tiny"], seed)
+    runner = Runner([model], [make_optimizer(model.parameters(), 0.01)], None, True, True)
+    return runner, statedicts.merged(statedicts.part_states(runner))
+
+
+def _checkpoint(directory: Path) -> Path:
+    dcp_save(_state(1)[1], checkpoint_id=str(directory), no_dist=True)
+    return directory / ".metadata"
+
+
+def _load(directory: Path) -> None:
+    statedicts.load(_state(2)[1], str(directory), no_dist=True)
+
+
+ATTACKS = {  # the callable each payload runs, and the global its pickle names
+    "os.system": (os.system, "posix.system"),
+    "builtins.open": (builtins.open, "io.open"),
+    "builtins.exec": (builtins.exec, "builtins.exec"),
+    "torch.save": (torch.save, "torch.serialization.save"),  # torch, but not a dtype
+}
+
+
+def _payload(attack: str, marker: Path) -> Payload:
+    """A payload that creates ``marker`` with the callable of ``attack``."""
+    call = ATTACKS[attack][0]
+    if call is os.system:
+        return Payload(call, f"touch {marker}")
+    if call is builtins.exec:
+        return Payload(call, f"open({str(marker)!r}, 'w')")
+    if call is torch.save:
+        return Payload(call, 0, str(marker))
+    return Payload(call, str(marker), "w")
+
+
+@pytest.mark.parametrize("attack", sorted(ATTACKS))
+def test_a_metadata_that_runs_code_is_refused_and_its_payload_never_runs(
+    tmp_path: Path, attack: str
+) -> None:
+    metadata = _checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "ran"
+    real = pickle.loads(metadata.read_bytes())
+    assert isinstance(real, Metadata)
+    # Hidden inside a real Metadata (the payload is not the first object read), and alone.
+    real.storage_meta = _payload(attack, marker)  # type: ignore[assignment]
+    for crafted in (pickle.dumps(real), pickle.dumps(_payload(attack, marker))):
+        metadata.write_bytes(crafted)
+        with pytest.raises(UnsafeCheckpoint) as refused:
+            _load(tmp_path / "ckpt")
+        assert str(refused.value).startswith(
+            f"{metadata}: refused to load the global {ATTACKS[attack][1]}: "
+        ), str(refused.value)
+        assert not marker.exists(), "the payload ran"
+
+
+def test_torchs_own_reader_would_run_the_same_payload(tmp_path: Path) -> None:
+    """What the safe reader prevents: DCP's FileSystemReader unpickles the file as it is."""
+    metadata = _checkpoint(tmp_path / "ckpt")
+    marker = tmp_path / "ran"
+    metadata.write_bytes(pickle.dumps(_payload("builtins.open", marker)))
+    with pytest.raises(BaseException):  # noqa: B017 (the file object is no Metadata)
+        dcp_load(_state(2)[1], storage_reader=FileSystemReader(tmp_path / "ckpt"), no_dist=True)
+    assert marker.exists()
+
+
+def test_a_saved_value_that_runs_code_is_refused(tmp_path: Path) -> None:
+    """Non-tensor values (the optimizer's settings) are saved with torch.save and DCP's default
+    planner reads them with weights_only=False; here they are read with weights_only=True."""
+    marker = tmp_path / "ran"
+    saved = _state(1)[1]
+    key = next(k for k in saved["optim"] if k.startswith("param_groups.") and k.endswith(".lr"))
+    saved["optim"][key] = _payload("builtins.open", marker)
+    dcp_save(saved, checkpoint_id=str(tmp_path / "ckpt"), no_dist=True)
+    with pytest.raises(UnsafeCheckpoint) as refused:
+        _load(tmp_path / "ckpt")
+    assert str(refused.value) == (
+        f"{tmp_path / 'ckpt'}: refused to load the checkpoint value optim.{key}: it names the "
+        "global io.open, not a tensor or a plain Python value, so it was not written by DCP"
+    )
+    assert not marker.exists(), "the payload ran"
+
+
+def test_only_what_dcp_writes_is_allowed() -> None:
+    assert allowed_global("torch", "float32") is torch.float32
+    assert allowed_global("torch", "Size") is torch.Size
+    assert allowed_global("torch.distributed.checkpoint.metadata", "Metadata") is Metadata
+    for module, name in [
+        ("torch", "load"),  # a torch function, not a dtype
+        ("torch", "_C"),
+        ("torch.distributed.checkpoint.metadata", "Any"),  # imported there, not its own
+        ("torch.distributed.checkpoint.metadata", "field"),
+        ("builtins", "getattr"),
+        ("builtins", "eval"),
+        ("pathlib", "Path"),  # may be a WindowsPath, and Path has file methods anyway
+        ("collections", "namedtuple"),
+        ("subprocess", "Popen"),
+    ]:
+        assert allowed_global(module, name) is None, (module, name)
