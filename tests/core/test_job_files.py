@@ -24,8 +24,10 @@ from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.local.env import edit_document
 from meshrun_trainer.local.examplefiles import write_example
 
+from meshrun.api import modelsource
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import Rule, SpecError
+from meshrun.api.modelsource import HF_SIZES
 from meshrun.api.read import read_spec
 from meshrun.envcontract import pod_env
 from meshrun.files.checks import mount, plan_checked, read_with_files
@@ -33,7 +35,6 @@ from meshrun.files.hf import safetensors_header
 from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import plan_job
 from meshrun.rules import inputs
-from meshrun.rules.inputs import HF_SIZES
 
 pytestmark = pytest.mark.unit
 
@@ -181,9 +182,9 @@ def test_the_dataset_size_is_known_from_the_cache_or_noted(files: Path, tmp_path
 @pytest.mark.parametrize(
     ("rule", "model", "training"),
     [
-        (inputs.MODEL_SOURCE, {"layers": 2}, {}),
-        (inputs.HF_PRESET, {"preset": "tiny", "hf": {"path": "/m"}, "seqLen": 8}, {}),
-        (inputs.HF_SEQ_LEN, {"hf": {"path": "/m"}}, {}),
+        (modelsource.MODEL_SOURCE, {"layers": 2}, {}),
+        (modelsource.HF_PRESET, {"preset": "tiny", "hf": {"path": "/m"}, "seqLen": 8}, {}),
+        (modelsource.HF_SEQ_LEN, {"hf": {"path": "/m"}}, {}),
         (inputs.TEXT_DATA_HF, {"preset": "tiny"}, {"data": {"path": "/d.jsonl"}}),
         (
             inputs.TOKENS_TEXT_FIELD,
