@@ -98,9 +98,9 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
         print(f"meshrun run: {why_cpu}", file=sys.stderr)
     try:  # the trainer's own checks (the planner's rules), before any process starts
         document = read_job(envs[0])
-        with_model(document, open_files(document))
     except SpecError as error:
         raise UsageError(f"the planned job cannot train: {error}") from None
+    with_model(document, open_files(document))  # and its files, as the trainer opens them
     plan = planned.to_dict()
     return plan, envs
 
