@@ -35,7 +35,7 @@ if __name__ == "__main__":
 
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
-from meshrun_trainer.config.read import from_env  # noqa: E402
+from meshrun_trainer.config.read import read_job  # noqa: E402
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.loop.train import build_runner, forward_backward  # noqa: E402
 from meshrun_trainer.models.llama import build_model  # noqa: E402
@@ -109,14 +109,14 @@ def pipeline_time(times: list[float]) -> float:
     return float(step)
 
 
-def stage_busy_time(cfg, stage_layers: tuple[int, int], first: bool, m: int) -> float:  # type: ignore[no-untyped-def]
+def stage_busy_time(job, stage_layers: tuple[int, int], first: bool, m: int) -> float:  # type: ignore[no-untyped-def]
     """Forward + backward of m micro-batches through this stage alone (no communication)."""
-    model = build_model(cfg.model, 0, stage_layers)
-    shape = (MICRO_BATCH, cfg.model.seq_len)
+    model = build_model(job.plan.model, 0, stage_layers)
+    shape = (MICRO_BATCH, job.plan.model.seq_len)
     x = (
-        torch.randint(0, cfg.model.vocab, shape)
+        torch.randint(0, job.plan.model.vocab, shape)
         if first
-        else torch.randn(*shape, cfg.model.hidden, requires_grad=True)
+        else torch.randn(*shape, job.plan.model.hidden, requires_grad=True)
     )
     out = model(x)
     out.float().pow(2).mean().backward()  # warm-up
@@ -129,16 +129,16 @@ def stage_busy_time(cfg, stage_layers: tuple[int, int], first: bool, m: int) -> 
     return statistics.median(times)
 
 
-def step_time(cfg, mesh, m: int) -> float:  # type: ignore[no-untyped-def]
-    runner = build_runner(cfg, mesh)
+def step_time(job, mesh, m: int) -> float:  # type: ignore[no-untyped-def]
+    runner = build_runner(job, mesh)
     batch = m * MICRO_BATCH
-    x = torch.randint(0, cfg.model.vocab, (batch, cfg.model.seq_len))
-    forward_backward(cfg, runner, x, x)  # warm-up (shape inference)
+    x = torch.randint(0, job.plan.model.vocab, (batch, job.plan.model.seq_len))
+    forward_backward(job.plan.layout, runner, x, x)  # warm-up (shape inference)
     times = []
     for _ in range(REPEATS):
         dist.barrier()
         start = time.perf_counter()
-        forward_backward(cfg, runner, x, x)
+        forward_backward(job.plan.layout, runner, x, x)
         times.append(time.perf_counter() - start)
         for opt in runner.optimizers:
             opt.zero_grad(set_to_none=True)
@@ -162,13 +162,13 @@ def main() -> None:
                 schedule=schedule,
                 micro_batches=m,
             )
-            cfg = from_env(env)
-            mesh = build_mesh(cfg.layout, device)
+            job = read_job(env)
+            mesh = build_mesh(job.plan.layout, device)
             # Data parallel replicas run their own pipelines side by side; each rank's bubble
             # is measured against its own stage.
-            step = step_time(cfg, mesh, m)
-            layers = cfg.layout.stage_layers[mesh.pp_rank]
-            busy = stage_busy_time(cfg, layers, mesh.pp_rank == 0, m)
+            step = step_time(job, mesh, m)
+            layers = job.plan.stage_layers[mesh.pp_rank]
+            busy = stage_busy_time(job, layers, mesh.pp_rank == 0, m)
             bubble = torch.tensor([1.0 - busy / step], dtype=torch.float64)
             gathered = [torch.zeros_like(bubble) for _ in range(WORLD)]
             dist.all_gather(gathered, bubble)

@@ -37,7 +37,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from meshrun_trainer.components.data.synthetic import make_stream, replica_rows  # noqa: E402
-from meshrun_trainer.config.read import from_env  # noqa: E402
+from meshrun_trainer.config.read import read_job  # noqa: E402
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.local.env import layout_env  # noqa: E402
 from meshrun_trainer.loop.train import build_runner, forward_backward  # noqa: E402
@@ -90,9 +90,9 @@ def main() -> None:
         "activationCheckpointing": args.checkpointing,
     }
     env = layout_env(model, training, dp=WORLD, zero_stage=3)
-    cfg = from_env({**env, "WORLD_SIZE": str(WORLD)})
+    job = read_job({**env, "WORLD_SIZE": str(WORLD)})
     baseline = peak_rss()
-    runner = build_runner(cfg, build_mesh(cfg.layout, device))
+    runner = build_runner(job, build_mesh(job.plan.layout, device))
     init_peak = peak_rss()
     local = sum(p.to_local().numel() * 4 for p in runner.parameters())  # type: ignore[attr-defined]
     rows = {"baseline": gathered(baseline), "init": gathered(init_peak), "shard": gathered(local)}
@@ -117,7 +117,7 @@ def main() -> None:
             inputs, targets = stream.global_batch(1)
             rows_x = replica_rows(inputs, rank, WORLD)
             rows_y = replica_rows(targets, rank, WORLD)
-            forward_backward(cfg, runner, rows_x, rows_y)
+            forward_backward(job.plan.layout, runner, rows_x, rows_y)
             for optimizer in runner.optimizers:
                 optimizer.step()
             rows["step"] = gathered(peak_rss())

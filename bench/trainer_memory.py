@@ -27,7 +27,7 @@ if __name__ == "__main__":
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 from meshrun_trainer.components.data.synthetic import make_stream, replica_rows  # noqa: E402
-from meshrun_trainer.config.read import from_env  # noqa: E402
+from meshrun_trainer.config.read import read_job  # noqa: E402
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.loop.train import build_runner  # noqa: E402
 from meshrun_trainer.models.llama import cross_entropy  # noqa: E402
@@ -68,12 +68,13 @@ def main() -> None:
     init_distributed(device)
     rows = []
     for stage in range(4):
-        cfg = from_env(layout_env(MODEL, TRAINING, dp=WORLD, zero_stage=stage))
-        mesh = build_mesh(cfg.layout, device)
-        runner = build_runner(cfg, mesh)
-        t = cfg.training
-        x, y = make_stream("synthetic", cfg.model.vocab, cfg.model.seq_len, 8, 0).global_batch(1)
-        dp = cfg.layout.dp
+        job = read_job(layout_env(MODEL, TRAINING, dp=WORLD, zero_stage=stage))
+        mesh = build_mesh(job.plan.layout, device)
+        runner = build_runner(job, mesh)
+        t = job.spec.training
+        shape = job.plan.model
+        x, y = make_stream("synthetic", shape.vocab, shape.seq_len, 8, 0).global_batch(1)
+        dp = job.plan.layout.dp
         model = runner.parts[0]
         logits = model(replica_rows(x, mesh.dp_rank, dp))
         # Between forward and backward: FSDP2 with reshard_after_forward=False (ZeRO-2) still
@@ -85,7 +86,7 @@ def main() -> None:
         measured = torch.tensor([*model_state_bytes(runner), in_step], dtype=torch.float64)
         gathered = [torch.zeros_like(measured) for _ in range(WORLD)]
         dist.all_gather(gathered, measured)
-        psi = cfg.model.parameters()
+        psi = job.plan.model.parameters()
         rows.append((stage, psi, [g.tolist() for g in gathered], t))
         del runner
     if dist.get_rank() == 0:

@@ -26,7 +26,7 @@ if __name__ == "__main__":
     ensure_torchrun(WORLD)
 
 import torch.distributed as dist  # noqa: E402
-from meshrun_trainer.config.read import from_env  # noqa: E402
+from meshrun_trainer.config.read import read_job  # noqa: E402
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.loop.train import train  # noqa: E402
 
@@ -64,16 +64,16 @@ def main() -> None:
     init_distributed(device)
     rows = []
     for name, layout in LAYOUTS.items():
-        cfg = from_env(layout_env(MODEL, TRAINING, **layout))
-        result = train(cfg, build_mesh(cfg.layout, device))
+        job = read_job(layout_env(MODEL, TRAINING, **layout))
+        result = train(job, build_mesh(job.plan.layout, device))
         timed = result.records[1:]
         seconds = statistics.median(r.step_time_s for r in timed)
-        rows.append((name, cfg.tokens_per_step / seconds, seconds, result.records[-1].loss))
+        rows.append((name, job.spec.tokens_per_step / seconds, seconds, result.records[-1].loss))
     if dist.get_rank() == 0:
-        base = from_env(layout_env(MODEL, TRAINING, dp=WORLD))
+        base = read_job(layout_env(MODEL, TRAINING, dp=WORLD))
         print(
-            f"throughput, {WORLD} processes on {device.type}, {base.model.parameters():,} "
-            f"parameters, {base.tokens_per_step} tokens per step"
+            f"throughput, {WORLD} processes on {device.type}, {base.plan.model.parameters():,} "
+            f"parameters, {base.spec.tokens_per_step} tokens per step"
         )
         print(f"{'layout':28} {'tokens/s':>10} {'step s':>8} {'loss':>8}")
         for name, tps, seconds, loss in rows:

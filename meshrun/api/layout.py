@@ -34,6 +34,11 @@ class Layout:
     def world_size(self) -> int:
         return self.dp * self.pp * self.tp
 
+    @property
+    def num_stages(self) -> int:
+        """Model chunks over all pipeline ranks: pp x virtual_stages."""
+        return self.pp * self.virtual_stages
+
     def bubble_fraction(self) -> float:
         """Idle share of a pipeline step (Narayanan et al. 2021, arXiv 2104.04473)."""
         if self.pp == 1:

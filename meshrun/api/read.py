@@ -20,10 +20,9 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from meshrun.api.crd import validate_spec, with_defaults
-from meshrun.api.errors import SpecError
-from meshrun.api.presets import PRESETS, REQUIRED_SIZES, SIZES, ModelShape, sizes_of
+from meshrun.api.modelsource import resolve_model
+from meshrun.api.presets import ModelShape
 from meshrun.api.spec import JobSpec, Model
-from meshrun.rules.inputs import HF_PRESET, HF_SEQ_LEN, HF_SIZES, MODEL_SOURCE, check_sizes
 
 T = TypeVar("T")
 
@@ -112,58 +111,6 @@ def list_section(hint: Any) -> type | None:
         return None
     (item,) = typing.get_args(members[0])
     return item if isinstance(item, type) and dataclasses.is_dataclass(item) else None
-
-
-def resolve_model(model: Model, folder_shape: ModelShape | None = None) -> ModelShape:
-    """The model shape: a Hugging Face folder's (:func:`hf_shape`), a preset with any explicit
-    size overriding it, or explicit sizes."""
-    if model.hf is not None:
-        return hf_shape(model, folder_shape)
-    given = sizes_of(model)
-    if model.preset is not None:
-        base = PRESETS[model.preset]
-    else:
-        missing = [SIZES[name] for name in REQUIRED_SIZES if given[name] is None]
-        if missing:
-            raise MODEL_SOURCE.error(f"missing {', '.join(missing)}")
-        assert model.hidden and model.heads
-        derived = {"ffn_hidden": default_ffn_hidden(model.hidden), "kv_heads": model.heads}
-        base = ModelShape(**{**given, **derived})  # type: ignore[arg-type]
-    overrides: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
-    shape = dataclasses.replace(base, **overrides)
-    if model.preset is None and model.kv_heads is None:
-        shape = dataclasses.replace(shape, kv_heads=shape.heads)
-    return shape
-
-
-def default_ffn_hidden(hidden: int) -> int:
-    """SwiGLU width 2/3 x 4h rounded up to a multiple of 256, as Llama does (Touvron 2023)."""
-    return -(-(8 * hidden // 3) // 256) * 256
-
-
-def hf_shape(model: Model, folder_shape: ModelShape | None) -> ModelShape:
-    """The shape a job with ``spec.model.hf`` is planned with: its config.json's where it was
-    read (``folder_shape``; sizes given beside hf must agree), else the sizes given beside hf."""
-    assert model.hf is not None
-    if model.preset is not None:
-        raise HF_PRESET.error(f"preset {model.preset}")
-    if model.seq_len is None:
-        raise HF_SEQ_LEN.error()
-    given = {name: getattr(model, name) for name in HF_SIZES}
-    if folder_shape is not None:
-        check_sizes(folder_shape, given)
-        return dataclasses.replace(folder_shape, seq_len=model.seq_len)
-    missing = [key for name, key in HF_SIZES.items() if given[name] is None]
-    if missing:
-        raise SpecError(
-            "spec.model.hf.path",
-            f"{model.hf.path} is not read where the job is planned (the operator never opens a "
-            "job's files; meshrun plan reads the folder when it is visible, with --mount for a "
-            "volume's path). A job whose folder is on a volume is planned from the sizes given "
-            "beside hf (the trainer checks them against config.json): spec.model needs "
-            f"{', '.join(missing)} too",
-        )
-    return ModelShape(**sizes_of(model))  # type: ignore[arg-type]  # every size is given
 
 
 def write_section(value: Any) -> Any:

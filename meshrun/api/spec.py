@@ -320,6 +320,11 @@ class JobSpec:
     """Whether ``training.microBatchSize`` was given; unset, strategy auto chooses it."""
 
     @property
+    def tokens_per_step(self) -> int:
+        """Tokens one optimizer step trains on: the global batch of sequences of seqLen."""
+        return self.training.global_batch_size * self.shape.seq_len
+
+    @property
     def dataset(self) -> Dataset:
         """The training data: as given, else corpus when the vocabulary holds every byte."""
         if self.training.dataset is not None:

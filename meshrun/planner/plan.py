@@ -65,6 +65,14 @@ class Plan:
     def gpus(self) -> int:
         return 0 if self.accelerator == "cpu" else self.world_size
 
+    @property
+    def stage_layers(self) -> tuple[tuple[int, int], ...]:
+        """Inclusive layer range of each pipeline stage in stage order (virtual x pp + pp rank),
+        the order the trainer numbers its stages in."""
+        pp = self.layout.pp
+        stages = sorted(self.stages, key=lambda stage: stage.virtual * pp + stage.pp)
+        return tuple((stage.first, stage.last) for stage in stages)
+
     def coords(self, rank: int) -> RankCoords:
         """Pod, local rank and (dp, pp, tp) of a global rank."""
         return coords_of(rank, self.layout.dp, self.layout.tp, self.num_proc_per_node)

@@ -1,5 +1,6 @@
 """The rules of a job's own parts: where the model comes from (a preset, sizes or a Hugging Face
-folder), its data, and its learning-rate schedule.
+folder; those rules sit with the reader that checks them, :mod:`meshrun.api.modelsource`), its
+data, and its learning-rate schedule.
 
 Each is also a CEL rule of the CRD (the message word for word), and part of
 :data:`meshrun.rules.strategy.ALL_RULES`; :func:`meshrun.rules.strategy.check_spec` runs
@@ -12,19 +13,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from meshrun.api.errors import Rule, SpecError
-from meshrun.api.presets import SIZES
+from meshrun.api.errors import Rule
+from meshrun.api.modelsource import MODEL_RULES
 
 if TYPE_CHECKING:
-    from meshrun.api.presets import ModelShape
     from meshrun.api.spec import JobSpec
 
 M, T = "spec.model", "spec.training"
-MODEL_SOURCE = Rule(M, f"{M} needs a preset, hf, or all of layers, hidden, heads, vocab and seqLen")
-HF_PRESET = Rule(
-    f"{M}.hf", f"{M}.hf and {M}.preset exclude each other (config.json gives the shape)"
-)
-HF_SEQ_LEN = Rule(f"{M}.seqLen", f"{M}.hf needs {M}.seqLen (the training window)")
 TEXT_DATA_HF = Rule(
     f"{T}.data",
     f"{T}.data in format jsonl, parquet or arrow needs {M}.hf (its tokenizer.json tokenizes the "
@@ -49,16 +44,15 @@ DEFAULT_TEXT_FIELD = "text"
 """The CRD's default textField: the only value a tokens dataset may carry."""
 
 INPUT_RULES = (
-    MODEL_SOURCE,
-    HF_PRESET,
-    HF_SEQ_LEN,
+    *MODEL_RULES,
     TEXT_DATA_HF,
     TOKENS_TEXT_FIELD,
     EVAL_VALIDATION,
     DATA_DATASET,
     WARMUP_STEPS,
 )
-"""The rules of this module, all CEL rules of the CRD too."""
+"""The rules of the job's own parts (the model's source among them), all CEL rules of the CRD
+too."""
 
 
 def check_inputs_spec(job: JobSpec) -> None:
@@ -84,18 +78,3 @@ def check_data_source(format: str, text_field: str, has_hf: bool) -> None:
 def check_warmup(warmup_steps: int, steps: int) -> None:
     if warmup_steps > steps:
         raise WARMUP_STEPS.error(f"{warmup_steps} > {steps}")
-
-
-HF_SIZES = {name: key for name, key in SIZES.items() if name != "seq_len"}
-"""ModelShape field -> spec.model key of the sizes given beside hf (config.json's; seqLen is
-the training window, the job's own)."""
-
-
-def check_sizes(shape: ModelShape, given: dict[str, int | None]) -> None:
-    """Sizes given beside ``spec.model.hf`` (or planned from them) agree with config.json."""
-    for name, value in given.items():
-        if value is not None and getattr(shape, name) != value:
-            raise SpecError(
-                f"spec.model.{HF_SIZES[name]}",
-                f"{value}, but config.json in spec.model.hf.path gives {getattr(shape, name)}",
-            )

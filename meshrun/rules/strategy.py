@@ -239,7 +239,7 @@ def check_layout(
             raise TP_MODEL.error(f"{tp} does not divide {name}={size}")
     if not 0 <= layout.zero_stage <= 3:
         raise SpecError(f"{S}.zeroStage", f"must be 0, 1, 2 or 3, got {layout.zero_stage}")
-    chunks = pp * layout.virtual_stages
+    chunks = layout.num_stages
     if chunks > shape.layers:
         stages = f"{pp} stages" + (
             f" x {layout.virtual_stages} virtual stages" if layout.virtual_stages > 1 else ""

@@ -37,6 +37,8 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Any
 
+from meshrun.api.crd import GROUP as JOB_GROUP
+from meshrun.api.crd import KIND as JOB_KIND
 from meshrun.api.errors import SpecError
 from meshrun.planner.plan import Plan
 from meshrun_operator import names
@@ -115,8 +117,8 @@ class PodSetPlan:
 
 def workload_name(job_name: str, uid: str) -> str:
     """The Workload's name: readable (``paralleltrainingjob-<job>-<hash>``), unique per job uid."""
-    kind = names.KIND.lower()
-    digest = hashlib.sha1(f"{names.KIND}\n{names.GROUP}\n{job_name}\n{uid}".encode()).hexdigest()
+    kind = JOB_KIND.lower()
+    digest = hashlib.sha1(f"{JOB_KIND}\n{JOB_GROUP}\n{job_name}\n{uid}".encode()).hexdigest()
     prefix = f"{kind}-{job_name}"[: _MAX_NAME - 1 - _HASH_LENGTH].rstrip("-")
     return f"{prefix}-{digest[:_HASH_LENGTH]}"
 

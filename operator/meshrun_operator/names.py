@@ -6,20 +6,8 @@ key two different ways (dask-kubernetes once built a lock key twice and leaked l
 
 from __future__ import annotations
 
-from meshrun.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
-from meshrun.envcontract import METRICS_PORT, RENDEZVOUS_PORT
+from meshrun.api.crd import GROUP
 from meshrun.rules.names import pod_name
-
-__all__ = [
-    "API_VERSION",
-    "GROUP",
-    "KIND",
-    "METRICS_PORT",
-    "PLURAL",
-    "RENDEZVOUS_PORT",
-    "VERSION",
-    "pod_name",
-]
 
 # Labels on every child: which job, which pod, which pipeline stage, which attempt.
 LABEL_JOB = f"{GROUP}/job-name"

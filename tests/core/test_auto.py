@@ -6,11 +6,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.read import read_job
 
 from meshrun.api.read import read_spec
 from meshrun.envcontract import pod_env
-from meshrun.jobdoc import JOB_VARIABLE, read_document
 from meshrun.planner.auto import table_choice
 from meshrun.planner.fastest import describe_layout
 from meshrun.planner.plan import plan_job
@@ -225,8 +224,8 @@ def test_auto_chooses_the_micro_batch_size_only_when_unset() -> None:
     env = pod_env(
         plan, read_spec(spec), job_name="job", namespace="ns", pod_index=0, master_addr="job-0"
     )
-    assert read_document(env[JOB_VARIABLE]).plan.micro_batch_size == plan.micro_batch_size
-    assert from_env(env).training.micro_batch_size == plan.micro_batch_size  # what trains
+    # what trains: the trainer checks and runs the plan's size, not the spec's
+    assert read_job(env).plan.micro_batch_size == plan.micro_batch_size
     given_spec = make_spec({"preset": "7b"}, nodes=4, batch=256)
     assert plan_job(given_spec).micro_batch_size == 1
     assert {c.micro_batch_size for c in enumerate_layouts(read_spec(given_spec))[0]} == {1}

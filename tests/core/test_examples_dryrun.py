@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from meshrun.api import policyspec
+from meshrun.api import modelsource, policyspec
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import SpecError
 from meshrun.planner.plan import plan_job
@@ -163,9 +163,9 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
     (strategy.KV_HEADS, {"model": {"heads": 4, "kvHeads": 3}}),
     (strategy.ROTARY, {"model": {"hidden": 12, "heads": 4}}),
     (strategy.CORPUS_VOCAB, {"model": {"vocab": 128}, "training": {"dataset": "corpus"}}),
-    (inputs.MODEL_SOURCE, {"model": {"preset": None, "layers": 2}}),
-    (inputs.HF_PRESET, {"model": {"hf": {"path": "/models/m"}, "seqLen": 64}}),
-    (inputs.HF_SEQ_LEN, {"model": {"preset": None, "hf": {"path": "/models/m"}}}),
+    (modelsource.MODEL_SOURCE, {"model": {"preset": None, "layers": 2}}),
+    (modelsource.HF_PRESET, {"model": {"hf": {"path": "/models/m"}, "seqLen": 64}}),
+    (modelsource.HF_SEQ_LEN, {"model": {"preset": None, "hf": {"path": "/models/m"}}}),
     (inputs.TEXT_DATA_HF, {"training": {"data": {"path": "/data/train.jsonl"}}}),
     (
         inputs.TOKENS_TEXT_FIELD,

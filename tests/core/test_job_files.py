@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -18,15 +19,15 @@ from meshrun_operator.lifecycle.summary import final_progress, progress_status
 from meshrun_operator.seen.views import parse_progress
 from meshrun_trainer.components.data.windows import dataset_tokens
 from meshrun_trainer.components.optim import ADAMW_BETAS, WEIGHT_DECAY
-from meshrun_trainer.config.layout import ConfigError
-from meshrun_trainer.config.read import from_env
-from meshrun_trainer.config.userrun import from_env as read_user_run
-from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.config.read import read_job
+from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.local.env import edit_document
 from meshrun_trainer.local.examplefiles import write_example
 
+from meshrun.api import modelsource
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import Rule, SpecError
+from meshrun.api.modelsource import HF_SIZES
 from meshrun.api.read import read_spec
 from meshrun.envcontract import pod_env
 from meshrun.files.checks import mount, plan_checked, read_with_files
@@ -34,7 +35,6 @@ from meshrun.files.hf import safetensors_header
 from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import plan_job
 from meshrun.rules import inputs
-from meshrun.rules.inputs import HF_SIZES
 
 pytestmark = pytest.mark.unit
 
@@ -182,9 +182,9 @@ def test_the_dataset_size_is_known_from_the_cache_or_noted(files: Path, tmp_path
 @pytest.mark.parametrize(
     ("rule", "model", "training"),
     [
-        (inputs.MODEL_SOURCE, {"layers": 2}, {}),
-        (inputs.HF_PRESET, {"preset": "tiny", "hf": {"path": "/m"}, "seqLen": 8}, {}),
-        (inputs.HF_SEQ_LEN, {"hf": {"path": "/m"}}, {}),
+        (modelsource.MODEL_SOURCE, {"layers": 2}, {}),
+        (modelsource.HF_PRESET, {"preset": "tiny", "hf": {"path": "/m"}, "seqLen": 8}, {}),
+        (modelsource.HF_SEQ_LEN, {"hf": {"path": "/m"}}, {}),
         (inputs.TEXT_DATA_HF, {"preset": "tiny"}, {"data": {"path": "/d.jsonl"}}),
         (
             inputs.TOKENS_TEXT_FIELD,
@@ -222,17 +222,18 @@ def test_the_env_contract_carries_every_field_to_the_trainer(files: Path) -> Non
     job = read_with_files(example_spec(files))
     plan = plan_job(job, "hf")
     env = pod_env(plan, job, job_name="hf", namespace="ns", pod_index=0, master_addr="m")
-    cfg = from_env(env)
-    assert job.model.hf is not None and cfg.hf_path == job.model.hf.path
-    assert cfg.training.data == job.training.data
-    assert cfg.training.optimizer == job.training.optimizer
-    assert cfg.training.lr_schedule == job.training.lr_schedule
-    assert cfg.training.export_path == str(files / "out" / "tiny-llama-finetuned")
-    run = read_user_run(cfg)
-    assert with_model(cfg, run).model == plan.model, "config.json's whole architecture"
-    assert cfg.training.optimizer.betas == [0.9, 0.95] and run.lr_schedule.decay == "cosine"
+    trained = read_job(env)
+    assert trained.spec == replace(job, pod_template=None, command=None, args=None)
+    training = trained.spec.training
+    assert job.model.hf is not None and trained.spec.model == job.model
+    assert training.export is not None
+    assert training.export.path == str(files / "out" / "tiny-llama-finetuned")
+    hf = open_files(trained)
+    assert hf is not None and hf.path == Path(job.model.hf.path)
+    assert with_model(trained, hf).plan.model == plan.model, "config.json's whole architecture"
+    assert training.optimizer.betas == [0.9, 0.95] and training.lr_schedule.decay == "cosine"
     with pytest.raises(SpecError) as caught:
-        with_model(from_env(edit_document(env, plan={"model": {"vocab": 512}})), run)
+        with_model(read_job(edit_document(env, plan={"model": {"vocab": 512}})), hf)
     assert caught.value.field == "spec.model.vocab"
 
 
@@ -253,20 +254,22 @@ def test_a_bad_document_names_the_spec_field(
 ) -> None:
     job = read_with_files(example_spec(files))
     env = pod_env(plan_job(job), job, job_name="j", namespace="n", pod_index=0, master_addr="m")
-    with pytest.raises(ConfigError) as caught:
-        from_env(edit_document(env, spec={"training": training}))
+    with pytest.raises(SpecError) as caught:
+        read_job(edit_document(env, spec={"training": training}))
     assert caught.value.field == field and fragment in caught.value.rule, caught.value
 
 
 def test_a_job_without_own_parts_gets_the_crds_optimizer() -> None:
     job = read_spec({"image": "i", "model": {"preset": "tiny"}})
     env = pod_env(plan_job(job), job, job_name="j", namespace="n", pod_index=0, master_addr="m")
-    cfg = from_env(env)
-    assert cfg.hf_path is None and cfg.training.data is None and cfg.training.export_path is None
+    trained = read_job(env)
+    training = trained.spec.training
+    assert trained.spec.model.hf is None and training.data is None and training.export is None
+    assert open_files(trained) is None
     defaults = with_defaults({"training": {}})  # not a spec, but the CRD's training defaults
     assert defaults["training"]["optimizer"] == {"betas": [0.9, 0.95], "weightDecay": 0.1}
-    assert tuple(cfg.training.optimizer.betas) == ADAMW_BETAS, "the trainer's fallback is the CRD's"
-    assert cfg.training.optimizer.weight_decay == WEIGHT_DECAY
+    assert tuple(training.optimizer.betas) == ADAMW_BETAS, "the trainer's fallback is the CRD's"
+    assert training.optimizer.weight_decay == WEIGHT_DECAY
 
 
 def test_the_operator_judges_the_spec_and_never_its_files(files: Path, tmp_path: Path) -> None:

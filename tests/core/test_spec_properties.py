@@ -10,13 +10,14 @@ from __future__ import annotations
 import functools
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.read import read_job
 
 from meshrun.api.errors import SpecError
 from meshrun.envcontract import pod_env
@@ -177,38 +178,24 @@ def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
     event("accepted" + (" (hf)" if job.model.hf else " (data)" if job.training.data else ""))
     for index in {0, job.resources.num_nodes - 1}:
         env = pod_env(plan, job, job_name="prop", namespace="ns", pod_index=index, master_addr="m")
-        cfg = from_env(env)  # raises ConfigError if the trainer would refuse it
-        assert cfg.layout.world_size == plan.world_size
-        assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (
-            plan.layout.dp,
-            plan.layout.pp,
-            plan.layout.tp,
-        )
-        if job.model.hf is None:
-            assert cfg.model == plan.model
-        else:  # the trainer takes the architecture from config.json, the sizes from the plan
-            assert cfg.hf_path == job.model.hf.path
-            assert load_hf_model(cfg.hf_path, cfg.model.seq_len).shape == plan.model
-        assert cfg.training.data == job.training.data
-        assert cfg.training.optimizer == job.training.optimizer
-        assert cfg.training.lr_schedule == job.training.lr_schedule
-        export = job.training.export
-        assert cfg.training.export_path == (export.path if export is not None else None)
-        assert cfg.training.dataset == job.dataset
-        assert cfg.training.global_batch_size == job.training.global_batch_size
-        stages = sorted(plan.stages, key=lambda s: s.virtual * plan.layout.pp + s.pp)
-        assert cfg.layout.stage_layers == tuple((s.first, s.last) for s in stages)
+        trained = read_job(env)  # raises SpecError if the trainer would refuse it
+        assert trained.plan == plan and trained.pod.index == index
+        assert trained.spec == replace(job, pod_template=None, command=None, args=None)
+        if job.model.hf is not None:  # the architecture from config.json, the sizes planned
+            assert load_hf_model(job.model.hf.path, plan.model.seq_len).shape == plan.model
+        ranges = trained.plan.stage_layers
+        assert len(ranges) == plan.layout.num_stages and ranges[-1][1] == plan.model.layers - 1
     # An elastic job's every allowed degree starts its trainers too, with the same TP, PP,
     # global batch and micro-batch size.
     for dp in elastic_degrees(job, plan):
         event("elastic degree")
         sized, at = resized(job, plan, dp)
         env = pod_env(at, sized, job_name="prop", namespace="ns", pod_index=0, master_addr="m")
-        cfg = from_env(env)
-        assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (dp, plan.layout.pp, plan.layout.tp)
-        assert cfg.layout.world_size == at.world_size == sized.resources.world_size
-        assert cfg.training.global_batch_size == job.training.global_batch_size
-        assert cfg.training.micro_batch_size == job.training.micro_batch_size
+        layout = read_job(env).plan.layout
+        assert (layout.dp, layout.pp, layout.tp) == (dp, plan.layout.pp, plan.layout.tp)
+        assert layout.world_size == at.world_size == sized.resources.world_size
+        assert sized.training.global_batch_size == job.training.global_batch_size
+        assert at.micro_batch_size == job.training.micro_batch_size
 
 
 TP8_SEQ100 = {

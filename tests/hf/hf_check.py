@@ -17,9 +17,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from meshrun_trainer.config.read import from_env
-from meshrun_trainer.config.userrun import from_env as read_user_run
-from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.config.read import read_job
+from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.local.env import layout_env
 from meshrun_trainer.loop.train import train
@@ -71,9 +70,10 @@ def main(job_file: str, out: str) -> None:
         for name in job["layouts"]:
             export = Path(job["exportRoot"]) / f"{kind}-{name}"
             env = layout_env(*spec_parts(folder, job, export), **LAYOUTS[name], name="hf-check")
-            cfg = from_env({**env, "WORLD_SIZE": str(world)})
-            run = read_user_run(cfg)
-            result = train(with_model(cfg, run), build_mesh(cfg.layout, device), run=run)
+            trained = read_job({**env, "WORLD_SIZE": str(world)})
+            hf = open_files(trained)
+            mesh = build_mesh(trained.plan.layout, device)
+            result = train(with_model(trained, hf), mesh, hf=hf)
             results[f"{kind}/{name}"] = {
                 "losses": [r.loss for r in result.records],
                 "eval": result.evals,

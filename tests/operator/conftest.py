@@ -8,9 +8,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from meshrun_operator import names
 from operator_harness import Cluster, Kubectl, OperatorProcess, fake_node
 from waiting import wait_for
+
+from meshrun.api.crd import PLURAL
 
 
 def release_jobs(kubectl: Kubectl, namespace: str) -> None:
@@ -19,11 +20,11 @@ def release_jobs(kubectl: Kubectl, namespace: str) -> None:
     The operator puts none on jobs, but a finalizer left by anyone else would make the
     namespace deletion after the test wait forever once no operator runs.
     """
-    out = kubectl("get", names.PLURAL, "-n", namespace, "-o", "json", check=False).stdout
+    out = kubectl("get", PLURAL, "-n", namespace, "-o", "json", check=False).stdout
     for item in json.loads(out or '{"items": []}').get("items", []):
         kubectl(
             "patch",
-            names.PLURAL,
+            PLURAL,
             item["metadata"]["name"],
             "-n",
             namespace,
@@ -66,7 +67,7 @@ def operator_process(
     # Deleting the jobs while the operator still runs lets it release them the normal way.
     kubectl(
         "delete",
-        names.PLURAL,
+        PLURAL,
         "--all",
         "-n",
         namespace,

@@ -12,6 +12,8 @@ from meshrun_operator import names
 from operator_harness import Cluster, Kubectl, fake_node
 from waiting import wait_for
 
+from meshrun.api.crd import PLURAL
+
 ROOT = Path(__file__).resolve().parents[2]
 KWOK = ROOT / ".cluster" / "bin" / "kwok"
 STAGES = ROOT / "hack" / "kwok" / "stages.yaml"
@@ -33,7 +35,7 @@ def one_pod_per_index(cluster: Cluster, job: str, count: int, attempt: int) -> l
 
 def deleted_leaves_nothing(cluster: Cluster, job: str) -> None:
     """Delete the job; no pod and no Service of it may be left."""
-    cluster.kubectl("delete", names.PLURAL, job, "-n", cluster.ns, "--wait=true", "--timeout=60s")
+    cluster.kubectl("delete", PLURAL, job, "-n", cluster.ns, "--wait=true", "--timeout=60s")
 
     def nothing_left() -> bool:
         service = cluster.kubectl("get", "service", job, "-n", cluster.ns, check=False)

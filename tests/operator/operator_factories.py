@@ -6,8 +6,10 @@ import copy
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from meshrun_operator import names
 from meshrun_operator.seen.views import Observed, PodView
+
+from meshrun.api.crd import API_VERSION, KIND
+from meshrun.rules.names import pod_name
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 
@@ -43,8 +45,8 @@ def make_job(
     """A ParallelTrainingJob object; keyword arguments deep-merge into the spec."""
     metadata: dict[str, Any] = {"name": name, "namespace": "ns", "uid": "uid-1", "generation": 1}
     return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": metadata,
         "spec": deep_merge(BASE_SPEC, spec_overrides),
         "status": copy.deepcopy(status or {}),
@@ -60,7 +62,7 @@ def make_pod(
     **fields: Any,
 ) -> PodView:
     return PodView(
-        name=names.pod_name(job, index),
+        name=pod_name(job, index),
         index=index,
         attempt=attempt,
         phase=phase,

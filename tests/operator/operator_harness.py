@@ -21,6 +21,7 @@ from typing import Any
 from meshrun_operator import names
 from waiting import wait_for
 
+from meshrun.api.crd import API_VERSION, KIND, PLURAL
 from meshrun.localnet import free_port
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
@@ -138,8 +139,8 @@ def job_manifest(name: str, **spec: Any) -> dict[str, Any]:
     }
     base.update(spec)
     return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": base,
     }
@@ -159,7 +160,7 @@ class Cluster:
         )
 
     def job(self, name: str) -> dict[str, Any]:
-        out = self.kubectl("get", names.PLURAL, name, "-n", self.ns, "-o", "json").stdout
+        out = self.kubectl("get", PLURAL, name, "-n", self.ns, "-o", "json").stdout
         job: dict[str, Any] = json.loads(out)
         return job
 

@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 
 import pytest
-from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
+
+from meshrun.api.crd import PLURAL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -122,7 +123,7 @@ def test_only_the_lease_holder_acts_and_a_standby_takes_over(
         print(f"takeover after a clean stop: {took:.1f} s")
         assert took < LEASE_SECONDS, f"takeover after a clean stop took {took:.1f} s"
         assert_cleaned_up(cluster, "gang", "after")
-        assert cluster.kubectl("get", names.PLURAL, "-n", namespace, "-o", "name").stdout == ""
+        assert cluster.kubectl("get", PLURAL, "-n", namespace, "-o", "name").stdout == ""
     finally:
         if a.proc is not None and a.proc.poll() is None:
             a.proc.send_signal(signal.SIGCONT)

@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshrun_operator import names
 from operator_harness import (
     Cluster,
     OperatorProcess,
@@ -19,6 +18,8 @@ from operator_harness import (
 )
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
+
+from meshrun.api.crd import PLURAL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -183,7 +184,7 @@ def test_a_restarts_reason_survives_an_operator_that_could_not_write_its_status(
         cluster.wait_phase("oom", "Running")
         for obj in objects:
             cluster.kubectl("apply", "-f", "-", input=json.dumps(obj))
-        probe = ["patch", names.PLURAL, "oom", "-n", namespace, "--subresource=status",
+        probe = ["patch", PLURAL, "oom", "-n", namespace, "--subresource=status",
                  "--type=merge", "-p", '{"status": {}}', "--dry-run=server"]  # fmt: skip
         wait_for(
             lambda: cluster.kubectl(*probe, check=False).returncode != 0,
@@ -211,5 +212,5 @@ def test_a_restarts_reason_survives_an_operator_that_could_not_write_its_status(
         assert status["lastFailure"]["pod"] == "oom-0"
         one_pod_per_index(cluster, "oom", 2)
     finally:
-        cluster.kubectl("delete", names.PLURAL, "oom", "-n", namespace, "--wait=true")
+        cluster.kubectl("delete", PLURAL, "oom", "-n", namespace, "--wait=true")
         second.stop()

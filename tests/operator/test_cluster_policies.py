@@ -9,6 +9,8 @@ from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for
 
+from meshrun.api.crd import PLURAL
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 
@@ -52,7 +54,7 @@ def test_suspend_creates_nothing_and_resume_starts_the_gang(
 
     cluster.kubectl(
         "patch",
-        names.PLURAL,
+        PLURAL,
         "paused",
         "-n",
         cluster.ns,
@@ -65,7 +67,7 @@ def test_suspend_creates_nothing_and_resume_starts_the_gang(
 
     cluster.kubectl(
         "patch",
-        names.PLURAL,
+        PLURAL,
         "paused",
         "-n",
         cluster.ns,
@@ -107,7 +109,7 @@ def test_ttl_deletes_the_finished_job_and_its_pods(
     cluster.wait_phase("brief", "Succeeded")
     gone = cluster.kubectl
     wait_for(
-        lambda: gone("get", names.PLURAL, "brief", "-n", cluster.ns, check=False).returncode != 0,
+        lambda: gone("get", PLURAL, "brief", "-n", cluster.ns, check=False).returncode != 0,
         60,
         "the job deleted by its TTL",
     )

@@ -9,6 +9,8 @@ from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest
 from waiting import wait_for
 
+from meshrun.api.crd import GROUP, KIND
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 
@@ -37,7 +39,7 @@ def test_job_runs_to_succeeded_with_status_progress_and_events(
         assert env["PET_NODE_RANK"] == str(index)
         assert env["MASTER_ADDR"] == f"train-0.train.{cluster.ns}.svc"
         owner = pod["metadata"]["ownerReferences"][0]
-        assert owner["kind"] == names.KIND and owner["controller"] is True
+        assert owner["kind"] == KIND and owner["controller"] is True
     service = json.loads(
         cluster.kubectl("get", "service", "train", "-n", cluster.ns, "-o", "json").stdout
     )
@@ -113,7 +115,7 @@ def test_a_failed_pod_restarts_the_whole_gang_up_to_the_backoff_limit(
     assert failure["exitCode"] == 137 and failure["class"] == "Retryable"
     assert status["attemptStartTime"] and status["activeSince"] and status["message"]
     metadata = cluster.job("gang")["metadata"]
-    ours = [key for key in metadata.get("annotations") or {} if key.startswith(names.GROUP)]
+    ours = [key for key in metadata.get("annotations") or {} if key.startswith(GROUP)]
     assert ours == [] and not metadata.get("finalizers"), metadata
 
     cluster.finish("gang-0", "Failed", exit_code=143)

@@ -24,6 +24,9 @@ from meshrun_operator import names
 from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for
 
+from meshrun.api.crd import PLURAL
+from meshrun.envcontract import METRICS_PORT
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
 DRIBBLE_SECONDS = 90.0
@@ -35,7 +38,7 @@ class DribblingTrainer:
 
     def __init__(self) -> None:
         self.ip = f"127.{random.randint(1, 254)}.{random.randint(1, 254)}.{random.randint(2, 254)}"
-        self.listener = socket.create_server((self.ip, names.METRICS_PORT))
+        self.listener = socket.create_server((self.ip, METRICS_PORT))
         self.connections = 0
         self.open = 0
         self.lock = threading.Lock()
@@ -103,7 +106,7 @@ def one_pod_per_index(cluster: Cluster, job: str, count: int) -> None:
 def assert_cleaned_up(cluster: Cluster, *jobs: str) -> None:
     """Deleting the jobs leaves no pod, Service or NetworkPolicy of theirs behind."""
     for job in jobs:
-        cluster.kubectl("delete", names.PLURAL, job, "-n", cluster.ns, "--wait=true")
+        cluster.kubectl("delete", PLURAL, job, "-n", cluster.ns, "--wait=true")
     for job in jobs:
         wait_for(
             lambda job=job: not cluster.pods(job) and not children(cluster, job),

@@ -9,13 +9,14 @@ import re
 from datetime import UTC, datetime
 
 import pytest
-from meshrun_operator import names
 from meshrun_operator.lifecycle.decide import decide
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.seen.views import Observed, PodView
 from operator_door import operator_kube
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for
+
+from meshrun.api.crd import GROUP, PLURAL, VERSION
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -25,9 +26,9 @@ OBJECT_LIMIT = 1536 * 1024
 
 def largest_num_nodes(cluster: Cluster) -> int:
     """spec.resources.numNodes' maximum, as the API server's CRD has it."""
-    crd_name = f"{names.PLURAL}.{names.GROUP}"
+    crd_name = f"{PLURAL}.{GROUP}"
     crd = json.loads(cluster.kubectl("get", "crd", crd_name, "-o", "json").stdout)
-    version = next(v for v in crd["spec"]["versions"] if v["name"] == names.VERSION)
+    version = next(v for v in crd["spec"]["versions"] if v["name"] == VERSION)
     spec = version["schema"]["openAPIV3Schema"]["properties"]["spec"]
     return int(spec["properties"]["resources"]["properties"]["numNodes"]["maximum"])
 
@@ -75,7 +76,7 @@ def test_the_largest_job_the_crd_admits_keeps_its_status_small(
             await kube.patch_status(cluster.ns, "largest", version, decision.status)
 
     asyncio.run(write())
-    stored = cluster.kubectl("get", names.PLURAL, "largest", "-n", cluster.ns, "-o", "json").stdout
+    stored = cluster.kubectl("get", PLURAL, "largest", "-n", cluster.ns, "-o", "json").stdout
     status = json.loads(stored)["status"]
     assert status["plan"]["worldSize"] == largest * 8
     placement = status["placement"]

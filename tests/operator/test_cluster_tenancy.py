@@ -22,6 +22,7 @@ from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
 
 from meshrun.api.spec import Egress
+from meshrun.envcontract import METRICS_PORT
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -55,7 +56,7 @@ def test_each_job_gets_its_network_policy_and_no_token_unless_asked(
         assert spec["podSelector"] == {"matchLabels": {names.LABEL_JOB: "sealed"}}
         job_pods, from_operator = spec["ingress"]
         assert job_pods["from"] == [{"podSelector": spec["podSelector"]}]
-        assert from_operator["ports"] == [{"port": names.METRICS_PORT, "protocol": "TCP"}]
+        assert from_operator["ports"] == [{"port": METRICS_PORT, "protocol": "TCP"}]
         assert from_operator["from"][0]["podSelector"] == {"matchLabels": OPERATOR_LABELS}
         # The service account admission mounts a token only where the template asked for it.
         for pod in cluster.live_pods("sealed"):

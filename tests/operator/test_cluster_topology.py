@@ -18,6 +18,8 @@ from meshrun_operator import names
 from operator_harness import Cluster, Kubectl, OperatorProcess
 from waiting import wait_for
 
+from meshrun.api.crd import API_VERSION, KIND
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -55,8 +57,8 @@ def job(name: str, pool: str, pods: int, stages: int) -> dict[str, Any]:
     toleration = {"key": POOL_LABEL, "operator": "Equal", "value": pool, "effect": "NoSchedule"}
     strategy = {"type": "pipeline", "pipelineParallel": stages} if stages > 1 else {"type": "ddp"}
     return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name},
         "spec": {
             "image": "meshrun/trainer:test",

@@ -22,10 +22,11 @@ from typing import Any
 
 import pytest
 from api_proxy import ApiProxy
-from meshrun_operator import names
 from operator_harness import Cluster, Kubectl, OperatorProcess, job_manifest, wait_seconds
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
+
+from meshrun.api.crd import GROUP, PLURAL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(420)]
 
@@ -91,7 +92,7 @@ def gap_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GapCluster
             return proc
 
         kubectl("apply", "--server-side", "-f", str(CRD))
-        kubectl("wait", "--for=condition=Established", f"crd/{names.PLURAL}.{names.GROUP}")
+        kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}")
         yield GapCluster(kubeconfig, kubectl, etcd)
     finally:
         subprocess.run([script, "down"], env=env, capture_output=True, timeout=300)
@@ -137,7 +138,7 @@ def test_what_a_watch_gap_deleted_is_dropped(gap_cluster: GapCluster, tmp_path: 
         # with it) and a pod of the other is force-deleted; etcd forgets the history.
         proxy.cut()
         cut = gap_cluster.revision()
-        cluster.kubectl("delete", names.PLURAL, "gone", "-n", namespace, "--wait=true")
+        cluster.kubectl("delete", PLURAL, "gone", "-n", namespace, "--wait=true")
         cluster.kubectl("delete", "pod", "kept-1", "-n", namespace, "--grace-period=0", "--force")
         wait_for(lambda: not cluster.pods("gone"), 60, "job gone's pods garbage-collected")
         gap_cluster.compact()

@@ -13,9 +13,10 @@ from typing import Any
 
 import pytest
 from faults_support import deleted_leaves_nothing, merge_patch, one_pod_per_index
-from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for
+
+from meshrun.api.crd import PLURAL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -46,7 +47,7 @@ def test_the_same_name_again_waits_for_the_old_children_then_runs(
     for pod in old:
         set_finalizers(cluster, "pod", pod["metadata"]["name"], [HOLD])
     set_finalizers(cluster, "service", "again", [HOLD])
-    cluster.kubectl("delete", names.PLURAL, "again", "-n", cluster.ns, "--wait=true")
+    cluster.kubectl("delete", PLURAL, "again", "-n", cluster.ns, "--wait=true")
     wait_for(
         lambda: all(p["metadata"].get("deletionTimestamp") for p in cluster.pods("again")),
         60,
@@ -87,9 +88,7 @@ def test_orphaned_children_are_replaced_not_counted(
     cluster.apply(job_manifest("orphan"))
     cluster.wait_running_pods("orphan", 2)
     cluster.wait_phase("orphan", "Running")
-    cluster.kubectl(
-        "delete", names.PLURAL, "orphan", "-n", cluster.ns, "--cascade=orphan", "--wait=true"
-    )
+    cluster.kubectl("delete", PLURAL, "orphan", "-n", cluster.ns, "--cascade=orphan", "--wait=true")
     orphans = wait_for(
         lambda: (
             (pods := cluster.pods("orphan"))

@@ -20,6 +20,8 @@ from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from waiting import wait_for
 
+from meshrun.api.crd import API_VERSION, KIND, PLURAL
+
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
 
@@ -36,7 +38,7 @@ def test_edits_take_effect_at_the_next_attempt_and_never_fail_a_running_job(
     cluster.wait_phase("edited", "Running")
     uids = {p["metadata"]["uid"] for p in first}
 
-    merge_patch(cluster, names.PLURAL, "edited", {"spec": {"training": {"steps": 20}}})
+    merge_patch(cluster, PLURAL, "edited", {"spec": {"training": {"steps": 20}}})
     wait_condition(cluster, "edited", "SpecUpdate", reason="NextAttempt")
     status = cluster.status("edited")
     assert status["observedGeneration"] == 2 and status["attemptGeneration"] == 1
@@ -54,7 +56,7 @@ def test_edits_take_effect_at_the_next_attempt_and_never_fail_a_running_job(
 
     # The API server accepts 18 (a multiple of microBatchSize 2); the planner refuses it
     # (dataParallel 8 x microBatchSize 2 does not divide it). The running attempt goes on.
-    merge_patch(cluster, names.PLURAL, "edited", {"spec": {"training": {"globalBatchSize": 18}}})
+    merge_patch(cluster, PLURAL, "edited", {"spec": {"training": {"globalBatchSize": 18}}})
     refused = wait_condition(cluster, "edited", "SpecUpdate", reason="RefusedWhileRunning")
     assert "spec.training.globalBatchSize" in refused["message"]
     wait_seconds(2)
@@ -75,8 +77,8 @@ def old_operator_pod(job: dict[str, Any], index: int) -> dict[str, Any]:
     """A pod as an older operator built it (its labels and owner)."""
     name = job["metadata"]["name"]
     owner = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "name": name,
         "uid": job["metadata"]["uid"],
         "controller": True,
@@ -132,7 +134,7 @@ def test_an_upgrade_with_stricter_rules_never_fails_a_running_job(
         "message": "all pods are running",
         "observedGeneration": 1,
     }
-    merge_patch(cluster, names.PLURAL, name, {"status": old_status}, "--subresource=status")
+    merge_patch(cluster, PLURAL, name, {"status": old_status}, "--subresource=status")
     operator = OperatorProcess(kubeconfig, namespace, tmp_path).start()
     try:
         refused = wait_condition(cluster, name, "SpecUpdate", reason="RefusedWhileRunning")

@@ -25,6 +25,8 @@ from meshrun_operator.seen.views import Refusal
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import TUNING, advance, condition, failed, run, running_job
 
+from meshrun.api.crd import KIND
+
 pytestmark = pytest.mark.unit
 
 JOB = JobRef("train", "ns", "uid-1")
@@ -34,10 +36,10 @@ MESHRUN = {names.LABEL_JOB: "train", names.LABEL_MANAGED_BY: names.MANAGED_BY}
 @pytest.mark.parametrize(
     ("controller", "kind", "labels", "expected"),
     [
-        ("uid-1", names.KIND, MESHRUN, Claim.OURS),
-        ("uid-1", names.KIND, {}, Claim.OURS),  # the job's controller reference suffices
+        ("uid-1", KIND, MESHRUN, Claim.OURS),
+        ("uid-1", KIND, {}, Claim.OURS),  # the job's controller reference suffices
         (None, None, MESHRUN, Claim.ORPHAN),
-        ("uid-0", names.KIND, MESHRUN, Claim.PREDECESSOR),
+        ("uid-0", KIND, MESHRUN, Claim.PREDECESSOR),
         (None, None, {}, Claim.FOREIGN),  # kubectl create service
         (None, None, {names.LABEL_JOB: "train"}, Claim.FOREIGN),  # one label is not enough
         (None, None, {**MESHRUN, names.LABEL_JOB: "other"}, Claim.FOREIGN),
@@ -230,7 +232,7 @@ def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() ->
     assert restored(gone) == ["ChildRestored", "ChildRestored"]
     assert gone.created == ["Service", "NetworkPolicy"]
     # The watch lagged: the job's own are there (409, and the holder is the job).
-    ours = ChildKube(exists=True, holder=Holder("uid-1", -1, False, names.KIND, MESHRUN))
+    ours = ChildKube(exists=True, holder=Holder("uid-1", -1, False, KIND, MESHRUN))
     assert restored(ours) == [] and ours.deleted == []
     # Someone else's took the name: nothing deleted, a NameConflict for the job to say.
     theirs = ChildKube(exists=True, holder=Holder(None, -1, False, labels={"app": "db"}))

@@ -6,10 +6,11 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from meshrun_operator import names
 from meshrun_operator.seen import relist
 from meshrun_operator.seen.relist import LiveIndex, older
 from meshrun_operator.seen.views import PodView
+
+from meshrun.api.crd import PLURAL
 
 pytestmark = pytest.mark.unit
 
@@ -47,7 +48,7 @@ def test_the_reconciler_no_longer_sees_pods_found_gone() -> None:
 def test_the_ghost_set_keeps_only_what_the_index_still_holds(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    listings = {names.PLURAL: ("100", set()), "pods": ("100", {"live"})}
+    listings = {PLURAL: ("100", set()), "pods": ("100", {"live"})}
 
     async def list_uids(kube: object, what: str, namespaces: object) -> tuple[str, set[str]]:
         return listings[what]

@@ -10,6 +10,8 @@ from meshrun_operator.main import parse_args
 from meshrun_operator.runtime.leader import LeaseTiming
 from test_builders import JOB, pod_for
 
+from meshrun.envcontract import METRICS_PORT
+
 pytestmark = pytest.mark.unit
 
 
@@ -25,7 +27,7 @@ def test_only_the_jobs_own_pods_and_the_operator_on_9400_get_in() -> None:
     job_pods, operator = spec["ingress"]
     # The job's own pods: every port (rendezvous 29500, and NCCL's and gloo's random ones).
     assert job_pods == {"from": [{"podSelector": own}]}
-    assert operator["ports"] == [{"protocol": "TCP", "port": names.METRICS_PORT}]
+    assert operator["ports"] == [{"protocol": "TCP", "port": METRICS_PORT}]
     (who,) = operator["from"]
     assert who["namespaceSelector"] == {
         "matchLabels": {"kubernetes.io/metadata.name": "meshrun-system"}

@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.loop.train import train
 from meshrun_trainer.runner import StepRecord
@@ -107,7 +107,7 @@ def _run(name: str, shrink: bool, directory: Path, stop_after: int | None) -> di
         metrics_port=0,
         termination_log="/dev/null",
     )
-    cfg = from_env(env)
+    trained = read_job(env)
     records: list[StepRecord] = []
 
     def on_step(record: StepRecord) -> None:
@@ -115,9 +115,9 @@ def _run(name: str, shrink: bool, directory: Path, stop_after: int | None) -> di
         if stop_after is not None and record.step == stop_after:
             raise Preempted
 
-    mesh = build_mesh(cfg.layout, pick_device())
+    mesh = build_mesh(trained.plan.layout, pick_device())
     with contextlib.suppress(Preempted):
-        train(cfg, mesh, on_step=on_step)
+        train(trained, mesh, on_step=on_step)
     dist.barrier()
     return {
         "resumedFrom": records[0].step - 1,

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from layout_check import MODEL, TRAINING
 from meshrun_trainer.components.data.synthetic import make_stream, replica_rows
-from meshrun_trainer.config.read import TrainConfig, from_env
+from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.distributed.parallel import gradient_sync
 from meshrun_trainer.distributed.pipeline import schedule_stages
@@ -33,23 +33,23 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from meshrun.jobdoc import JobDocument
+
 PIPE = {"pp": 2, "dp": 2, "schedule": "1f1b", "micro_batches": 2, "grad_accumulation": 2}
 
 
-def _setup(layout: dict[str, Any], precision: str = "fp32") -> tuple[TrainConfig, Runner, Any]:
+def _setup(layout: dict[str, Any], precision: str = "fp32") -> tuple[JobDocument, Runner, Any]:
     env = layout_env(MODEL, {**TRAINING, "precision": precision}, **layout)
-    cfg = from_env({**env, "WORLD_SIZE": str(dist.get_world_size())})
-    mesh = build_mesh(cfg.layout, pick_device())
-    return cfg, build_runner(cfg, mesh), mesh
+    job = read_job({**env, "WORLD_SIZE": str(dist.get_world_size())})
+    mesh = build_mesh(job.plan.layout, pick_device())
+    return job, build_runner(job, mesh), mesh
 
 
-def _batch(cfg: TrainConfig, mesh: Any) -> tuple[torch.Tensor, torch.Tensor]:
-    t = cfg.training
-    stream = make_stream(t.dataset, cfg.model.vocab, cfg.model.seq_len, t.global_batch_size, 7)
-    x, y = stream.global_batch(1)
-    return replica_rows(x, mesh.dp_rank, cfg.layout.dp), replica_rows(
-        y, mesh.dp_rank, cfg.layout.dp
-    )
+def _batch(job: JobDocument, mesh: Any) -> tuple[torch.Tensor, torch.Tensor]:
+    shape, dp = job.plan.model, job.plan.layout.dp
+    batch = job.spec.training.global_batch_size
+    x, y = make_stream(job.spec.dataset, shape.vocab, shape.seq_len, batch, 7).global_batch(1)
+    return replica_rows(x, mesh.dp_rank, dp), replica_rows(y, mesh.dp_rank, dp)
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
@@ -57,8 +57,8 @@ def _local(tensor: torch.Tensor) -> torch.Tensor:
 
 
 def check_init(layout: dict[str, Any]) -> dict[str, Any]:
-    cfg, runner, _ = _setup(layout)
-    reference = dict(build_model(cfg.model, cfg.training.seed).named_parameters())
+    job, runner, _ = _setup(layout)
+    reference = dict(build_model(job.plan.model, job.spec.training.seed).named_parameters())
     local = sum(_local(p).numel() for p in runner.parameters())
     equal = all(
         torch.equal(p.full_tensor() if isinstance(p, DTensor) else p, reference[name])
@@ -67,11 +67,11 @@ def check_init(layout: dict[str, Any]) -> dict[str, Any]:
     )
     shares = [0] * dist.get_world_size()
     dist.all_gather_object(shares, local)
-    return {"shares": shares, "total": cfg.model.parameters(), "equal": equal}
+    return {"shares": shares, "total": job.plan.model.parameters(), "equal": equal}
 
 
 def check_dtypes(layout: dict[str, Any]) -> dict[str, Any]:
-    cfg, runner, mesh = _setup(layout, "bf16")
+    job, runner, mesh = _setup(layout, "bf16")
     part = runner.parts[0]
     model = part.module if hasattr(part, "module") else part
     seen: dict[str, str] = {}
@@ -87,7 +87,7 @@ def check_dtypes(layout: dict[str, Any]) -> dict[str, Any]:
         first.register_forward_pre_hook(block_input),
         model.register_forward_hook(stage_output),
     ]
-    x, y = _batch(cfg, mesh)
+    x, y = _batch(job, mesh)
     if runner.schedule is None:
         cross_entropy(part(x), y).backward()
     else:
@@ -138,13 +138,13 @@ def _replicas_agree(params: list[torch.Tensor], group: dist.ProcessGroup) -> boo
 
 def check_sync(layout: dict[str, Any]) -> dict[str, Any]:
     """Run the first and the last of two accumulation micro-steps by hand."""
-    cfg, runner, mesh = _setup(layout)
-    x, y = _batch(cfg, mesh)
+    job, runner, mesh = _setup(layout)
+    x, y = _batch(job, mesh)
     found = {}
     for index, (xs, ys) in enumerate(zip(x.chunk(2), y.chunk(2), strict=True)):
         last = index == 1
         if runner.schedule is None:
-            with gradient_sync(runner.parts, cfg.layout, last), runner.loss_context():
+            with gradient_sync(runner.parts, job.plan.layout, last), runner.loss_context():
                 cross_entropy(runner.parts[0](xs), ys).backward()
         else:
             for stage in schedule_stages(runner.schedule):
@@ -157,8 +157,8 @@ def check_sync(layout: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_loss_parallel() -> dict[str, Any]:
-    cfg, runner, mesh = _setup({"dp": 2, "tp": 2})
-    x, _ = _batch(cfg, mesh)
+    job, runner, mesh = _setup({"dp": 2, "tp": 2})
+    x, _ = _batch(job, mesh)
     logits = runner.parts[0](x)
     placements = [str(p) for p in logits.placements] if isinstance(logits, DTensor) else []
     return {"placements": placements, "shape": list(_local(logits).shape)}

@@ -18,11 +18,13 @@ import torch
 import torch.distributed as dist
 from meshrun_trainer.components.data.synthetic import make_stream
 from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
-from meshrun_trainer.config.read import TrainConfig, from_env
+from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.local.env import layout_env
 from meshrun_trainer.loop.train import train
 from meshrun_trainer.models.llama import build_model, cross_entropy
+
+from meshrun.jobdoc import JobDocument
 
 STEPS = 3
 MODEL = {"preset": "tiny"}
@@ -89,12 +91,12 @@ def runs(world: int) -> dict[str, tuple[dict[str, Any], str, str]]:
     return found
 
 
-def reference_run(cfg: TrainConfig) -> dict[str, list[float]]:
+def reference_run(job: JobDocument) -> dict[str, list[float]]:
     """The plain single-process run: whole global batch, no parallelism."""
-    model = build_model(cfg.model, cfg.training.seed, bf16=cfg.training.precision == "bf16")
-    optimizer = make_optimizer(model.parameters(), cfg.training.learning_rate)
-    t = cfg.training
-    stream = make_stream(t.dataset, cfg.model.vocab, cfg.model.seq_len, t.global_batch_size, t.seed)
+    t, shape = job.spec.training, job.plan.model
+    model = build_model(shape, t.seed, bf16=t.precision == "bf16")
+    optimizer = make_optimizer(model.parameters(), t.learning_rate)
+    stream = make_stream(job.spec.dataset, shape.vocab, shape.seq_len, t.global_batch_size, t.seed)
     losses, norms = [], []
     params = list(model.parameters())
     for step in range(1, t.steps + 1):
@@ -117,10 +119,10 @@ def main(out: str) -> None:
     for name, (layout, precision, checkpointing) in runs(world).items():
         training = {**TRAINING, "precision": precision, "activationCheckpointing": checkpointing}
         env = layout_env(MODEL, training, **layout)
-        cfg = from_env({**env, "WORLD_SIZE": str(world)})
+        job = read_job({**env, "WORLD_SIZE": str(world)})
         if precision not in references and dist.get_rank() == 0:
-            references[precision] = reference_run(cfg)
-        result = train(cfg, build_mesh(cfg.layout, device))
+            references[precision] = reference_run(job)
+        result = train(job, build_mesh(job.plan.layout, device))
         results[name] = {
             "losses": [r.loss for r in result.records],
             "gradNorms": [r.grad_norm for r in result.records],

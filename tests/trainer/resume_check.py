@@ -25,7 +25,7 @@ from layout_check import MODEL, TRAINING
 from meshrun_trainer.components import statedicts
 from meshrun_trainer.components.data.synthetic import make_stream
 from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
-from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.local.env import layout_env
 from meshrun_trainer.loop.train import train
@@ -33,6 +33,7 @@ from meshrun_trainer.models.llama import build_model, cross_entropy
 from meshrun_trainer.runner import Runner
 
 from meshrun.api.presets import PRESETS
+from meshrun.jobdoc import JobDocument
 
 STEPS, HALF = 6, 3
 PIPELINE = {"schedule": "1f1b", "micro_batches": 2}
@@ -68,15 +69,15 @@ PAIRS = [  # (saved, resumed under)
 ]
 
 
-def _cfg(layout: dict[str, Any], steps: int, directory: Path) -> Any:
+def _job(layout: dict[str, Any], steps: int, directory: Path) -> JobDocument:
     env = layout_env(MODEL, {**TRAINING, "steps": steps}, checkpoint_dir=str(directory), **layout)
     env |= {"WORLD_SIZE": str(dist.get_world_size())}
-    return from_env(env)
+    return read_job(env)
 
 
 def _train(layout: dict[str, Any], steps: int, directory: Path) -> dict[str, Any]:
-    cfg = _cfg(layout, steps, directory)
-    result = train(cfg, build_mesh(cfg.layout, pick_device()))
+    job = _job(layout, steps, directory)
+    result = train(job, build_mesh(job.plan.layout, pick_device()))
     dist.barrier()
     return {"resumedFrom": result.resumed_from, "losses": [r.loss for r in result.records]}
 

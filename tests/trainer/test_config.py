@@ -7,10 +7,10 @@ import json
 from typing import Any
 
 import pytest
-from meshrun_trainer.config.layout import ConfigError
-from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.read import read_job
 from meshrun_trainer.local.env import edit_document, layout_env
 
+from meshrun.api.errors import SpecError
 from meshrun.api.presets import PRESETS
 from meshrun.jobdoc import JOB_VARIABLE
 
@@ -28,32 +28,33 @@ def make_env(**parts: Any) -> dict[str, str]:
 
 
 def test_a_planned_environment_reads_back_exactly() -> None:
-    cfg = from_env(make_env())
-    assert cfg.model == PRESETS["tiny"] and cfg.preset == "tiny"
-    assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp, cfg.layout.world_size) == (1, 1, 1, 1)
-    assert cfg.layout.stage_layers == ((0, 3),)
-    assert cfg.training.precision == "fp32" and cfg.training.steps == 4
-    assert cfg.training.learning_rate == 3e-4, "the CRD's default, not one of the trainer's"
-    assert cfg.metrics_port == 0 and cfg.training.checkpoint_dir is None
-    assert cfg.tokens_per_step == 8 * 64
+    job = read_job(make_env())
+    layout = job.plan.layout
+    assert job.plan.model == job.spec.shape == PRESETS["tiny"] and job.plan.preset == "tiny"
+    assert (layout.dp, layout.pp, layout.tp, layout.world_size) == (1, 1, 1, 1)
+    assert job.plan.stage_layers == ((0, 3),)
+    assert job.spec.training.precision == "fp32" and job.spec.training.steps == 4
+    assert job.spec.training.learning_rate == 3e-4, "the CRD's default, not one of the trainer's"
+    assert job.pod.metrics_port == 0 and job.pod.checkpoint_dir is None
+    assert job.spec.tokens_per_step == 8 * 64
 
 
 def test_interleaved_pipeline_takes_planner_ranges_in_stage_order() -> None:
     env = layout_env(
         TINY, TRAINING, pp=2, schedule="interleaved-1f1b", virtual_stages=2, micro_batches=4
     )
-    cfg = from_env(env)
-    assert cfg.layout.num_stages == 4
-    assert cfg.layout.stage_layers == ((0, 0), (1, 1), (2, 2), (3, 3))
+    plan = read_job(env).plan
+    assert plan.layout.num_stages == 4
+    assert plan.stage_layers == ((0, 0), (1, 1), (2, 2), (3, 3))
 
 
 def test_the_document_is_required() -> None:
     env = make_env()
     del env[JOB_VARIABLE]
-    with pytest.raises(ConfigError, match="MESHRUN_JOB: is required"):
-        from_env(env)
-    with pytest.raises(ConfigError, match="MESHRUN_JOB: is not JSON"):
-        from_env({**env, JOB_VARIABLE: "{"})
+    with pytest.raises(SpecError, match="MESHRUN_JOB: is required"):
+        read_job(env)
+    with pytest.raises(SpecError, match="MESHRUN_JOB: is not JSON"):
+        read_job({**env, JOB_VARIABLE: "{"})
 
 
 def stages(*ranges: tuple[int, int]) -> list[dict[str, Any]]:
@@ -105,22 +106,22 @@ PLAN_MB4 = {"layout": PIPELINE, "microBatchSize": 4}  # the trainer takes the pl
 def test_bad_values_name_the_spec_field_and_rule(
     parts: dict[str, Any], field: str, fragment: str
 ) -> None:
-    with pytest.raises(ConfigError) as caught:
-        from_env(make_env(**parts))
+    with pytest.raises(SpecError) as caught:
+        read_job(make_env(**parts))
     assert caught.value.field == field, caught.value
     assert fragment in caught.value.rule
     assert str(caught.value).startswith(f"{field}: ")
 
 
 def test_world_size_must_match_the_layout() -> None:
-    with pytest.raises(ConfigError, match=r"spec.strategy: .*1x1x1 = 1, not 4"):
-        from_env({**make_env(), "WORLD_SIZE": "4"})
+    with pytest.raises(SpecError, match=r"spec.strategy: .*1x1x1 = 1, not 4"):
+        read_job({**make_env(), "WORLD_SIZE": "4"})
 
 
 def test_the_document_holds_only_what_the_crd_allows() -> None:
     document = json.loads(make_env()[JOB_VARIABLE])
     assert set(document) == {"spec", "plan", "pod"}
     assert "podTemplate" not in document["spec"]
-    with pytest.raises(ConfigError) as caught:
-        from_env(make_env(spec={"training": {"warpDrive": True}}))
+    with pytest.raises(SpecError) as caught:
+        read_job(make_env(spec={"training": {"warpDrive": True}}))
     assert caught.value.field.startswith("spec.training")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 from meshrun_operator.lifecycle.evaluation import evaluate
-from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.read import read_job
 
 from meshrun.api import crd as crd_module
 from meshrun.api import spec as spec_module
@@ -56,12 +56,17 @@ def test_demo_job_env_for_second_pod() -> None:
     assert set(env) == {*TORCHRUN, *COORDINATES, JOB_VARIABLE}
     assert "RANK" not in env and "LOCAL_RANK" not in env, "torchrun sets these per process"
     assert all(isinstance(v, str) for v in env.values())
-    cfg = from_env(env)
-    assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (2, 2, 2)
-    assert cfg.training.steps == 20 and cfg.training.precision == "fp32"
-    assert cfg.job_name == "demo" and cfg.namespace == "ns" and cfg.attempt == 2
-    assert cfg.layout.stage_layers == ((0, 1), (2, 3))
-    assert cfg.training.checkpoint_dir == "/ckpt" and cfg.training.checkpoint_every == 5
+    job = read_job(env)
+    assert (job.plan.layout.dp, job.plan.layout.pp, job.plan.layout.tp) == (2, 2, 2)
+    assert job.spec.training.steps == 20 and job.spec.training.precision == "fp32"
+    assert (job.pod.job_name, job.pod.namespace, job.pod.attempt, job.pod.index) == (
+        "demo",
+        "ns",
+        2,
+        1,
+    )
+    assert job.plan.stage_layers == ((0, 1), (2, 3))
+    assert job.pod.checkpoint_dir == "/ckpt" and job.spec.training.checkpoint.every_steps == 5
 
 
 TORCHRUN = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "PET_NNODES", "PET_NPROC_PER_NODE")
@@ -126,9 +131,9 @@ def test_a_new_spec_field_reaches_the_trainer_with_no_other_edit(
         spec = read_spec(given)
         plan = plan_job(spec, "new")
         env = pod_env(plan, spec, job_name="new", namespace="ns", pod_index=0, master_addr="m")
-        cfg = from_env(env)  # the trainer's own reading of its pod's environment
-        assert isinstance(cfg.spec.training, TrainingWithANewField)
-        assert cfg.spec.training.warmup_jitter == expected
+        trained = read_job(env)  # the trainer's own reading of its pod's environment
+        assert isinstance(trained.spec.training, TrainingWithANewField)
+        assert trained.spec.training.warmup_jitter == expected
 
 
 @pytest.mark.parametrize(
@@ -137,21 +142,17 @@ def test_a_new_spec_field_reaches_the_trainer_with_no_other_edit(
 def test_every_example_parses_in_the_trainer(name: str) -> None:
     plan, spec = planned(name)
     env = pod_env(plan, spec, job_name=name, namespace="ns", pod_index=0, master_addr="m")
-    cfg = from_env(env)
-    lay = plan.layout
-    assert (cfg.layout.dp, cfg.layout.pp, cfg.layout.tp) == (lay.dp, lay.pp, lay.tp)
-    assert cfg.layout.world_size == plan.world_size
-    assert cfg.model == plan.model
-    assert cfg.layout.stage_layers[-1][1] == cfg.model.layers - 1
-    t = spec.training
-    assert (cfg.training.learning_rate, cfg.training.precision) == (t.learning_rate, t.precision)
-    assert cfg.training.steps == t.steps and cfg.training.max_grad_norm == t.max_grad_norm
+    job = read_job(env)
+    assert job.plan == plan
+    assert job.plan.layout.world_size == plan.world_size
+    assert job.plan.stage_layers[-1][1] == job.plan.model.layers - 1
+    assert job.spec == dataclasses.replace(spec, pod_template=None, command=None, args=None)
 
 
 def test_interleaved_stage_ranges_are_in_stage_order() -> None:
     plan, spec = planned("3d")
     env = pod_env(plan, spec, job_name="x", namespace="ns", pod_index=0, master_addr="m")
-    firsts = [first for first, _ in from_env(env).layout.stage_layers]
+    firsts = [first for first, _ in read_job(env).plan.stage_layers]
     assert firsts == sorted(firsts) and len(firsts) == plan.layout.pp * plan.layout.virtual_stages
 
 

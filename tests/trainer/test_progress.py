@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from meshrun_trainer.components.progress import Metrics, ProgressServer, Reporter
-from meshrun_trainer.config.read import from_env
+from meshrun_trainer.config.read import read_job
 from meshrun_trainer.local.env import edit_document, layout_env
 from meshrun_trainer.runner import StepRecord
 
@@ -21,8 +21,8 @@ def test_step_lines_endpoints_and_termination_message(
     log = tmp_path / "termination-log"
     env = layout_env({"preset": "tiny"}, {"steps": 5, "globalBatchSize": 8}, name="j1")
     # No fixed port in tests: the server is started below on a free one.
-    cfg = from_env(edit_document(env, pod={"metricsPort": 0, "terminationLog": str(log)}))
-    reporter = Reporter(cfg)
+    job = read_job(edit_document(env, pod={"metricsPort": 0, "terminationLog": str(log)}))
+    reporter = Reporter(job)
     assert reporter.server is None
     reporter.server = ProgressServer(0, reporter.metrics, reporter.progress)
     base = f"http://127.0.0.1:{reporter.server.port}"
@@ -51,12 +51,12 @@ def test_unwritable_termination_log_does_not_fail(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     env = layout_env({"preset": "tiny"}, {"globalBatchSize": 8})
-    cfg = from_env(edit_document(env, pod={"terminationLog": str(tmp_path / "missing" / "log")}))
-    Reporter(cfg).finish({"status": "Succeeded"})
+    job = read_job(edit_document(env, pod={"terminationLog": str(tmp_path / "missing" / "log")}))
+    Reporter(job).finish({"status": "Succeeded"})
     assert "cannot write termination log" in capsys.readouterr().err
 
 
 def test_metrics_registry_is_per_reporter() -> None:
-    cfg = from_env(layout_env({"preset": "tiny"}, {"globalBatchSize": 8}))
+    job = read_job(layout_env({"preset": "tiny"}, {"globalBatchSize": 8}))
     # Two registries in one process must not clash (tests build several reporters).
-    assert Metrics(cfg).registry is not Metrics(cfg).registry
+    assert Metrics(job).registry is not Metrics(job).registry

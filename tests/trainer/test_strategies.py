@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import pytest
-from meshrun_trainer.config.layout import Layout
 from meshrun_trainer.distributed.parallel import data_parallel_kind
 from meshrun_trainer.distributed.pipeline import stages_of_rank
 
-from meshrun.api.layout import layer_ranges
+from meshrun.api.layout import Layout
 
 pytestmark = pytest.mark.unit
 
@@ -22,7 +21,6 @@ def make_layout(dp: int = 1, pp: int = 1, tp: int = 1, zero: int = 0, virtual: i
         micro_batches=4,
         virtual_stages=virtual,
         grad_accumulation=1,
-        stage_layers=layer_ranges(8, pp * virtual),
     )
 
 

@@ -16,11 +16,10 @@ from meshrun.envcontract import (
     EXIT_NO_ACCELERATOR,
     PERMANENT_REASONS,
 )
-from meshrun.jobdoc import JOB_VARIABLE, termination_log_of
+from meshrun.jobdoc import JOB_VARIABLE, JobDocument, termination_log_of
 from meshrun_trainer.components.progress import TERMINATION_MESSAGE_LIMIT, Reporter, finite_json
-from meshrun_trainer.config.read import TrainConfig, from_env
-from meshrun_trainer.config.userrun import from_env as user_run_from_env
-from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.config.read import read_job
+from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.distributed.mesh import (
     NoAcceleratorError,
     build_mesh,
@@ -32,17 +31,17 @@ from meshrun_trainer.loop.train import LossNotFinite, peak_memory, train
 from meshrun_trainer.runner import TrainResult
 
 
-def summarize(cfg: TrainConfig, result: TrainResult, peaks: list[int]) -> dict[str, Any]:
+def summarize(job: JobDocument, result: TrainResult, peaks: list[int]) -> dict[str, Any]:
     records = result.records
     timed = records[1:] or records  # the first step pays one-off warm-up costs
-    tokens_per_s = (
-        cfg.tokens_per_step * len(timed) / sum(r.step_time_s for r in timed) if timed else 0.0
-    )
-    layout = dataclasses.asdict(cfg.layout)
-    layout["dataParallel"] = data_parallel_kind(cfg.layout)
+    tokens = job.spec.tokens_per_step
+    tokens_per_s = tokens * len(timed) / sum(r.step_time_s for r in timed) if timed else 0.0
+    layout: dict[str, Any] = dataclasses.asdict(job.plan.layout)
+    layout["stage_layers"] = [list(layers) for layers in job.plan.stage_layers]
+    layout["dataParallel"] = data_parallel_kind(job.plan.layout)
     return {
         "status": "Succeeded",
-        "steps": cfg.training.steps,
+        "steps": job.spec.training.steps,
         "resumedFromStep": result.resumed_from,
         "finalLoss": records[-1].loss if records else None,
         "eval": result.evals,
@@ -84,44 +83,45 @@ def _refuse(path: str | None, error: BaseException, exit_code: int, what: str) -
 
 def main() -> int:
     try:
-        cfg = from_env()
-        run = user_run_from_env(cfg)
-        cfg = with_model(cfg, run)
+        job = read_job()
+        hf = open_files(job)
+        job = with_model(job, hf)
     except SpecError as error:
         log = termination_log_of(os.environ.get(JOB_VARIABLE, ""))
         return _refuse(log, error, EXIT_CONFIG_ERROR, "invalid configuration")
-    if cfg.training.checkpoint_every and not cfg.training.checkpoint_dir:
+    log = job.pod.termination_log
+    if job.spec.training.checkpoint.every_steps and not job.pod.checkpoint_dir:
         print(
             "meshrun-trainer: spec.training.checkpoint.everySteps is set but the pod has no "
             "checkpoint directory (spec.training.checkpoint.volume); not checkpointing",
             file=sys.stderr,
         )
     try:
-        device = pick_device(cfg.accelerator)
+        device = pick_device(job.spec.resources.accelerator)
     except NoAcceleratorError as error:
-        return _refuse(cfg.termination_log, error, EXIT_NO_ACCELERATOR, "no usable accelerator")
+        return _refuse(log, error, EXIT_NO_ACCELERATOR, "no usable accelerator")
     init_distributed(device)
-    mesh = build_mesh(cfg.layout, device)
-    reporter = Reporter(cfg) if dist.get_rank() == 0 else None
+    mesh = build_mesh(job.plan.layout, device)
+    reporter = Reporter(job) if dist.get_rank() == 0 else None
     try:
         result = train(
-            cfg,
+            job,
             mesh,
             on_step=reporter.on_step if reporter else None,
-            run=run,
+            hf=hf,
             on_eval=reporter.on_eval if reporter else None,
         )
     except SpecError as error:  # found once the data is read: a restart cannot fix it
-        return _refuse(cfg.termination_log, error, EXIT_CONFIG_ERROR, "invalid configuration")
+        return _refuse(log, error, EXIT_CONFIG_ERROR, "invalid configuration")
     except LossNotFinite as error:  # every rank sees the same loss, so every rank stops here
-        return _refuse(cfg.termination_log, error, EXIT_LOSS_NOT_FINITE, "stopped")
+        return _refuse(log, error, EXIT_LOSS_NOT_FINITE, "stopped")
     except Exception as error:
-        write_failure(cfg.termination_log, error)
+        write_failure(log, error)
         raise
     peaks: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(peaks, peak_memory()[0])
     if reporter is not None:
-        reporter.finish(summarize(cfg, result, peaks))
+        reporter.finish(summarize(job, result, peaks))
     dist.barrier()
     dist.destroy_process_group()
     return 0

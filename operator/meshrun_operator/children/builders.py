@@ -12,9 +12,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from meshrun.api.spec import CPU, JobSpec, Scheduling
-from meshrun.envcontract import TRAINER_COMMAND
+from meshrun.envcontract import METRICS_PORT, RENDEZVOUS_PORT, TRAINER_COMMAND
 from meshrun.planner.plan import Plan
 from meshrun.planner.ranks import compress_ranks
+from meshrun.rules.names import pod_name
 from meshrun_operator import names
 from meshrun_operator.children.owner import JobRef, child_metadata, pod_ranks, pod_stage, users_keys
 from meshrun_operator.children.podtemplate import (
@@ -50,8 +51,8 @@ def build_service(job: JobRef) -> dict[str, Any]:
             "publishNotReadyAddresses": True,
             "selector": {names.LABEL_JOB: job.name},
             "ports": [
-                {"name": "rendezvous", "port": names.RENDEZVOUS_PORT, "protocol": "TCP"},
-                {"name": "metrics", "port": names.METRICS_PORT, "protocol": "TCP"},
+                {"name": "rendezvous", "port": RENDEZVOUS_PORT, "protocol": "TCP"},
+                {"name": "metrics", "port": METRICS_PORT, "protocol": "TCP"},
             ],
         },
     }
@@ -85,7 +86,7 @@ def build_pod(
     template_meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
     stage = pod_stage(plan, index)
-    name = names.pod_name(job.name, index)
+    name = pod_name(job.name, index)
     # The template's labels and annotations cannot set the operator's own keys (whose pod it
     # is, its index, attempt, ranks, progress): they decide what the operator deletes and reads.
     labels = {
@@ -139,7 +140,7 @@ def build_pod(
         resources.setdefault("requests", {})[accelerator] = count
     ports = container.setdefault("ports", [])
     if not any(p.get("name") == "metrics" for p in ports):
-        ports.append({"name": "metrics", "containerPort": names.METRICS_PORT})
+        ports.append({"name": "metrics", "containerPort": METRICS_PORT})
     checkpoint_volume(settings.training.checkpoint.volume, pod_spec, container)
     shared_memory(pod_spec, container, settings.resources.shared_memory_gib)
     restricted_security(pod_spec)

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from meshrun.api.spec import Egress
+from meshrun.envcontract import METRICS_PORT
 from meshrun_operator import names
 from meshrun_operator.children.owner import JobRef, child_metadata
 from meshrun_operator.client.login import own_namespace
@@ -101,7 +102,7 @@ def build_network_policy(
             },
             "podSelector": {"matchLabels": dict(operator.labels)},
         }
-        ingress.append({"from": [peer], "ports": [{"protocol": "TCP", "port": names.METRICS_PORT}]})
+        ingress.append({"from": [peer], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
     spec: dict[str, Any] = {
         "podSelector": {"matchLabels": {names.LABEL_JOB: job.name}},
         "policyTypes": ["Ingress"],

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from meshrun.api.crd import API_VERSION, GROUP, KIND
 from meshrun.planner.plan import Plan
 from meshrun_operator import names
 
@@ -32,8 +33,8 @@ class JobRef:
     def object_reference(self) -> dict[str, str]:
         """The job as an Event's ``involvedObject``."""
         return {
-            "apiVersion": names.API_VERSION,
-            "kind": names.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "name": self.name,
             "namespace": self.namespace,
             "uid": self.uid,
@@ -43,8 +44,8 @@ class JobRef:
 def owner_reference(job: JobRef) -> dict[str, Any]:
     """The controller owner reference every child carries."""
     return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "name": job.name,
         "uid": job.uid,
         "controller": True,
@@ -66,7 +67,7 @@ def child_metadata(job: JobRef, name: str, labels: Mapping[str, str]) -> dict[st
 def operators_key(key: str) -> bool:
     """A label or annotation key the operator writes and reads itself (``meshrun.dev/...``,
     ``app.kubernetes.io/managed-by``): a pod template may not set it."""
-    return key == names.LABEL_MANAGED_BY or key.split("/", 1)[0] == names.GROUP
+    return key == names.LABEL_MANAGED_BY or key.split("/", 1)[0] == GROUP
 
 
 def users_keys(values: object) -> dict[str, str]:
@@ -108,7 +109,7 @@ def claim(
         return Claim.FOREIGN
     if controller_uid is None:
         return Claim.ORPHAN
-    return Claim.PREDECESSOR if controller_kind == names.KIND else Claim.FOREIGN
+    return Claim.PREDECESSOR if controller_kind == KIND else Claim.FOREIGN
 
 
 def pod_ranks(plan: Plan, index: int) -> range:

@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
 
+from meshrun.api.crd import GROUP, PLURAL, VERSION
 from meshrun_operator import metrics, names
 from meshrun_operator.client.answers import ChildRejected, Holder, Refused
 from meshrun_operator.client.errors import (
@@ -73,7 +74,7 @@ def group_path(group: str, version: str, plural: str, namespace: str | None, nam
 
 def job_path(namespace: str, name: str, sub: str = "") -> str:
     """The URL path of one ParallelTrainingJob (``sub``: "/status")."""
-    return group_path(names.GROUP, names.VERSION, names.PLURAL, namespace, name) + sub
+    return group_path(GROUP, VERSION, PLURAL, namespace, name) + sub
 
 
 def kind_path(obj: Mapping[str, Any]) -> tuple[str, str]:
@@ -242,7 +243,7 @@ class Kube:
         try:
             found = await self.call(
                 "patch",
-                names.PLURAL + "/status",
+                PLURAL + "/status",
                 "PATCH",
                 job_path(namespace, name, "/status"),
                 body=body,
@@ -286,7 +287,7 @@ class Kube:
         options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
         path = job_path(namespace, name)
         try:
-            await self.call("delete", names.PLURAL, "DELETE", path, body=options, read=False)
+            await self.call("delete", PLURAL, "DELETE", path, body=options, read=False)
         except ApiError as error:
             if error.status not in (404, 409):
                 raise

@@ -16,6 +16,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from meshrun.api.spec import JobSpec
+from meshrun.rules.names import pod_name
 from meshrun_operator import names
 from meshrun_operator import vocabulary as words
 from meshrun_operator.clock import format_time, parse_time
@@ -55,7 +56,7 @@ def create_or_wait(
             done = Reason.CREATED.message(attempt=draft.attempt)
             draft.condition(ConditionType.CREATION_REFUSED, False, Reason.CREATED, done)
         return False
-    unknown = [i for i in missing if names.pod_name(draft.name, i) not in observed.expected]
+    unknown = [i for i in missing if pod_name(draft.name, i) not in observed.expected]
     if observed.refused is not None:
         refused(draft, settings, observed.refused, [i for i in unknown])
         return True
@@ -65,7 +66,7 @@ def create_or_wait(
     if draft.state.start_time is not None:
         # The whole gang ran, and a pod is gone without a trace of its deletion (the operator
         # was down meanwhile): it vanished.
-        pod = names.pod_name(draft.name, unknown[0])
+        pod = pod_name(draft.name, unknown[0])
         gone = Failure(
             FailureClass.RETRYABLE, Reason.POD_DELETED, Reason.POD_DELETED.message(pod=pod)
         )
@@ -136,7 +137,7 @@ def refused(draft: Draft, settings: JobSpec, refusal: Refusal, tried: list[int])
 
 
 def _refused_what(draft: Draft, refusal: Refusal) -> str:
-    pods = [names.pod_name(draft.name, i) for i in refusal.indices]
+    pods = [pod_name(draft.name, i) for i in refusal.indices]
     if pods:
         return f"pod(s) {', '.join(pods)}"
     return refusal.what or f"Service {names.service_name(draft.name)}"

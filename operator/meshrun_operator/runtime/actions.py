@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from meshrun.api.spec import Egress
-from meshrun.envcontract import pod_env
+from meshrun.envcontract import RENDEZVOUS_PORT, pod_env
 from meshrun_operator import metrics, names
 from meshrun_operator.children.builders import build_pod, build_podgroup, build_service
 from meshrun_operator.children.netpolicy import PolicyOptions, build_network_policy
@@ -112,7 +112,7 @@ async def _create_children(
             namespace=job.namespace,
             pod_index=index,
             master_addr=names.master_addr(job.name, job.namespace),
-            master_port=names.RENDEZVOUS_PORT,
+            master_port=RENDEZVOUS_PORT,
             attempt=attempt,
             checkpoint_dir=CHECKPOINT_MOUNT,
         )

@@ -15,6 +15,7 @@ from typing import Any
 
 import kopf
 
+from meshrun.api.crd import GROUP, PLURAL, VERSION
 from meshrun_operator import metrics, names
 from meshrun_operator.background import Liveness, Stalled
 from meshrun_operator.bodies import kept
@@ -237,7 +238,7 @@ def register(
         owner = next((o.get("uid") for o in owners if o.get("controller")), None)
         memo.resync.poke(owner, batch=True)
 
-    @kopf.on.event(names.GROUP, names.VERSION, names.PLURAL, id="job-changed", registry=registry)
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="job-changed", registry=registry)
     async def job_changed(
         memo: OperatorMemo, uid: str, type: str | None, body: kopf.Body, **_: Any
     ) -> None:

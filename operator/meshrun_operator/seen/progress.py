@@ -17,7 +17,7 @@ from typing import Any
 
 import aiohttp
 
-from meshrun_operator import names
+from meshrun.envcontract import METRICS_PORT
 from meshrun_operator.seen.views import PodView, parse_progress
 from meshrun_operator.vocabulary import PodPhase
 
@@ -42,7 +42,7 @@ class ProgressReader:
         enabled: bool,
         timeout: float = 1.0,
         retry_after: float = 60.0,
-        port: int = names.METRICS_PORT,
+        port: int = METRICS_PORT,
         max_bytes: int = PROGRESS_MAX_BYTES,
     ) -> None:
         self.enabled = enabled

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
+from meshrun.api.crd import GROUP, PLURAL, VERSION
 from meshrun_operator import metrics, names
 from meshrun_operator.client.errors import NO_ANSWER, ApiError
 from meshrun_operator.client.kube import Kube, core_path, group_path
@@ -86,7 +87,7 @@ async def _page(kube: Kube, what: str, namespace: str | None, token: str | None)
         query["labelSelector"] = names.LABEL_JOB
         path = core_path("pods", namespace)
     else:
-        path = group_path(names.GROUP, names.VERSION, names.PLURAL, namespace)
+        path = group_path(GROUP, VERSION, PLURAL, namespace)
     return await kube.call("list", what, "GET", path, query=query, accept=METADATA_ONLY)
 
 
@@ -140,7 +141,7 @@ class Auditor:
     async def audit(self) -> tuple[list[str], list[str]]:
         """Drop the jobs, then the pods, deleted while unseen; their uids."""
         namespaces = [str(body["metadata"]["namespace"]) for body in self.jobs.values()]
-        version, listed = await list_uids(self.kube, names.PLURAL, self._where(namespaces))
+        version, listed = await list_uids(self.kube, PLURAL, self._where(namespaces))
         gone_jobs = [
             uid
             for uid, body in list(self.jobs.items())

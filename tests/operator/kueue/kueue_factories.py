@@ -7,12 +7,13 @@ from typing import Any
 
 from meshrun_operator import names
 
+from meshrun.api.crd import API_VERSION, KIND
 from meshrun.planner.plan import Plan, plan_job
 
 GPU = "nvidia.com/gpu"
 OWNER = {
-    "apiVersion": names.API_VERSION,
-    "kind": names.KIND,
+    "apiVersion": API_VERSION,
+    "kind": KIND,
     "name": "train",
     "uid": "0b7c-uid",
     "controller": True,

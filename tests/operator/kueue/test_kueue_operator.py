@@ -27,6 +27,7 @@ from meshrun_operator.kueue import ADMITTED, FINISHED, PODS_READY, condition
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 
+from meshrun.api.crd import API_VERSION, KIND, PLURAL
 from meshrun.jobdoc import JOB_VARIABLE, read_document
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(1800)]
@@ -50,7 +51,7 @@ def teams(
     process.start()
     yield {team: Cluster(kubectl, ns) for team, ns in kueue_env.namespaces.items()}
     for namespace in kueue_env.namespaces.values():
-        kubectl("delete", names.PLURAL, "--all", "-n", namespace, "--wait=true", check=False)
+        kubectl("delete", PLURAL, "--all", "-n", namespace, "--wait=true", check=False)
     process.stop()
     print(f"--- operator log ({process.log_path}) ---\n{process.log_tail(120)}")
 
@@ -67,8 +68,8 @@ def submit(
     name = f"train-{uuid.uuid4().hex[:5]}"
     labels = {"kueue.x-k8s.io/priority-class": priority} if priority else {}
     manifest = {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": name, "labels": labels},
         "spec": {
             **pipeline_spec(num_nodes, 8, pp),
@@ -152,7 +153,7 @@ def test_quota_queues_a_job_with_kueues_reason_and_deleting_jobs_gives_the_quota
     assert f"paralleltrainingjob-{second}-" in listing and "team-b" in listing, listing
 
     # Deleting a queued job deletes its Workload: the queue no longer holds it.
-    kubectl("delete", names.PLURAL, second, "-n", b.ns)
+    kubectl("delete", PLURAL, second, "-n", b.ns)
     gone = kubectl("get", "workloads", "-n", b.ns, "-o", "name").stdout
     wait_for(
         lambda: second not in kubectl("get", "workloads", "-n", b.ns, "-o", "name").stdout,
@@ -180,9 +181,9 @@ def test_quota_queues_a_job_with_kueues_reason_and_deleting_jobs_gives_the_quota
     # Deleting a running job gives its quota back at once: the next one runs.
     fourth = submit(a, num_nodes=4, pp=2, priority="meshrun-low")
     suspended(a, fourth, "Pending", NO_QUOTA)
-    kubectl("delete", names.PLURAL, third, "-n", b.ns, "--wait=false")
+    kubectl("delete", PLURAL, third, "-n", b.ns, "--wait=false")
     running(a, fourth, 4)
-    kubectl("delete", names.PLURAL, fourth, "-n", a.ns, "--wait=false")
+    kubectl("delete", PLURAL, fourth, "-n", a.ns, "--wait=false")
 
 
 def test_partial_admission_runs_an_elastic_job_at_the_admitted_size_and_a_rigid_one_waits(
@@ -201,7 +202,7 @@ def test_partial_admission_runs_an_elastic_job_at_the_admitted_size_and_a_rigid_
     suspended(b, rigid, "Pending", NO_QUOTA)
     assert "minCount" not in job_workload(b, rigid)["spec"]["podSets"][0]
     assert b.pods(rigid) == []
-    kubectl("delete", names.PLURAL, rigid, "-n", b.ns)
+    kubectl("delete", PLURAL, rigid, "-n", b.ns)
 
     elastic = {"minDataParallel": 8}
     job = submit(b, num_nodes=4, pp=1, priority="meshrun-low", elastic=elastic, **ddp)
@@ -221,7 +222,7 @@ def test_partial_admission_runs_an_elastic_job_at_the_admitted_size_and_a_rigid_
 
     finish_all(b, job)
     b.wait_phase(job, "Succeeded")
-    kubectl("delete", names.PLURAL, holder, "-n", a.ns, "--wait=false")
+    kubectl("delete", PLURAL, holder, "-n", a.ns, "--wait=false")
 
 
 def _checkpoint_claim(kubectl: Kubectl, namespace: str) -> str:
@@ -296,7 +297,7 @@ def test_a_higher_priority_preempts_and_the_victim_resumes_later_without_a_resta
         assert volumes["meshrun-checkpoints"]["persistentVolumeClaim"]["claimName"] == claim
         env = _env(pod)
         assert env["MESHRUN_ATTEMPT"] == "1" and env["MESHRUN_CHECKPOINT_DIR"] == "/checkpoints"
-    kubectl("delete", names.PLURAL, victim, "-n", b.ns, "--wait=false")
+    kubectl("delete", PLURAL, victim, "-n", b.ns, "--wait=false")
 
 
 def test_a_whole_gang_restart_keeps_the_admission(
@@ -329,7 +330,7 @@ def test_a_whole_gang_restart_keeps_the_admission(
     # admission places each pod on its node again.
     assert "unhealthyNodes" not in after.get("status", {}), after["status"]["unhealthyNodes"]
     assert {p["metadata"]["name"]: p["spec"]["nodeName"] for p in a.live_pods(job)} == nodes
-    kubectl("delete", names.PLURAL, job, "-n", a.ns, "--wait=false")
+    kubectl("delete", PLURAL, job, "-n", a.ns, "--wait=false")
 
 
 def test_a_queue_that_cannot_work_says_why(teams: dict[str, Cluster], kubectl: Kubectl) -> None:
@@ -342,7 +343,7 @@ def test_a_queue_that_cannot_work_says_why(teams: dict[str, Cluster], kubectl: K
     warned = [e["type"] for e in a.events(unknown) if e["reason"] == found["reason"]]
     assert warned == ["Warning"], a.events(unknown)
     for job in (lost, unknown):
-        kubectl("delete", names.PLURAL, job, "-n", a.ns, "--wait=false")
+        kubectl("delete", PLURAL, job, "-n", a.ns, "--wait=false")
 
 
 def test_without_kueue_a_queue_name_says_so_and_other_jobs_run_as_before(
@@ -356,8 +357,8 @@ def test_without_kueue_a_queue_name_says_so_and_other_jobs_run_as_before(
         assert "spec.scheduling.queueName is team-a" in found["message"]
         plain = f"plain-{uuid.uuid4().hex[:5]}"
         manifest = {
-            "apiVersion": names.API_VERSION,
-            "kind": names.KIND,
+            "apiVersion": API_VERSION,
+            "kind": KIND,
             "metadata": {"name": plain},
             "spec": pipeline_spec(2, 8, 2),
         }
@@ -365,5 +366,5 @@ def test_without_kueue_a_queue_name_says_so_and_other_jobs_run_as_before(
         team.wait_running_pods(plain, 2)
         assert team.pods(queued) == []
     finally:
-        kubectl("delete", names.PLURAL, "--all", "-n", namespace, "--wait=false", check=False)
+        kubectl("delete", PLURAL, "--all", "-n", namespace, "--wait=false", check=False)
         process.stop()

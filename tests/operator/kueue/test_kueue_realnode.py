@@ -27,6 +27,8 @@ from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 
+from meshrun.api.crd import PLURAL
+
 ROOT = Path(__file__).resolve().parents[3]
 sys.path.insert(0, str(ROOT / "tests" / "realnode"))
 from e2e_support import TRAINER_IMAGE  # noqa: E402
@@ -140,7 +142,7 @@ def real_queue(
     finally:
         kubectl(
             "delete",
-            names.PLURAL,
+            PLURAL,
             "--all",
             "-n",
             namespace,

@@ -29,6 +29,8 @@ from meshrun_operator.lifecycle.queue import queue_of
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.vocabulary import Reason
 
+from meshrun.api.crd import API_VERSION, KIND
+
 pytestmark = pytest.mark.unit
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -45,8 +47,8 @@ PREEMPTED_MSG = "Preempted to accommodate a workload (UID: 9) due to prioritizat
 def make_job(status: dict[str, Any] | None = None, **scheduling: Any) -> dict[str, Any]:
     """A 2-pod x 4-GPU job in LocalQueue team-a (``scheduling`` overrides; None removes)."""
     return {
-        "apiVersion": names.API_VERSION,
-        "kind": names.KIND,
+        "apiVersion": API_VERSION,
+        "kind": KIND,
         "metadata": {"name": "job", "namespace": "ns", "uid": "uid-1", "generation": 1},
         "spec": {
             "image": "meshrun/trainer:test",

@@ -22,7 +22,8 @@ from meshrun_trainer.distributed.parallel import end_forward_only
 from meshrun_trainer.distributed.pipeline import loss_scale
 
 if TYPE_CHECKING:
-    from meshrun_trainer.config.read import TrainConfig
+    from meshrun.api.layout import Layout
+    from meshrun.jobdoc import JobDocument
     from meshrun_trainer.distributed.mesh import Mesh
     from meshrun_trainer.runner import Runner
 
@@ -48,7 +49,7 @@ def _loss_context(runner: Runner) -> AbstractContextManager[Any]:
 
 
 def _summed_loss(
-    cfg: TrainConfig, runner: Runner, inputs: torch.Tensor, targets: torch.Tensor
+    layout: Layout, runner: Runner, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """Sum of the token losses of these rows (0 on ranks that never see the loss)."""
     if runner.schedule is None:
@@ -67,7 +68,7 @@ def _summed_loss(
         runner.schedule.eval(*args, target=targets, losses=losses)
     # Each micro-batch's loss is its token mean divided by the schedule's loss scale.
     counts = [int((t != IGNORE).sum()) for t in targets.chunk(len(losses))]
-    scale = loss_scale(cfg.layout)
+    scale = loss_scale(layout)
     total = torch.zeros((), device=inputs.device)
     for loss, count in zip(losses, counts, strict=True):
         if count:
@@ -77,14 +78,14 @@ def _summed_loss(
 
 
 @torch.no_grad()
-def validation_loss(cfg: TrainConfig, runner: Runner, mesh: Mesh, windows: np.ndarray) -> float:
+def validation_loss(job: JobDocument, runner: Runner, mesh: Mesh, windows: np.ndarray) -> float:
     """The validation loss, identical on every rank; collective."""
-    layout = cfg.layout
-    rows = cfg.training.global_batch_size // layout.dp // layout.grad_accumulation
+    layout = job.plan.layout
+    rows = job.spec.training.global_batch_size // layout.dp // layout.grad_accumulation
     sums = torch.zeros(2, dtype=torch.float64, device=mesh.device)
     for start in range(0, len(windows), rows * layout.dp):
         inputs, targets = _block(windows, start, rows, layout.dp, mesh.dp_rank)
-        loss = _summed_loss(cfg, runner, inputs.to(mesh.device), targets.to(mesh.device))
+        loss = _summed_loss(layout, runner, inputs.to(mesh.device), targets.to(mesh.device))
         sums[0] += loss.double()
         if runner.is_last:
             sums[1] += int((targets != IGNORE).sum())

@@ -19,7 +19,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from meshrun_trainer.config.read import TrainConfig
+from meshrun.jobdoc import JobDocument
 from meshrun_trainer.runner import StepRecord
 
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -45,9 +45,9 @@ def finite_json(value: Any) -> str:
 class Metrics:
     """Prometheus series of one trainer (rank 0)."""
 
-    def __init__(self, cfg: TrainConfig) -> None:
+    def __init__(self, job: JobDocument) -> None:
         self.registry = CollectorRegistry()
-        labels = {"job": cfg.job_name, "namespace": cfg.namespace}
+        labels = {"job": job.pod.job_name, "namespace": job.pod.namespace}
         names = list(labels)
 
         def gauge(name: str, doc: str) -> Gauge:
@@ -74,7 +74,7 @@ class Metrics:
         self.tokens = Counter(
             "meshrun_trainer_tokens", "Tokens trained on", names, registry=self.registry
         ).labels(**labels)
-        self.total.set(cfg.training.steps)
+        self.total.set(job.spec.training.steps)
 
 
 class ProgressServer:
@@ -115,21 +115,21 @@ class ProgressServer:
 class Reporter:
     """Rank 0's view of the run: prints, serves and finally writes the summary."""
 
-    def __init__(self, cfg: TrainConfig, serve: bool = True) -> None:
-        self.cfg = cfg
-        self.metrics = Metrics(cfg)
+    def __init__(self, job: JobDocument, serve: bool = True) -> None:
+        self.job = job
+        self.metrics = Metrics(job)
         self.progress: dict[str, Any] = {
             "step": 0,
-            "totalSteps": cfg.training.steps,
+            "totalSteps": job.spec.training.steps,
             "loss": None,
             "tokensPerSecond": None,
             "stepTimeSeconds": None,
             "updatedAt": time.time(),
         }
         self.server: ProgressServer | None = None
-        if serve and cfg.metrics_port:
+        if serve and job.pod.metrics_port:
             try:
-                self.server = ProgressServer(cfg.metrics_port, self.metrics, self.progress)
+                self.server = ProgressServer(job.pod.metrics_port, self.metrics, self.progress)
             except OSError as error:  # a busy port must not stop training
                 print(f"meshrun-trainer: metrics server disabled: {error}", file=sys.stderr)
 
@@ -140,7 +140,7 @@ class Reporter:
         m.tps.set(record.tokens_per_s)
         m.step_time.set(record.step_time_s)
         m.memory.set(record.peak_memory_bytes)
-        m.tokens.inc(self.cfg.tokens_per_step)
+        m.tokens.inc(self.job.spec.tokens_per_step)
         update = {
             "step": record.step,
             "loss": record.loss,
@@ -154,7 +154,7 @@ class Reporter:
         line = {
             "event": "step",
             **update,
-            "totalSteps": self.cfg.training.steps,
+            "totalSteps": self.job.spec.training.steps,
             "gradNorm": record.grad_norm,
             "peakMemoryBytes": record.peak_memory_bytes,
         }
@@ -177,7 +177,7 @@ class Reporter:
             brief["eval"] = brief["eval"][-8:]
         text = finite_json(brief)[:TERMINATION_MESSAGE_LIMIT]
         try:
-            with open(self.cfg.termination_log, "w", encoding="utf-8") as handle:
+            with open(self.job.pod.termination_log, "w", encoding="utf-8") as handle:
                 handle.write(text)
         except OSError as error:
             print(f"meshrun-trainer: cannot write termination log: {error}", file=sys.stderr)

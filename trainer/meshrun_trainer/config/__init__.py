@@ -1,2 +1,2 @@
-"""The run's configuration as the trainer reads it: the typed settings, the layout, the job's own
-run."""
+"""The job as the trainer reads it: the core's spec, plan and pod from the job document, and the
+job's own files."""

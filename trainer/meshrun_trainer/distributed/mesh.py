@@ -17,9 +17,9 @@ import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from meshrun.api.layout import Layout
 from meshrun.api.spec import CPU
 from meshrun.localnet import free_port
-from meshrun_trainer.config.layout import Layout
 from meshrun_trainer.distributed.hostmemory import return_freed_memory
 
 

@@ -43,8 +43,8 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
-from meshrun_trainer.config.layout import Layout
-from meshrun_trainer.config.read import TrainConfig
+from meshrun.api.layout import Layout
+from meshrun.jobdoc import JobDocument
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.models.llama import Transformer
@@ -173,7 +173,7 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
 
 
 def build_parts(
-    cfg: TrainConfig,
+    job: JobDocument,
     mesh: Mesh,
     stage_ids: list[int],
     options: PartOptions | None = None,
@@ -183,18 +183,16 @@ def build_parts(
     from ``source`` (default: the seeded random initialisation). DDP wraps the part it
     returns when the layout is plain data parallel."""
     options = options or PartOptions()
-    layout = cfg.layout
-    bf16 = cfg.training.precision == "bf16"
+    layout, shape = job.plan.layout, job.plan.model
+    bf16 = job.spec.training.precision == "bf16"
     fsdp = uses_fsdp(layout)
     parts: list[nn.Module] = []
     for stage_id in stage_ids:
         with torch.device("meta"):
             # Autocast only where no FSDP2 policy casts the parameters.
-            model = Transformer(
-                cfg.model, autocast_dtype=torch.bfloat16 if bf16 and not fsdp else None
-            )
+            model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 and not fsdp else None)
         if layout.pp > 1:
-            model.keep_layers(*layout.stage_layers[stage_id])
+            model.keep_layers(*job.plan.stage_layers[stage_id])
         if layout.tp > 1:
             apply_tensor_parallel(model, mesh, options.loss_parallel)
         blocks = list(model.layers.values())
@@ -204,9 +202,8 @@ def build_parts(
         if fsdp:
             apply_fsdp(model, layout, mesh, bf16)
         parts.append(model)
-    materialize(
-        parts, mesh.device, source or SeededInit(cfg.training.seed, cfg.model.tie_embeddings)
-    )
+    seeded = SeededInit(job.spec.training.seed, shape.tie_embeddings)
+    materialize(parts, mesh.device, source or seeded)
     if gradients_in_buckets(layout):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
         # The gradients are views into DDP's all-reduce buckets instead of a second copy of

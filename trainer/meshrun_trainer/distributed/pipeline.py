@@ -1,6 +1,6 @@
 """Pipeline parallelism with torch.distributed.pipelining.
 
-Stage s of pp * v holds the layer range ``stage_layers[s]``; rank r holds stages r, r + pp, ...
+Stage s of pp * v holds the layer range ``plan.stage_layers[s]``; rank r holds stages r, r + pp, ...
 (the "loop" placement of Interleaved 1F1B, Narayanan et al. 2021). GPipe and 1F1B use v = 1.
 
 With gradient accumulation the schedule runs once per accumulation step. At the end of each run
@@ -30,7 +30,7 @@ from torch.distributed.pipelining.schedules import (
 )
 from torch.distributed.pipelining.stage import _PipelineStageBase
 
-from meshrun_trainer.config.layout import Layout
+from meshrun.api.layout import Layout
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import data_parallel_kind
 

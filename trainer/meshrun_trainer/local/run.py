@@ -30,10 +30,8 @@ from meshrun.files.hf import HFModel
 from meshrun.files.mountflag import add_mount_flag
 from meshrun_trainer.components.data.windows import dataset_tokens
 from meshrun_trainer.components.progress import finite
-from meshrun_trainer.config.layout import ConfigError
-from meshrun_trainer.config.read import from_env
-from meshrun_trainer.config.userrun import from_env as read_user_run
-from meshrun_trainer.config.userrun import with_model
+from meshrun_trainer.config.read import read_job
+from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.local.env import local_envs
 
 MAX_LOCAL_PROCESSES = 64
@@ -99,10 +97,10 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
     if why_cpu:
         print(f"meshrun run: {why_cpu}", file=sys.stderr)
     try:  # the trainer's own checks (the planner's rules), before any process starts
-        cfg = from_env(envs[0])
-        with_model(cfg, read_user_run(cfg))
-    except ConfigError as error:
+        document = read_job(envs[0])
+    except SpecError as error:
         raise UsageError(f"the planned job cannot train: {error}") from None
+    with_model(document, open_files(document))  # and its files, as the trainer opens them
     plan = planned.to_dict()
     return plan, envs
 

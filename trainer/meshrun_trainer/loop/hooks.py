@@ -1,4 +1,5 @@
-"""The training loop's hooks for a job's own parts (meshrun_trainer.config.userrun): where the
+"""The training loop's hooks for a job's own parts (``spec.model.hf``, ``spec.training.data``,
+``lrSchedule``, ``export``; the folder opened by meshrun_trainer.config.userrun): where the
 initial weights come from (:func:`weight_source`), the data stream and its position, tied-embedding
 gradients across pipeline stages, the learning-rate schedule, validation, and the export."""
 
@@ -15,7 +16,6 @@ from meshrun_trainer.components.data.synthetic import TokenStream, make_stream
 from meshrun_trainer.components.data.windows import WindowStream, open_training, open_validation
 from meshrun_trainer.components.evaluate import validation_loss
 from meshrun_trainer.components.optim import make_scheduler
-from meshrun_trainer.config.userrun import UserRun
 from meshrun_trainer.distributed.tying import embedding_group, sync_tied_gradients, tied_parameters
 from meshrun_trainer.models.hf import SafetensorsSource, export
 
@@ -23,7 +23,8 @@ if TYPE_CHECKING:
     from torch import nn
 
     from meshrun.api.presets import ModelShape
-    from meshrun_trainer.config.read import TrainConfig
+    from meshrun.files.hf import HFModel
+    from meshrun.jobdoc import JobDocument
     from meshrun_trainer.distributed.mesh import Mesh
     from meshrun_trainer.models.materialize import WeightSource
     from meshrun_trainer.runner import Runner
@@ -37,35 +38,35 @@ def _modules(runner: Runner) -> list[nn.Module]:
 class UserHooks:
     """Set up once per process after the runner is built; every rank makes the same calls."""
 
-    def __init__(self, cfg: TrainConfig, run: UserRun, mesh: Mesh, runner: Runner) -> None:
-        self.cfg, self.run, self.mesh, self.runner = cfg, run, mesh, runner
+    def __init__(self, job: JobDocument, hf: HFModel | None, mesh: Mesh, runner: Runner) -> None:
+        self.job, self.hf, self.mesh, self.runner = job, hf, mesh, runner
         self.evals: list[dict[str, Any]] = []
         """{"step", "loss"} of each validation so far (restored ones included)."""
-        hf, training = run.hf, cfg.training
+        training, shape = job.spec.training, job.plan.model
         self.tied: list[Any] = []
         self.duplicates: list[Any] = []
         self.group = None
-        if cfg.model.tie_embeddings and cfg.layout.pp > 1:
+        if shape.tie_embeddings and job.plan.layout.pp > 1:
             self.group = embedding_group(mesh)
             self.tied = tied_parameters(_modules(runner))
             self.duplicates = [] if runner.is_first else self.tied
         self.schedulers: list[LambdaLR] = [
-            make_scheduler(opt, run.lr_schedule, training.steps) for opt in runner.optimizers
+            make_scheduler(opt, training.lr_schedule, training.steps) for opt in runner.optimizers
         ]
         self.stream: TokenStream
         self.validation: np.ndarray | None = None
-        data = run.data
+        data = training.data
         if data is None:
             self.stream = make_stream(
-                training.dataset,
-                cfg.model.vocab,
-                cfg.model.seq_len,
+                job.spec.dataset,
+                shape.vocab,
+                shape.seq_len,
                 training.global_batch_size,
                 training.seed,
             )
             return
         folder = hf.path if hf is not None else None
-        args = (folder, cfg.model.vocab, cfg.model.seq_len)
+        args = (folder, shape.vocab, shape.seq_len)
         self.stream = open_training(data, *args, training.global_batch_size, training.seed)
         if data.validation is not None:
             self.validation = open_validation(data, *args)
@@ -77,15 +78,16 @@ class UserHooks:
         """Advance the schedule; validate when due (not after the last step: see finish)."""
         for scheduler in self.schedulers:
             scheduler.step()
-        every = self.run.data.eval_every_steps if self.run.data else 0
-        if every and step % every == 0 and step < self.cfg.training.steps:
+        training = self.job.spec.training
+        every = training.data.eval_every_steps if training.data else 0
+        if every and step % every == 0 and step < training.steps:
             return self.validate(step)
         return None
 
     def validate(self, step: int) -> float | None:
         if self.validation is None:
             return None
-        loss = validation_loss(self.cfg, self.runner, self.mesh, self.validation)
+        loss = validation_loss(self.job, self.runner, self.mesh, self.validation)
         self.evals.append({"step": step, "loss": loss})
         return loss
 
@@ -110,11 +112,13 @@ class UserHooks:
         """The last validation (unless already done at this step) and the export; collective."""
         if self.validation is not None and not any(e["step"] == step for e in self.evals):
             self.validate(step)
-        if self.run.export is not None:
-            dtype = self.run.hf.dtype if self.run.hf is not None else "float32"
-            source = self.run.hf.path if self.run.hf is not None else None
+        target = self.job.spec.training.export
+        if target is not None:
+            hf = self.hf
+            dtype = hf.dtype if hf is not None else "float32"
+            source = hf.path if hf is not None else None
             modules = _modules(self.runner)
-            export(modules, self.run.export, self.cfg.model, source, _storable(dtype))
+            export(modules, target.path, self.job.plan.model, source, _storable(dtype))
 
 
 def _storable(dtype: str) -> str:
@@ -122,8 +126,8 @@ def _storable(dtype: str) -> str:
     return dtype if isinstance(getattr(torch, dtype, None), torch.dtype) else "float32"
 
 
-def weight_source(run: UserRun, shape: ModelShape) -> WeightSource | None:
+def weight_source(hf: HFModel | None, shape: ModelShape) -> WeightSource | None:
     """The folder's safetensors when it has weights; None: the seeded random initialisation."""
-    if run.hf is None or not run.hf.weights:
+    if hf is None or not hf.weights:
         return None
-    return SafetensorsSource(run.hf.path, shape)
+    return SafetensorsSource(hf.path, shape)

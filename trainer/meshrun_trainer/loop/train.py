@@ -10,12 +10,13 @@ from collections.abc import Callable
 import torch
 import torch.distributed as dist
 
+from meshrun.api.layout import Layout
+from meshrun.files.hf import HFModel
+from meshrun.jobdoc import JobDocument
 from meshrun_trainer.components import checkpoint
 from meshrun_trainer.components.data.synthetic import replica_rows
 from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
-from meshrun_trainer.config.read import TrainConfig
-from meshrun_trainer.config.userrun import UserRun
-from meshrun_trainer.config.userrun import from_env as read_user_run
+from meshrun_trainer.config.userrun import open_files
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import (
     PartOptions,
@@ -46,22 +47,22 @@ def peak_memory() -> tuple[int, str]:
 
 
 def build_runner(
-    cfg: TrainConfig,
+    job: JobDocument,
     mesh: Mesh,
     options: PartOptions | None = None,
     source: WeightSource | None = None,
 ) -> Runner:
     """This rank's model parts (initial values from ``source``, default the seeded random
-    initialisation), optimizers and pipeline schedule; ``options`` default to the config's."""
-    layout = cfg.layout
+    initialisation), optimizers and pipeline schedule; ``options`` default to the job's (the
+    plan's activation checkpointing: auto chooses it where the spec leaves it unset)."""
+    layout, training = job.plan.layout, job.spec.training
     options = options or PartOptions(
-        activation_checkpointing=cfg.training.activation_checkpointing,
-        compile=cfg.training.compile,
+        activation_checkpointing=job.plan.activation_checkpointing,
+        compile=training.compile,
     )
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
-    parts = build_parts(cfg, mesh, stage_ids, options, source)
+    parts = build_parts(job, mesh, stage_ids, options, source)
     zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
-    training = cfg.training
     optimizers = [
         make_optimizer(part.parameters(), training.learning_rate, training.optimizer, zero1)
         for part in parts
@@ -85,20 +86,20 @@ def build_runner(
 
 
 def forward_backward(
-    cfg: TrainConfig, runner: Runner, inputs: torch.Tensor, targets: torch.Tensor
+    layout: Layout, runner: Runner, inputs: torch.Tensor, targets: torch.Tensor
 ) -> torch.Tensor:
     """Accumulate gradients over this replica's rows; return its mean loss.
 
     Ranks without the last pipeline stage return 0 (they never see the loss).
     """
-    accumulation = cfg.layout.grad_accumulation
+    accumulation = layout.grad_accumulation
     total = torch.zeros((), device=inputs.device)
     stages = schedule_stages(runner.schedule) if runner.schedule is not None else []
     chunks = zip(inputs.chunk(accumulation), targets.chunk(accumulation), strict=True)
     for index, (x, y) in enumerate(chunks):
         last = index == accumulation - 1
         if runner.schedule is None:
-            with gradient_sync(runner.parts, cfg.layout, last), runner.loss_context():
+            with gradient_sync(runner.parts, layout, last), runner.loss_context():
                 loss = cross_entropy(runner.parts[0](x), y) / accumulation
                 torch.autograd.backward(loss)
             total += plain(loss.detach())
@@ -122,43 +123,43 @@ class LossNotFinite(Exception):
         self.step, self.loss = step, loss
 
 
-def global_loss(cfg: TrainConfig, mesh: Mesh, local: torch.Tensor) -> float:
+def global_loss(layout: Layout, mesh: Mesh, local: torch.Tensor) -> float:
     """Average the replicas' losses; the last pipeline stage shares its value with the others."""
     loss = local.detach().float().clone()
-    if cfg.layout.pp > 1:
+    if layout.pp > 1:
         dist.all_reduce(loss, group=mesh.group("pp"))  # only the last stage is non-zero
-    if cfg.layout.dp > 1:
+    if layout.dp > 1:
         dist.all_reduce(loss, group=mesh.group("dp"))
-        loss /= cfg.layout.dp
+        loss /= layout.dp
     return float(loss.item())
 
 
 def train(
-    cfg: TrainConfig,
+    job: JobDocument,
     mesh: Mesh,
     on_step: Callable[[StepRecord], None] | None = None,
-    run: UserRun | None = None,
+    hf: HFModel | None = None,
     on_eval: Callable[[int, float], None] | None = None,
 ) -> TrainResult:
-    """Run (or resume) training to ``cfg.training.steps``; every rank calls this.
+    """Run (or resume) training to ``job.spec.training.steps``; every rank calls this.
 
-    ``run``: the job's own model folder, data, optimizer, schedule and export (UserHooks).
+    ``hf``: the job's Hugging Face folder, opened (default: opened here when the spec names one).
     ``on_eval(step, loss)``: called after each validation.
     """
-    training = cfg.training
-    run = run or read_user_run(cfg)
-    runner = build_runner(cfg, mesh, source=weight_source(run, cfg.model))
-    hooks = UserHooks(cfg, run, mesh, runner)
+    training, layout, folder = job.spec.training, job.plan.layout, job.pod.checkpoint_dir
+    hf = hf if hf is not None else open_files(job)
+    runner = build_runner(job, mesh, source=weight_source(hf, job.plan.model))
+    hooks = UserHooks(job, hf, mesh, runner)
     result = TrainResult()
-    if training.checkpoint_dir:
-        result.resumed_from = checkpoint.restore_latest(training.checkpoint_dir, runner)
+    if folder:
+        result.resumed_from = checkpoint.restore_latest(folder, runner)
         if result.resumed_from:
-            saved = checkpoint.read_extra(training.checkpoint_dir, result.resumed_from)
+            saved = checkpoint.read_extra(folder, result.resumed_from)
             hooks.restore(result.resumed_from, saved)
     if result.resumed_from == 0 and hooks.validate(0) is not None and on_eval is not None:
         on_eval(0, hooks.evals[-1]["loss"])
     stream = hooks.stream
-    pp_group = mesh.group("pp") if cfg.layout.pp > 1 else None
+    pp_group = mesh.group("pp") if layout.pp > 1 else None
     params = runner.parameters()
     # DDP's gradients are views into its all-reduce buckets, which stay allocated: zeroing them
     # in place keeps it that way (set to None, each first micro-step under no_sync would
@@ -166,20 +167,20 @@ def train(
     # first step: DDP then rebuilds its buckets in the order that backward produced the
     # gradients, and gradients still pointing into the old buckets would be copied over,
     # holding both sets at once.
-    buckets = gradients_in_buckets(cfg.layout)
+    buckets = gradients_in_buckets(layout)
     first = result.resumed_from + 1
     for step in range(first, training.steps + 1):
         started = time.perf_counter()
         inputs, targets = stream.global_batch(step)
-        inputs = replica_rows(inputs, mesh.dp_rank, cfg.layout.dp).to(mesh.device)
-        targets = replica_rows(targets, mesh.dp_rank, cfg.layout.dp).to(mesh.device)
-        local = forward_backward(cfg, runner, inputs, targets)
+        inputs = replica_rows(inputs, mesh.dp_rank, layout.dp).to(mesh.device)
+        targets = replica_rows(targets, mesh.dp_rank, layout.dp).to(mesh.device)
+        local = forward_backward(layout, runner, inputs, targets)
         hooks.after_backward()
         norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=not buckets or step == first)
-        loss = global_loss(cfg, mesh, local)  # the same value on every rank
+        loss = global_loss(layout, mesh, local)  # the same value on every rank
         if not math.isfinite(loss):
             # Stopped before this step is reported or checkpointed: every checkpoint stays
             # finite, and a restart would only diverge again.
@@ -190,7 +191,7 @@ def train(
             loss=loss,
             grad_norm=float(norm.item()),
             step_time_s=elapsed,
-            tokens_per_s=cfg.tokens_per_step / elapsed,
+            tokens_per_s=job.spec.tokens_per_step / elapsed,
             peak_memory_bytes=peak_memory()[0],
         )
         result.records.append(record)
@@ -198,12 +199,10 @@ def train(
             on_step(record)
         if hooks.after_step(step) is not None and on_eval is not None:
             on_eval(step, hooks.evals[-1]["loss"])
-        every = training.checkpoint_every
-        if training.checkpoint_dir and ((every and step % every == 0) or step == training.steps):
+        every = training.checkpoint.every_steps
+        if folder and ((every and step % every == 0) or step == training.steps):
             extra = hooks.state(step)
-            checkpoint.save(
-                training.checkpoint_dir, step, runner, keep=training.checkpoint_keep, extra=extra
-            )
+            checkpoint.save(folder, step, runner, keep=job.pod.checkpoint_keep, extra=extra)
     evaluated = len(hooks.evals)
     hooks.finish(training.steps)
     if len(hooks.evals) > evaluated and on_eval is not None:

@@ -1,6 +1,6 @@
 """The life cycle under faults, decision by decision: the failure policy and disruptions, lost
 nodes, pods that never start, partial and refused creation, children of another owner
-(lifecycle.decide, no cluster). Spec edits: test_specedits_unit.py."""
+(lifecycle.decide, no cluster). Spec edits: test_lifecycle_specedits.py."""
 
 from __future__ import annotations
 
