@@ -35,10 +35,15 @@ EXIT_NO_ACCELERATOR = 3
 EXIT_LOSS_NOT_FINITE = 4
 """The trainer's exit code when the training loss turned NaN or infinite (reason LossNotFinite):
 training on would only spread it, and a restart from the last checkpoint diverges again."""
+EXIT_CHECKPOINT_REFUSED = 5
+"""The trainer's exit code when the checkpoint it must resume from cannot be loaded into this
+job (reason CheckpointRefused): it lacks state the model needs (another model's, or damaged),
+or its metadata names code to run. A restart would pick the same checkpoint again."""
 PERMANENT_REASONS = {
     EXIT_CONFIG_ERROR: "ConfigError",
     EXIT_NO_ACCELERATOR: "NoAccelerator",
     EXIT_LOSS_NOT_FINITE: "LossNotFinite",
+    EXIT_CHECKPOINT_REFUSED: "CheckpointRefused",
 }
 """Permanent trainer failures by exit code. torchrun exits 1 whatever its worker's code, so the
 trainer also writes ``{"status": "Failed", "reason": ..., "permanent": true, "error": ...}`` to

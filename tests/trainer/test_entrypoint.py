@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -149,4 +150,43 @@ def test_a_loss_that_turns_non_finite_stops_the_trainer_with_a_permanent_reason(
     # It stopped at the first non-finite loss: every step it reported had a finite one.
     assert [e["step"] for e in steps if e["event"] == "step"] == list(range(1, message["step"]))
     assert all(isinstance(e["loss"], float) for e in steps if e["event"] == "step")
+    assert "Traceback" not in proc.stderr
+
+
+class _Payload:
+    """Pickles as a call of ``open(path, "w")``: a file that appears if it ever runs."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return (open, (str(self.path), "w"))
+
+
+@pytest.mark.timeout(240)
+def test_a_checkpoint_that_cannot_be_loaded_fails_the_job_permanently_naming_it(
+    tmp_path: Path,
+) -> None:
+    checkpoints, first, second = tmp_path / "checkpoints", tmp_path / "first", tmp_path / "second"
+    first.mkdir()
+    second.mkdir()
+    pod = {"checkpointDir": str(checkpoints)}
+    proc, _ = trainer(first, spec={"training": {"checkpoint": {"everySteps": 3}}}, pod=pod)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    metadata = checkpoints / "step-00000003" / ".metadata"
+    assert metadata.is_file(), sorted(p.name for p in checkpoints.iterdir())
+    ran = tmp_path / "payload-ran"
+    metadata.write_bytes(pickle.dumps(_Payload(ran)))
+
+    spec = {"training": {"steps": 6, "checkpoint": {"everySteps": 3}}}
+    proc, log = trainer(second, spec=spec, pod=pod)
+    assert proc.returncode == 5, proc.stderr[-2000:]
+    message = json.loads(log.read_text())
+    assert (message["status"], message["reason"], message["permanent"]) == (
+        "Failed",
+        "CheckpointRefused",
+        True,
+    )
+    assert f"{metadata}: refused to load the global io.open" in message["error"]
+    assert not ran.exists(), "the checkpoint's payload ran"
     assert "Traceback" not in proc.stderr

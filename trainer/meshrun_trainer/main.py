@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from meshrun.api.errors import SpecError
 from meshrun.envcontract import (
+    EXIT_CHECKPOINT_REFUSED,
     EXIT_CONFIG_ERROR,
     EXIT_LOSS_NOT_FINITE,
     EXIT_NO_ACCELERATOR,
@@ -18,6 +19,8 @@ from meshrun.envcontract import (
 )
 from meshrun.jobdoc import JOB_VARIABLE, JobDocument, termination_log_of
 from meshrun_trainer.components.progress import TERMINATION_MESSAGE_LIMIT, Reporter, finite_json
+from meshrun_trainer.components.safeload import UnsafeCheckpoint
+from meshrun_trainer.components.statedicts import CheckpointMismatch
 from meshrun_trainer.config.read import read_job
 from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.distributed.mesh import (
@@ -115,6 +118,8 @@ def main() -> int:
         return _refuse(log, error, EXIT_CONFIG_ERROR, "invalid configuration")
     except LossNotFinite as error:  # every rank sees the same loss, so every rank stops here
         return _refuse(log, error, EXIT_LOSS_NOT_FINITE, "stopped")
+    except (CheckpointMismatch, UnsafeCheckpoint) as error:  # DCP's load fails on every rank
+        return _refuse(log, error, EXIT_CHECKPOINT_REFUSED, "cannot resume")
     except Exception as error:
         write_failure(log, error)
         raise

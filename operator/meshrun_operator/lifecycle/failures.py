@@ -15,6 +15,7 @@ from enum import Enum
 from typing import Any
 
 from meshrun.envcontract import (
+    EXIT_CHECKPOINT_REFUSED,
     EXIT_CONFIG_ERROR,
     EXIT_LOSS_NOT_FINITE,
     EXIT_NO_ACCELERATOR,
@@ -91,6 +92,12 @@ EXIT_CODES: dict[int, tuple[FailureClass, str, str]] = {
         PERMANENT_REASONS[EXIT_LOSS_NOT_FINITE],
         "the training loss is not finite (NaN or infinite, exit 4); the trainer stopped "
         "before checkpointing it, and a restart would diverge again",
+    ),
+    EXIT_CHECKPOINT_REFUSED: (
+        FailureClass.PERMANENT,
+        PERMANENT_REASONS[EXIT_CHECKPOINT_REFUSED],
+        "the trainer cannot load the checkpoint it must resume from (exit 5): it lacks state "
+        "this model needs or its metadata names code to run; a restart would pick it again",
     ),
     126: (FailureClass.PERMANENT, "CommandNotExecutable", "the command cannot be executed"),
     127: (FailureClass.PERMANENT, "CommandNotFound", "the command was not found in the image"),

@@ -16,6 +16,7 @@ ZeRO-1 run reads back exactly the parameters it owns, from a checkpoint of any l
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -148,6 +149,10 @@ def load(loaded: dict[str, Any], directory: str, no_dist: bool = False) -> None:
     as code: its metadata and values are read by safeload's reader and planner, and a file
     that names anything else raises UnsafeCheckpoint naming it."""
     reader = SafeReader(directory)
+    # Refused here, before DCP, which logs a failed metadata read with its traceback, tries the
+    # rank's own metadata, and logs again: a refusal is one clear line.
+    with contextlib.suppress(FileNotFoundError):  # DCP then reads the rank's own metadata
+        reader.read_metadata()
     try:
         dcp_load(loaded, storage_reader=reader, planner=SafePlanner(directory), no_dist=no_dist)
     except CheckpointException as error:
