@@ -181,6 +181,10 @@ def rank_work(
         saved = kept - layer_activation_elements(shape, t, "selective")
         recompute = tokens * max(saved, 0.0) * act_bytes * 2 / memory_rate
         tp_recompute = 2 * collective if t > 1 else 0.0  # the norms' all-gathers again
+    elif t > 1:
+        # Backward keeps the norms' outputs as sequence shards and gathers them again
+        # (meshrun_trainer.distributed.gather, as Megatron-LM does).
+        tp_recompute = 2 * collective
     head = head_forward = 0.0
     if last:
         head = gemm_seconds(tokens, shape.vocab / t, shape.hidden, peak)

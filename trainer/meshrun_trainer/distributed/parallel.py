@@ -36,7 +36,6 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -46,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from meshrun_trainer.config.layout import Layout
 from meshrun_trainer.config.read import TrainConfig
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
+from meshrun_trainer.distributed.gather import gather_inputs
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.models.llama import Transformer
 from meshrun_trainer.models.materialize import SeededInit, WeightSource, materialize
@@ -92,9 +92,12 @@ def uses_fsdp(layout: Layout) -> bool:
     return data_parallel_kind(layout) not in ("none", "ddp", "ddp+zero1")
 
 
-def apply_tensor_parallel(model: Transformer, mesh: Mesh, loss_parallel: bool = True) -> None:
+def apply_tensor_parallel(
+    model: Transformer, mesh: Mesh, loss_parallel: bool = True, keep_shards: bool = True
+) -> None:
     """Shard every block's linears (column then row) and the norms along the sequence; the head
-    leaves its logits sharded over the vocabulary when ``loss_parallel``."""
+    leaves its logits sharded over the vocabulary when ``loss_parallel``; ``keep_shards``: see
+    :mod:`meshrun_trainer.distributed.gather`."""
     tp_mesh = mesh.device_mesh["tp"]
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -114,25 +117,22 @@ def apply_tensor_parallel(model: Transformer, mesh: Mesh, loss_parallel: bool = 
         model.tie()
     block_plan: dict[str, Any] = {
         "attention_norm": SequenceParallel(),
-        # rope tables travel as plain tensors (None: leave them alone)
-        "attention": PrepareModuleInput(
-            input_layouts=(Shard(1), None, None),
-            desired_input_layouts=(Replicate(), None, None),
-        ),
+        # The attention's and the feed-forward's inputs are gathered by gather_inputs.
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-        ),
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": ColwiseParallel(),
     }
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan)
+    # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
+    # checkpointing; under selective checkpointing the gathers are redone anyway, and a
+    # compiled block's saved tensors are the compiler's to choose).
+    gather_inputs(list(model.layers.values()), keep_shards)
 
 
 def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> None:
@@ -196,7 +196,8 @@ def build_parts(
         if layout.pp > 1:
             model.keep_layers(*layout.stage_layers[stage_id])
         if layout.tp > 1:
-            apply_tensor_parallel(model, mesh, options.loss_parallel)
+            keep_shards = options.activation_checkpointing == "none" and not options.compile
+            apply_tensor_parallel(model, mesh, options.loss_parallel, keep_shards)
         blocks = list(model.layers.values())
         apply_activation_checkpointing(blocks, options.activation_checkpointing)
         if options.compile:
