@@ -1,5 +1,6 @@
 """What a tensor-parallel block keeps for backward, on two real gloo ranks, against the
-planner's accounting; keeping the gathered inputs' shards changes no gradient."""
+planner's accounting; keeping the gathered inputs' shards, and resharding the embedding's
+gradient as it is produced, change no gradient."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from activations_held import held_after_forward
 from meshrun_trainer.distributed.mesh import Mesh
-from meshrun_trainer.distributed.parallel import apply_tensor_parallel
+from meshrun_trainer.distributed.parallel import apply_tensor_parallel, shard_embedding_gradient
 from meshrun_trainer.models.llama import Transformer
 from meshrun_trainer.models.materialize import SeededInit, materialize
 from torch.distributed.device_mesh import init_device_mesh
@@ -34,14 +35,20 @@ def _step(shape: ModelShape, mesh: Mesh, keep_shards: bool) -> tuple[int, dict[s
         model = Transformer(shape)
     apply_tensor_parallel(model, mesh, loss_parallel=False, keep_shards=keep_shards)
     materialize([model], torch.device("cpu"), SeededInit(0, shape.tie_embeddings))
+    if keep_shards:
+        shard_embedding_gradient(model)
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, shape.vocab, (ROWS, shape.seq_len), generator=generator)
     held = held_after_forward(model, tokens)
     grads = {}
     for name, param in model.named_parameters():
         grad = param.grad
-        assert grad is not None, name
-        grads[name] = grad.full_tensor() if isinstance(grad, DTensor) else grad
+        assert isinstance(grad, DTensor) and isinstance(param, DTensor), name
+        if keep_shards and name == "tok_embeddings.weight":
+            # left to DTensor it is replicated: the whole vocabulary on every rank
+            assert grad.placements == param.placements
+            assert grad.to_local().shape == param.to_local().shape
+        grads[name] = grad.full_tensor()
     return held, grads
 
 

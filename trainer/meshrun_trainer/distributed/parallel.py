@@ -25,7 +25,7 @@ Either way the residual stream and what pipeline stages send are bf16.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -135,6 +135,38 @@ def apply_tensor_parallel(
     gather_inputs(list(model.layers.values()), keep_shards)
 
 
+def _placed_like(param: DTensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A gradient hook giving ``param``'s gradient ``param``'s own placement, in a storage of
+    its own (the whole gradient is freed at once)."""
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if not isinstance(grad, DTensor) or grad.placements == param.placements:
+            return grad
+        local = grad.redistribute(param.device_mesh, param.placements)._local_tensor
+        if local.untyped_storage().nbytes() > local.nbytes:
+            local = local.clone()  # a slice of the whole gradient would keep all of it
+        return DTensor.from_local(
+            local,
+            param.device_mesh,
+            param.placements,
+            run_check=False,
+            shape=param.shape,
+            stride=param.stride(),
+        )
+
+    return hook
+
+
+def shard_embedding_gradient(model: nn.Module) -> None:
+    """DTensor computes the vocabulary-sharded embedding's gradient whole (replicated) on
+    every tensor-parallel rank; resharded as it is produced, the gradient, its accumulation
+    and the optimizer step stay 1/t (otherwise each AdamW operation reshards it again). FSDP2
+    reduces the gradients of the parameters it wraps itself."""
+    embedding = getattr(model, "tok_embeddings", None)
+    if isinstance(embedding, nn.Embedding) and isinstance(embedding.weight, DTensor):
+        embedding.weight.register_hook(_placed_like(embedding.weight))  # type: ignore[no-untyped-call]
+
+
 def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> None:
     """FSDP2 units: the input embedding, each transformer block, the final norm with the head,
     then the root (torchtitan's units; a tied embedding and head stay together in the root).
@@ -208,6 +240,9 @@ def build_parts(
     materialize(
         parts, mesh.device, source or SeededInit(cfg.training.seed, cfg.model.tie_embeddings)
     )
+    if layout.tp > 1 and not fsdp:
+        for part in parts:
+            shard_embedding_gradient(part)
     if gradients_in_buckets(layout):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
         # The gradients are views into DDP's all-reduce buckets instead of a second copy of
