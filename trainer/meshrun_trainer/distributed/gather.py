@@ -86,14 +86,15 @@ def _unpack(packed: Any) -> Any:
     source.pending -= 1
     if source.pending == 0:
         source.again = None  # its last view is unpacked: backward holds it no longer
-    return DTensor.from_local(
-        local,
-        packed.mesh,
-        packed.placements,
-        run_check=False,
-        shape=packed.shape,
-        stride=packed.global_stride,
-    )
+    return placed(local, packed.mesh, packed.placements, packed.shape, packed.global_stride)
+
+
+def placed(
+    local: torch.Tensor, mesh: Any, placements: Any, shape: torch.Size, stride: tuple[int, ...]
+) -> DTensor:
+    """``local`` as this rank's part of a DTensor of global ``shape`` and ``stride`` (no
+    communication, no check)."""
+    return DTensor.from_local(local, mesh, placements, run_check=False, shape=shape, stride=stride)
 
 
 def _gathering(forward: Callable[..., torch.Tensor], keep_shard: bool) -> Callable[..., Any]:

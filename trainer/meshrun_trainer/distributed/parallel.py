@@ -45,7 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from meshrun_trainer.config.layout import Layout
 from meshrun_trainer.config.read import TrainConfig
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
-from meshrun_trainer.distributed.gather import gather_inputs
+from meshrun_trainer.distributed.gather import gather_inputs, placed
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.models.llama import Transformer
 from meshrun_trainer.models.materialize import SeededInit, WeightSource, materialize
@@ -145,14 +145,7 @@ def _placed_like(param: DTensor) -> Callable[[torch.Tensor], torch.Tensor]:
         local = grad.redistribute(param.device_mesh, param.placements)._local_tensor
         if local.untyped_storage().nbytes() > local.nbytes:
             local = local.clone()  # a slice of the whole gradient would keep all of it
-        return DTensor.from_local(
-            local,
-            param.device_mesh,
-            param.placements,
-            run_check=False,
-            shape=param.shape,
-            stride=param.stride(),
-        )
+        return placed(local, param.device_mesh, param.placements, param.shape, param.stride())
 
     return hook
 
