@@ -187,7 +187,9 @@ class Training:
     global_batch_size: int
     """Sequences per optimizer step across all data-parallel ranks."""
     micro_batch_size: int
-    """Sequences per forward pass on one rank (1 when the spec leaves it unset)."""
+    """Sequences per forward pass on one rank. The CRD has no default: unset, it reads as 1
+    and strategy auto chooses it (``JobSpec.micro_batch_size_set`` False; the plan's
+    ``micro_batch_size`` is the one that runs)."""
     precision: Precision
     """bf16 mixed precision (fp32 master weights) or plain fp32."""
     activation_checkpointing: Checkpointing | None

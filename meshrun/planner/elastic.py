@@ -54,12 +54,18 @@ def resized(job: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
         virtual_stages=lay.virtual_stages if lay.virtual_stages > 1 else None,
     )
     checkpointing = cast(Checkpointing, plan.activation_checkpointing)
-    training = replace(job.training, activation_checkpointing=checkpointing)
+    # The plan's micro-batch size stays (auto's choice where the spec left it unset).
+    training = replace(
+        job.training,
+        activation_checkpointing=checkpointing,
+        micro_batch_size=plan.micro_batch_size,
+    )
     sized = replace(
         job,
         resources=replace(job.resources, num_nodes=pods),
         strategy=strategy,
         training=training,
+        micro_batch_size_set=True,
     )
     new = plan_job(sized, plan.name)
     if not new.memory.fits:
@@ -75,7 +81,7 @@ def _candidates(job: JobSpec, plan: Plan) -> list[int]:
     """The degrees between the bounds that divide globalBatchSize / microBatchSize, ascending
     (through the divisors of that quotient: a huge maxDataParallel costs nothing)."""
     assert job.elastic is not None
-    passes = job.training.global_batch_size // job.training.micro_batch_size
+    passes = job.training.global_batch_size // plan.micro_batch_size
     low = job.elastic.min_data_parallel
     high = job.elastic.max_data_parallel or plan.layout.dp
     small = [d for d in range(1, isqrt(passes) + 1) if passes % d == 0]

@@ -124,10 +124,11 @@ def layer_activation_elements(shape: ModelShape, tp: int, checkpointing: str = "
     outputs hold a/t heads or f/t columns, and each norm's output is gathered whole for the
     column-parallel matrices:
 
-    - none: block input, normalized input, residual, normalized residual (4h/t), both gathered
-      norm outputs (2h), q, k and v as attention reads them and attention's output (4q/t),
-      w1 and w3 outputs, SiLU's output and the product (4f/t), attention's log-sum-exp (a/t)
-      and the norms' reciprocal RMS (2/t);
+    - none: block input, normalized input, residual, normalized residual (4h/t), both norms'
+      outputs, which the column-parallel matrices read gathered but backward keeps as their
+      sequence shards and gathers again, as Megatron-LM does (2h/t), q, k and v as attention
+      reads them and attention's output (4q/t), w1 and w3 outputs, SiLU's output and the
+      product (4f/t), attention's log-sum-exp (a/t) and the norms' reciprocal RMS (2/t);
     - selective: the block input (h/t), the outputs of wq, wk, wv and attention (2q/t + 2kv/t
       + a/t), of w1 and w3 (2f/t), and of wo and w2 (2h; under TP their partial sums, h each,
       and their reduce-scattered results, h/t each);
@@ -140,7 +141,7 @@ def layer_activation_elements(shape: ModelShape, tp: int, checkpointing: str = "
     if checkpointing == "selective":
         outputs = 2 * h if t == 1 else 2 * h + 2 * h / t
         return h / t + (2 * q + 2 * kv + a + 2 * f) / t + outputs
-    return 2 * h + (4 * h + 4 * q + 4 * f + a + 2) / t
+    return (6 * h + 4 * q + 4 * f + a + 2) / t
 
 
 def layer_activation_bytes(

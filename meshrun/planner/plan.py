@@ -16,6 +16,7 @@ from meshrun.planner.explain import describe, warn
 from meshrun.planner.fastest import choose_fastest
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
+from meshrun.planner.search import with_micro_batch
 from meshrun.planner.steptime import StepEstimate
 from meshrun.rules.elastic import check_elastic
 from meshrun.rules.names import check_job_name
@@ -188,7 +189,9 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     check_job_name(name, job.resources.num_nodes)
     check_spec(job)
     choice = _choose(job)
-    check_elastic(job, choice.layout.dp)
+    micro_batch_size = choice.micro_batch_size or job.training.micro_batch_size
+    # Under auto the micro-batch size is the plan's, so the elastic degrees are checked with it.
+    check_elastic(with_micro_batch(job, micro_batch_size), choice.layout.dp)
     reasons = [*choice.reasons, *describe(job, choice.strategy, choice.layout)]
     return Plan(
         name=name,
@@ -205,7 +208,7 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
         explanation=" ".join(reasons),
         warnings=warn(job, choice.layout, choice.memory),
         estimate=choice.estimate,
-        micro_batch_size=choice.micro_batch_size or job.training.micro_batch_size,
+        micro_batch_size=micro_batch_size,
     )
 
 

@@ -47,10 +47,20 @@ def schedules(job: JobSpec, pp: int) -> list[tuple[str, int]]:
 
 
 def micro_batch_sizes(job: JobSpec) -> tuple[int, ...]:
-    """The micro-batch sizes to try: the spec's, or (unset) MICRO_BATCH_SIZES."""
+    """The micro-batch sizes to try: the spec's, or (unset) those of MICRO_BATCH_SIZES that
+    keep every degree spec.elastic allows splitting the global batch (the rule of
+    :mod:`meshrun.rules.elastic`, which the API server can only check with a size of 1)."""
     if job.micro_batch_size_set:
         return (job.training.micro_batch_size,)
-    return MICRO_BATCH_SIZES
+    if job.elastic is None:
+        return MICRO_BATCH_SIZES
+    bounds = [d for d in (job.elastic.min_data_parallel, job.elastic.max_data_parallel) if d]
+    kept = tuple(
+        size
+        for size in MICRO_BATCH_SIZES
+        if all((job.training.global_batch_size // size) % d == 0 for d in bounds)
+    )
+    return kept or (1,)
 
 
 def with_micro_batch(job: JobSpec, size: int) -> JobSpec:

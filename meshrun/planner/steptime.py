@@ -13,7 +13,8 @@ The parts, on the busiest rank (the pipeline rank with the most compute):
 * **elementwise**: norms, activations, residual adds, rotary embeddings and the loss, which move
   bytes rather than multiply (memory bandwidth bound);
 * **tensorParallel**: the sequence-parallel all-gathers and reduce-scatters of every layer (four
-  each way per layer, Korthikanti et al. section 4.2.2) on the intra-node links, not overlapped;
+  each way per layer, Korthikanti et al. section 4.2.2, and the norms' two all-gathers again in
+  backward unless full recomputation redoes them all) on the intra-node links, not overlapped;
 * **pipelineBubble**: (p - 1) micro-batch slots per pipeline step for GPipe and 1F1B,
   (p - 1) / v for interleaved 1F1B (Narayanan et al. 2021, arXiv 2104.04473, section 2.2);
 * **pipelineTransfer**: the activation and its gradient sent between neighbouring stages, once
@@ -194,6 +195,10 @@ def rank_work(
         saved = kept - layer_activation_elements(shape, t, "selective")
         recompute = tokens * max(saved, 0.0) * act_bytes * 2 / memory_rate
         tp_recompute = 2 * collective if t > 1 else 0.0  # the norms' all-gathers again
+    elif t > 1:
+        # Backward keeps the norms' outputs as sequence shards and gathers them again
+        # (meshrun_trainer.distributed.gather, as Megatron-LM does).
+        tp_recompute = 2 * collective
     head = head_forward = 0.0
     if last:
         head = gemm_seconds(tokens, shape.vocab / t, shape.hidden, peak)

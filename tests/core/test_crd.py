@@ -9,6 +9,7 @@ import pytest
 import yaml
 
 import meshrun.api.crd as api
+from meshrun.api.read import read_spec
 from meshrun.rules import strategy
 
 pytestmark = pytest.mark.unit
@@ -181,3 +182,24 @@ def test_image_command_and_args_are_bounded(field: str, value: Any, where: str) 
     with pytest.raises(api.SpecError) as refused:
         api.validate_spec(spec)
     assert refused.value.field == where
+
+
+def test_micro_batch_size_has_no_default_and_every_rule_guards_it() -> None:
+    """Unset, strategy auto chooses the micro-batch size (every other type runs 1), so the CRD
+    must not default it, and a CEL rule reading an absent field fails on the API server ("no
+    such key") instead of evaluating: each rule that reads it checks has() first."""
+    spec = {"image": "x", "model": {"preset": "tiny"}, "training": {"globalBatchSize": 8}}
+    assert "microBatchSize" not in api.with_defaults(spec)["training"]
+    job = read_spec(spec)
+    assert job.training.micro_batch_size == 1 and not job.micro_batch_size_set
+    schema = version()["schema"]["openAPIV3Schema"]
+    rules = [
+        " ".join(rule["rule"].split())
+        for _, sub in walk(schema, "")
+        for rule in sub.get("x-kubernetes-validations", [])
+    ]
+    reading = [r for r in rules if "self.training.microBatchSize" in r]
+    assert reading
+    for rule in reading:
+        guarded = rule.count("has(self.training.microBatchSize)")
+        assert rule.count("self.training.microBatchSize") == 2 * guarded, rule

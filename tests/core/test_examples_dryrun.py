@@ -345,3 +345,14 @@ def test_status_schema_keeps_what_operator_and_trainer_write(kubectl: Kubectl, n
     assert stored == status, "the status schema pruned or changed fields"
     row = kubectl("get", "ptj", name, "-n", ns, "--no-headers").stdout.split()
     assert row[1:9] == ["hybrid", "dp2", "x", "pp2", "x", "tp2", "8", "Running"], row
+
+
+def test_elastic_job_without_micro_batch_size_is_accepted(kubectl: Kubectl, ns: str) -> None:
+    """An unset microBatchSize (auto's to choose) passes every CEL rule that reads it."""
+    job = load(ROOT / "examples" / "elastic.yaml")
+    del job["spec"]["training"]["microBatchSize"]
+    result = dry_run(kubectl, ns, job)
+    assert result.returncode == 0, result.stderr
+    served = json.loads(result.stdout)["spec"]
+    assert "microBatchSize" not in served["training"]
+    plan_job(served, job["metadata"]["name"])

@@ -124,3 +124,38 @@ def test_a_huge_max_data_parallel_costs_only_the_batch_divisors() -> None:
     # Every power of two up to 2**29 splits the batch; room for 7 pods holds dp4.
     assert largest_fitting(job, plan, 7) == 4
     assert largest_fitting(job, plan, 1) == 1
+
+
+def _auto_elastic(batch: int, elastic: dict[str, int] | None) -> dict[str, Any]:
+    spec: dict[str, Any] = {
+        "image": "x",
+        "resources": {
+            "numNodes": 3,
+            "numProcPerNode": 4,
+            "acceleratorProduct": "NVIDIA-H100-80GB-HBM3",
+        },
+        "strategy": {"type": "auto"},
+        "model": {"preset": "1b"},
+        "training": {"globalBatchSize": batch},  # microBatchSize left to auto
+    }
+    if elastic:
+        spec["elastic"] = elastic
+    return spec
+
+
+def test_auto_picks_a_micro_batch_size_every_elastic_degree_can_split() -> None:
+    # Alone, auto takes 8 sequences per micro-batch (96 = dp12 x 8); at dp 8 that would leave
+    # 96 / 8 = 12 micro-batches for 8 replicas, so with minDataParallel 8 it takes 4.
+    assert plan_job(_auto_elastic(96, None), "j").micro_batch_size == 8
+    job = read_spec(_auto_elastic(96, {"minDataParallel": 8}))
+    assert not job.micro_batch_size_set
+    plan = plan_job(job, "j")
+    assert plan.micro_batch_size == 4
+    degrees = elastic_degrees(job, plan)
+    assert degrees == [8, 12]
+    for dp in degrees:
+        _, small = resized(job, plan, dp)
+        # the resized plan runs the same micro-batch size, the global batch kept
+        assert small.micro_batch_size == plan.micro_batch_size
+        lay = small.layout
+        assert lay.dp * small.micro_batch_size * lay.micro_batches * lay.grad_accumulation == 96

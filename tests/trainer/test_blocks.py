@@ -6,9 +6,9 @@ import dataclasses
 
 import pytest
 import torch
+from activations_held import held_after_forward
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing
-from meshrun_trainer.models.llama import build_model, cross_entropy
-from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from meshrun_trainer.models.llama import build_model
 
 from meshrun.api.presets import PRESETS, ModelShape
 from meshrun.planner.memory import layer_activation_elements
@@ -25,12 +25,7 @@ def _run(shape: ModelShape, mode: str) -> tuple[int, dict[str, torch.Tensor]]:
     model = build_model(shape, 0)
     apply_activation_checkpointing(list(model.layers.values()), mode)
     tokens = torch.randint(0, shape.vocab, (ROWS, shape.seq_len), generator=torch.Generator())
-    tracker = MemTracker()
-    tracker.track_external(model)
-    with tracker:
-        loss = cross_entropy(model(tokens), tokens)
-        held = tracker.get_tracker_snapshot("current")[torch.device("cpu")][_MemRefType.ACT]
-        loss.backward()
+    held = held_after_forward(model, tokens)
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return held, grads
 

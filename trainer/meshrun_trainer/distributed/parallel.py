@@ -25,7 +25,7 @@ Either way the residual stream and what pipeline stages send are bf16.
 from __future__ import annotations
 
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +36,6 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
-    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -46,6 +45,7 @@ from torch.nn.parallel import DistributedDataParallel
 from meshrun.api.layout import Layout
 from meshrun.jobdoc import JobDocument
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
+from meshrun_trainer.distributed.gather import gather_inputs, placed
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.models.llama import Transformer
 from meshrun_trainer.models.materialize import SeededInit, WeightSource, materialize
@@ -92,9 +92,12 @@ def uses_fsdp(layout: Layout) -> bool:
     return data_parallel_kind(layout) not in ("none", "ddp", "ddp+zero1")
 
 
-def apply_tensor_parallel(model: Transformer, mesh: Mesh, loss_parallel: bool = True) -> None:
+def apply_tensor_parallel(
+    model: Transformer, mesh: Mesh, loss_parallel: bool = True, keep_shards: bool = True
+) -> None:
     """Shard every block's linears (column then row) and the norms along the sequence; the head
-    leaves its logits sharded over the vocabulary when ``loss_parallel``."""
+    leaves its logits sharded over the vocabulary when ``loss_parallel``; ``keep_shards``: see
+    :mod:`meshrun_trainer.distributed.gather`."""
     tp_mesh = mesh.device_mesh["tp"]
     top: dict[str, Any] = {}
     if model.tok_embeddings is not None:
@@ -114,25 +117,47 @@ def apply_tensor_parallel(model: Transformer, mesh: Mesh, loss_parallel: bool = 
         model.tie()
     block_plan: dict[str, Any] = {
         "attention_norm": SequenceParallel(),
-        # rope tables travel as plain tensors (None: leave them alone)
-        "attention": PrepareModuleInput(
-            input_layouts=(Shard(1), None, None),
-            desired_input_layouts=(Replicate(), None, None),
-        ),
+        # The attention's and the feed-forward's inputs are gathered by gather_inputs.
         "attention.wq": ColwiseParallel(),
         "attention.wk": ColwiseParallel(),
         "attention.wv": ColwiseParallel(),
         "attention.wo": RowwiseParallel(output_layouts=Shard(1)),
         "ffn_norm": SequenceParallel(),
-        "feed_forward": PrepareModuleInput(
-            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),)
-        ),
         "feed_forward.w1": ColwiseParallel(),
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": ColwiseParallel(),
     }
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan)
+    # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
+    # checkpointing; under selective checkpointing the gathers are redone anyway, and a
+    # compiled block's saved tensors are the compiler's to choose).
+    gather_inputs(list(model.layers.values()), keep_shards)
+
+
+def _placed_like(param: DTensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """A gradient hook giving ``param``'s gradient ``param``'s own placement, in a storage of
+    its own (the whole gradient is freed at once)."""
+
+    def hook(grad: torch.Tensor) -> torch.Tensor:
+        if not isinstance(grad, DTensor) or grad.placements == param.placements:
+            return grad
+        local = grad.redistribute(param.device_mesh, param.placements)._local_tensor
+        if local.untyped_storage().nbytes() > local.nbytes:
+            local = local.clone()  # a slice of the whole gradient would keep all of it
+        return placed(local, param.device_mesh, param.placements, param.shape, param.stride())
+
+    return hook
+
+
+def shard_embedding_gradient(model: nn.Module) -> None:
+    """DTensor computes the vocabulary-sharded embedding's gradient whole (replicated) on
+    every tensor-parallel rank; resharded as it is produced, the gradient, its accumulation
+    and the optimizer step stay 1/t (otherwise each AdamW operation reshards it again). FSDP2
+    reduces the gradients of the parameters it wraps itself."""
+    embedding = getattr(model, "tok_embeddings", None)
+    if isinstance(embedding, nn.Embedding) and isinstance(embedding.weight, DTensor):
+        embedding.weight.register_hook(_placed_like(embedding.weight))  # type: ignore[no-untyped-call]
 
 
 def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> None:
@@ -194,7 +219,8 @@ def build_parts(
         if layout.pp > 1:
             model.keep_layers(*job.plan.stage_layers[stage_id])
         if layout.tp > 1:
-            apply_tensor_parallel(model, mesh, options.loss_parallel)
+            keep_shards = options.activation_checkpointing == "none" and not options.compile
+            apply_tensor_parallel(model, mesh, options.loss_parallel, keep_shards)
         blocks = list(model.layers.values())
         apply_activation_checkpointing(blocks, options.activation_checkpointing)
         if options.compile:
@@ -204,6 +230,9 @@ def build_parts(
         parts.append(model)
     seeded = SeededInit(job.spec.training.seed, shape.tie_embeddings)
     materialize(parts, mesh.device, source or seeded)
+    if layout.tp > 1 and not fsdp:
+        for part in parts:
+            shard_embedding_gradient(part)
     if gradients_in_buckets(layout):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
         # The gradients are views into DDP's all-reduce buckets instead of a second copy of

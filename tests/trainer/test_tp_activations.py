@@ -1,0 +1,89 @@
+"""What a tensor-parallel block keeps for backward, on two real gloo ranks, against the
+planner's accounting; keeping the gathered inputs' shards, and resharding the embedding's
+gradient as it is produced, change no gradient."""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from activations_held import held_after_forward
+from meshrun_trainer.distributed.mesh import Mesh
+from meshrun_trainer.distributed.parallel import apply_tensor_parallel, shard_embedding_gradient
+from meshrun_trainer.models.llama import Transformer
+from meshrun_trainer.models.materialize import SeededInit, materialize
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor import DTensor
+
+from meshrun.api.presets import PRESETS, ModelShape
+from meshrun.planner.memory import layer_activation_elements
+
+pytestmark = [pytest.mark.trainer, pytest.mark.timeout(300)]
+
+TP = 2
+ROWS = 2
+TINY = PRESETS["tiny"]
+
+
+def _step(shape: ModelShape, mesh: Mesh, keep_shards: bool) -> tuple[int, dict[str, torch.Tensor]]:
+    with torch.device("meta"):
+        model = Transformer(shape)
+    apply_tensor_parallel(model, mesh, loss_parallel=False, keep_shards=keep_shards)
+    materialize([model], torch.device("cpu"), SeededInit(0, shape.tie_embeddings))
+    if keep_shards:
+        shard_embedding_gradient(model)
+    generator = torch.Generator().manual_seed(1)
+    tokens = torch.randint(0, shape.vocab, (ROWS, shape.seq_len), generator=generator)
+    held = held_after_forward(model, tokens)
+    grads = {}
+    for name, param in model.named_parameters():
+        grad = param.grad
+        assert isinstance(grad, DTensor) and isinstance(param, DTensor), name
+        if keep_shards and name == "tok_embeddings.weight":
+            # left to DTensor it is replicated: the whole vocabulary on every rank
+            assert grad.placements == param.placements
+            assert grad.to_local().shape == param.to_local().shape
+        grads[name] = grad.full_tensor()
+    return held, grads
+
+
+def _rank(rank: int, port: int, results: dict[str, float]) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=TP)
+    device_mesh = init_device_mesh(
+        "cpu", (1, 1, 1, TP), mesh_dim_names=("pp", "dp", "dp_shard", "tp")
+    )
+    mesh = Mesh(device_mesh, torch.device("cpu"), 0, 0, rank)
+    tokens = ROWS * TINY.seq_len
+    per_layer = {}
+    grads = {}
+    for keep in (True, False):
+        four, grads[keep] = _step(TINY, mesh, keep)
+        two, _ = _step(dataclasses.replace(TINY, layers=2), mesh, keep)
+        per_layer[keep] = (four - two) / 2 / tokens / 4  # fp32 elements per token
+    if rank == 0:
+        results["kept"] = per_layer[True]
+        results["whole"] = per_layer[False]
+        results["grad_error"] = max(
+            float((grads[True][n] - grads[False][n]).abs().max()) for n in grads[True]
+        )
+    dist.destroy_process_group()
+
+
+def test_tensor_parallel_block_keeps_what_the_planner_counts() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_rank, args=(port, results), nprocs=TP, join=True)
+        kept, whole = results["kept"], results["whole"]
+        assert kept == layer_activation_elements(TINY, TP, "none")
+        # Autograd alone keeps both norms' gathered outputs whole (2h) instead of their shards.
+        assert whole - kept == 2 * TINY.hidden - 2 * TINY.hidden / TP
+        assert results["grad_error"] < 1e-6
