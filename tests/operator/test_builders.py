@@ -26,8 +26,8 @@ def pod_for(
 ) -> dict[str, Any]:
     job = make_job(**spec)
     ev = evaluate(job["spec"], "job", admission)
-    assert ev.error is None and ev.settings is not None and ev.plan is not None, ev.error
-    return build_pod(JOB, ev.settings, ev.plan, index, attempt, ENV)
+    assert ev.error is None and ev.spec is not None and ev.plan is not None, ev.error
+    return build_pod(JOB, ev.spec, ev.plan, index, attempt, ENV)
 
 
 def container(pod: dict[str, Any], name: str = names.TRAINER_CONTAINER) -> dict[str, Any]:
@@ -221,9 +221,9 @@ def test_chosen_domains_become_a_preferred_node_affinity() -> None:
 
     def pods(template: dict[str, Any] | None = None, chosen: bool = True) -> list[dict[str, Any]]:
         ev = evaluate({**spec, "podTemplate": template} if template else spec, "job")
-        assert ev.settings is not None and ev.plan is not None, ev.error
+        assert ev.spec is not None and ev.plan is not None, ev.error
         domains = {0: ("rack-3",), 1: ("rack-4", "rack-5")} if chosen else None
-        return [build_pod(JOB, ev.settings, ev.plan, i, 0, ENV, domains) for i in range(4)]
+        return [build_pod(JOB, ev.spec, ev.plan, i, 0, ENV, domains) for i in range(4)]
 
     # Pods 0-1 are stage 0, pods 2-3 stage 1; no inter-pod term (the scheduler's costly part)
     # and nothing required.
@@ -252,23 +252,23 @@ def test_chosen_domains_become_a_preferred_node_affinity() -> None:
 
 def test_podgroup_only_for_gang_schedulers() -> None:
     ev = evaluate(make_job()["spec"], "job")
-    assert ev.settings is not None
-    assert build_podgroup(JOB, ev.settings) is None
+    assert ev.spec is not None
+    assert build_podgroup(JOB, ev.spec) is None
     volcano_spec = make_job(scheduling={"schedulerName": "volcano", "queueName": "q"})["spec"]
     volcano = evaluate(volcano_spec, "job")
-    assert volcano.settings is not None and volcano.plan is not None
-    group = build_podgroup(JOB, volcano.settings)
+    assert volcano.spec is not None and volcano.plan is not None
+    group = build_podgroup(JOB, volcano.spec)
     assert group is not None
     assert group["apiVersion"] == "scheduling.volcano.sh/v1beta1"
     assert group["spec"] == {"minMember": 2, "minResources": {"nvidia.com/gpu": "8"}, "queue": "q"}
-    pod = build_pod(JOB, volcano.settings, volcano.plan, 0, 0, ENV)
+    pod = build_pod(JOB, volcano.spec, volcano.plan, 0, 0, ENV)
     assert pod["metadata"]["annotations"][names.VOLCANO_GROUP_ANNOTATION] == "job"
     plugins_spec = make_job(scheduling={"schedulerName": "scheduler-plugins-scheduler"})["spec"]
     plugins = evaluate(plugins_spec, "job")
-    assert plugins.settings is not None and plugins.plan is not None
-    group = build_podgroup(JOB, plugins.settings)
+    assert plugins.spec is not None and plugins.plan is not None
+    group = build_podgroup(JOB, plugins.spec)
     assert group is not None and group["spec"]["minMember"] == 2
-    pod = build_pod(JOB, plugins.settings, plugins.plan, 0, 0, ENV)
+    pod = build_pod(JOB, plugins.spec, plugins.plan, 0, 0, ENV)
     assert pod["metadata"]["labels"][names.COSCHEDULING_GROUP_LABEL] == "job"
 
 

@@ -165,7 +165,7 @@ def pipeline(
         scheduling={"topologyKey": RACK},
     )
     ev = evaluate(job["spec"], name)
-    assert ev.settings is not None and ev.plan is not None, ev.error
+    assert ev.spec is not None and ev.plan is not None, ev.error
     return JobRef(name, "ns", uid), ev
 
 
@@ -184,30 +184,30 @@ def test_the_placer_counts_bound_pods_and_other_jobs_promises() -> None:
     index[("ns", "old")] = bound("old", "u0", ["r0n0", "r0n1", "r0n2"])
     index[("ns", "old")][2] = PodView("old-2", 2, 0, "Succeeded", node="r0n2", owner_uid="u0")
     first, ev1 = pipeline("first", 8, 2, "u1")
-    assert ev1.settings is not None and ev1.plan is not None
+    assert ev1.spec is not None and ev1.plan is not None
     # Each stage of 4 in a rack of its own: not rack-0, which has 2 nodes left.
-    assert placer.choose(first, ev1.settings, ev1.plan, 0) == {0: ("rack-1",), 1: ("rack-2",)}
+    assert placer.choose(first, ev1.spec, ev1.plan, 0) == {0: ("rack-1",), 1: ("rack-2",)}
     # Created at the same time, before any of first's pods is bound: its racks are promised.
     second, ev2 = pipeline("second", 4, 2, "u2")
-    assert ev2.settings is not None and ev2.plan is not None
-    assert placer.choose(second, ev2.settings, ev2.plan, 0) == {0: ("rack-0",), 1: ("rack-3",)}
+    assert ev2.spec is not None and ev2.plan is not None
+    assert placer.choose(second, ev2.spec, ev2.plan, 0) == {0: ("rack-0",), 1: ("rack-3",)}
     # The same attempt again (pods created after a refusal): the same domains.
-    assert placer.choose(first, ev1.settings, ev1.plan, 0) == {0: ("rack-1",), 1: ("rack-2",)}
+    assert placer.choose(first, ev1.spec, ev1.plan, 0) == {0: ("rack-1",), 1: ("rack-2",)}
     # Once every pod of first is bound, its promise ends; its pods count as used instead.
     index[("ns", "first")] = bound("first", "u1", [f"r{r}n{i}" for r in (1, 2) for i in range(4)])
     assert "u1" in placer.promises
     third, ev3 = pipeline("third", 2, 1, "u3")
-    assert ev3.settings is not None and ev3.plan is not None
+    assert ev3.spec is not None and ev3.plan is not None
     # second's promise still holds rack-0 and half of rack-3: the rest of rack-3 is left.
-    assert placer.choose(third, ev3.settings, ev3.plan, 0) == {0: ("rack-3",)}
+    assert placer.choose(third, ev3.spec, ev3.plan, 0) == {0: ("rack-3",)}
     assert "u1" not in placer.promises
     placer.forget("u2")
     placer.forget("u3")
     # Without those promises 6 nodes are free (2 in rack-0, 4 in rack-3): not room for 16.
     big, ev4 = pipeline("big", 16, 2, "u4")
-    assert ev4.settings is not None and ev4.plan is not None
-    assert placer.choose(big, ev4.settings, ev4.plan, 0) is None
+    assert ev4.spec is not None and ev4.plan is not None
+    assert placer.choose(big, ev4.spec, ev4.plan, 0) is None
     # A CPU job asks no accelerators: nothing to count, no choice.
     cpu, ev5 = pipeline("cpu", 2, 1, "u5", accelerator="cpu")
-    assert ev5.settings is not None and ev5.plan is not None
-    assert placer.choose(cpu, ev5.settings, ev5.plan, 0) is None
+    assert ev5.spec is not None and ev5.plan is not None
+    assert placer.choose(cpu, ev5.spec, ev5.plan, 0) is None

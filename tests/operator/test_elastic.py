@@ -74,8 +74,8 @@ def test_unschedulable_pods_shrink_the_job_after_shrink_after_seconds() -> None:
     assert decision.build is not None and decision.build.plan is not None
     layout = decision.build.plan.layout
     assert (layout.dp, layout.grad_accumulation) == (4, 4)
-    assert decision.build.settings is not None
-    assert decision.build.settings.training.global_batch_size == 16
+    assert decision.build.spec is not None
+    assert decision.build.spec.training.global_batch_size == 16
     # Running at dp4, the status keeps saying so.
     job, decision = run(job, _seen(_pods(1, 2, 2)), 125)
     assert job["status"]["phase"] == "Running" and job["status"]["dataParallel"] == 4

@@ -277,7 +277,7 @@ def test_a_refused_pod_template_stays_invalid_until_the_spec_changes() -> None:
     job = make_job()
     refused = SpecError("spec.podTemplate", "Pod is invalid: cpu: 'lots'")
     evaluation = evaluate(job["spec"], "job")
-    bad = Evaluation(spec=evaluation.spec, error=refused)
+    bad = Evaluation(raw_spec=evaluation.raw_spec, error=refused)
     job = advance(job, decide(job, observe(), at(0), TUNING, bad))
     _, again = run(job, observe(), 5)
     assert again.invalid and again.create_pods == () and again.events == ()

@@ -36,7 +36,7 @@ def test_an_edit_takes_effect_at_the_next_attempt_and_says_so() -> None:
     spec_update = condition(decision, "SpecUpdate")
     assert spec_update["status"] == "True" and spec_update["reason"] == "NextAttempt"
     # A pod of this attempt would be built as before: the attempt's spec and plan.
-    assert decision.build is not None and decision.build.spec == job["spec"]
+    assert decision.build is not None and decision.build.raw_spec == job["spec"]
     assert decision.build.plan is running.evaluation.plan
     # The next attempt runs generation 2, and the condition turns False.
     edited = advance(edited, decision)

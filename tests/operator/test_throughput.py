@@ -107,10 +107,8 @@ def test_a_product_no_node_has_is_reported() -> None:
 
 def pod(**spec: Any) -> dict[str, Any]:
     ev = evaluate(make_job(**spec)["spec"], "job")
-    assert ev.settings is not None and ev.plan is not None, ev.error
-    return build_pod(
-        JobRef(name="job", namespace="ns", uid="uid-1"), ev.settings, ev.plan, 0, 0, {}
-    )
+    assert ev.spec is not None and ev.plan is not None, ev.error
+    return build_pod(JobRef(name="job", namespace="ns", uid="uid-1"), ev.spec, ev.plan, 0, 0, {})
 
 
 def test_pods_select_the_product() -> None:

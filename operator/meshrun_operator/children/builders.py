@@ -70,7 +70,7 @@ def gang_scheduler_kind(scheduling: Scheduling) -> str | None:
 
 def build_pod(
     job: JobRef,
-    settings: JobSpec,
+    spec: JobSpec,
     plan: Plan,
     index: int,
     attempt: int,
@@ -82,7 +82,7 @@ def build_pod(
 
     ``domains``: per pipeline stage, the values of ``spec.scheduling.topologyKey`` its pods
     prefer (placer.py); without them, the pods prefer their stage's other pods' domain."""
-    template = copy.deepcopy(settings.pod_template or {})
+    template = copy.deepcopy(spec.pod_template or {})
     template_meta = template.get("metadata") or {}
     pod_spec: dict[str, Any] = template.get("spec") or {}
     stage = pod_stage(plan, index)
@@ -106,7 +106,7 @@ def build_pod(
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = names.service_name(job.name)
     pod_spec.setdefault("enableServiceLinks", False)
-    scheduling = settings.scheduling
+    scheduling = spec.scheduling
     if scheduling.scheduler_name:
         pod_spec["schedulerName"] = scheduling.scheduler_name
     if scheduling.priority_class_name:
@@ -116,67 +116,67 @@ def build_pod(
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
     elif kind == "scheduler-plugins":
         metadata["labels"][names.COSCHEDULING_GROUP_LABEL] = names.podgroup_name(job.name)
-    select_product(pod_spec, settings.resources.accelerator_product)
+    select_product(pod_spec, spec.resources.accelerator_product)
     if scheduling.topology_key and domains and domains.get(stage):
         domain_affinity(pod_spec, scheduling.topology_key, domains[stage])
     elif scheduling.topology_key:
         stage_affinity(pod_spec, job.name, stage, scheduling.topology_key)
 
     container = trainer_container(pod_spec)
-    container["image"] = settings.image
-    if settings.command:
-        container["command"] = list(settings.command)
+    container["image"] = spec.image
+    if spec.command:
+        container["command"] = list(spec.command)
     else:
         container.setdefault("command", list(DEFAULT_COMMAND))
-    if settings.args:
-        container["args"] = list(settings.args)
+    if spec.args:
+        container["args"] = list(spec.args)
     merge_env(container, env)
-    accelerator = settings.resources.accelerator
+    accelerator = spec.resources.accelerator
     if accelerator != CPU:
         merge_env(container, NCCL_DEFAULTS)  # the template's own NCCL settings win
         resources = container.setdefault("resources", {})
-        count = str(settings.resources.num_proc_per_node)
+        count = str(spec.resources.num_proc_per_node)
         resources.setdefault("limits", {})[accelerator] = count
         resources.setdefault("requests", {})[accelerator] = count
     ports = container.setdefault("ports", [])
     if not any(p.get("name") == "metrics" for p in ports):
         ports.append({"name": "metrics", "containerPort": METRICS_PORT})
-    checkpoint_volume(settings.training.checkpoint.volume, pod_spec, container)
-    shared_memory(pod_spec, container, settings.resources.shared_memory_gib)
+    checkpoint_volume(spec.training.checkpoint.volume, pod_spec, container)
+    shared_memory(pod_spec, container, spec.resources.shared_memory_gib)
     restricted_security(pod_spec)
     return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
-def build_podgroup(job: JobRef, settings: JobSpec) -> dict[str, Any] | None:
+def build_podgroup(job: JobRef, spec: JobSpec) -> dict[str, Any] | None:
     """The PodGroup for volcano or scheduler-plugins' coscheduling; None for other schedulers.
 
     minMember is every pod: a partial gang holding GPUs is the failure of Kubeflow #948/#1825.
     """
-    kind = gang_scheduler_kind(settings.scheduling)
+    kind = gang_scheduler_kind(spec.scheduling)
     if kind is None:
         return None
     metadata = child_metadata(job, names.podgroup_name(job.name), {})
     if kind == "volcano":
-        res = settings.resources
-        spec: dict[str, Any] = {"minMember": res.num_nodes}
+        res = spec.resources
+        group_spec: dict[str, Any] = {"minMember": res.num_nodes}
         if res.accelerator != CPU:
-            spec["minResources"] = {res.accelerator: str(res.world_size)}
-        if settings.scheduling.queue_name:
-            spec["queue"] = settings.scheduling.queue_name
-        if settings.scheduling.priority_class_name:
-            spec["priorityClassName"] = settings.scheduling.priority_class_name
+            group_spec["minResources"] = {res.accelerator: str(res.world_size)}
+        if spec.scheduling.queue_name:
+            group_spec["queue"] = spec.scheduling.queue_name
+        if spec.scheduling.priority_class_name:
+            group_spec["priorityClassName"] = spec.scheduling.priority_class_name
         return {
             "apiVersion": "scheduling.volcano.sh/v1beta1",
             "kind": "PodGroup",
             "metadata": metadata,
-            "spec": spec,
+            "spec": group_spec,
         }
     return {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",
         "kind": "PodGroup",
         "metadata": metadata,
         "spec": {
-            "minMember": settings.resources.num_nodes,
-            "scheduleTimeoutSeconds": settings.scheduling.gang_timeout_seconds,
+            "minMember": spec.resources.num_nodes,
+            "scheduleTimeoutSeconds": spec.scheduling.gang_timeout_seconds,
         },
     }

@@ -75,19 +75,19 @@ class Placer:
         self.promises.pop(uid, None)
 
     def choose(
-        self, job: JobRef, settings: JobSpec, plan: Plan, attempt: int
+        self, job: JobRef, spec: JobSpec, plan: Plan, attempt: int
     ) -> dict[int, tuple[str, ...]] | None:
         """Stage -> its domains, best first, for the pods of ``attempt``; None: no choice.
 
         One choice per attempt: pods created later in the same attempt (after a refusal) get
         the domains their stage already has.
         """
-        key = settings.scheduling.topology_key
-        if key is None or settings.resources.accelerator == CPU:
+        key = spec.scheduling.topology_key
+        if key is None or spec.resources.accelerator == CPU:
             return None
         promise = self.promises.get(job.uid)
         if promise is None or promise.attempt != attempt or promise.topology_key != key:
-            promise = self._promise(job, settings, plan, attempt, key)
+            promise = self._promise(job, spec, plan, attempt, key)
             if promise is None:
                 self.promises.pop(job.uid, None)
                 return None
@@ -95,15 +95,15 @@ class Placer:
         return {stage: tuple(domains) for stage, domains in enumerate(promise.stages)}
 
     def _promise(
-        self, job: JobRef, settings: JobSpec, plan: Plan, attempt: int, key: str
+        self, job: JobRef, spec: JobSpec, plan: Plan, attempt: int, key: str
     ) -> Promise | None:
-        per_pod = settings.resources.num_proc_per_node
+        per_pod = spec.resources.num_proc_per_node
         stages = [0] * plan.layout.pp
-        for index in range(settings.resources.num_nodes):
+        for index in range(spec.resources.num_nodes):
             stages[pod_stage(plan, index)] += 1
         used = self._used(job.uid)
-        pod_spec = copy.deepcopy((settings.pod_template or {}).get("spec") or {})
-        select_product(pod_spec, settings.resources.accelerator_product)  # as build_pod does
+        pod_spec = copy.deepcopy((spec.pod_template or {}).get("spec") or {})
+        select_product(pod_spec, spec.resources.accelerator_product)  # as build_pod does
         fits = node_filter(pod_spec)
         room = domain_room(key, self.nodes, per_pod, used, self._promised(job.uid, key), fits)
         placements = choose(stages, room)
@@ -116,15 +116,15 @@ class Placer:
             return None
         return Promise(job.namespace, job.name, attempt, key, per_pod, tuple(placements))
 
-    def capacity(self, uid: str, settings: JobSpec) -> int | None:
+    def capacity(self, uid: str, spec: JobSpec) -> int | None:
         """Pods of the job's size its pods may go on the nodes for (spec.elastic): the nodes'
         allocatable accelerators less what the operator's other pods hold, the job's own pods'
         places counted as free; None for a CPU job (nothing to count)."""
-        if settings.resources.accelerator == CPU:
+        if spec.resources.accelerator == CPU:
             return None
-        per_pod = settings.resources.num_proc_per_node
+        per_pod = spec.resources.num_proc_per_node
         used = self._used(uid)
-        fits = node_filter((settings.pod_template or {}).get("spec") or {})
+        fits = node_filter((spec.pod_template or {}).get("spec") or {})
         return sum(
             max(node.accelerators - used.get(name, 0), 0) // per_pod
             for name, node in self.nodes.items()

@@ -38,11 +38,9 @@ def predecessors(draft: Draft, observed: Observed) -> bool:
     return True
 
 
-def create_or_wait(
-    draft: Draft, settings: JobSpec, current: list[PodView], observed: Observed
-) -> bool:
+def create_or_wait(draft: Draft, spec: JobSpec, current: list[PodView], observed: Observed) -> bool:
     """Create the attempt's missing pods, or wait for them; True when something is missing."""
-    total = settings.resources.num_nodes
+    total = spec.resources.num_nodes
     present = {p.index for p in current}
     missing = [i for i in range(total) if i not in present]
     if not missing:
@@ -58,7 +56,7 @@ def create_or_wait(
         return False
     unknown = [i for i in missing if pod_name(draft.name, i) not in observed.expected]
     if observed.refused is not None:
-        refused(draft, settings, observed.refused, [i for i in unknown])
+        refused(draft, spec, observed.refused, [i for i in unknown])
         return True
     if not unknown:
         draft.waiting(words.WAITING_FOR_NEW_PODS.format(count=len(missing)))
@@ -70,14 +68,10 @@ def create_or_wait(
         gone = Failure(
             FailureClass.RETRYABLE, Reason.POD_DELETED, Reason.POD_DELETED.message(pod=pod)
         )
-        judged = judge(gone, None, settings.run_policy.pod_failure_policy)
-        draft.failure(judged, None, settings, current)
+        judged = judge(gone, None, spec.run_policy.pod_failure_policy)
+        draft.failure(judged, None, spec, current)
         return True
-    if (
-        predecessors(draft, observed)
-        or _backing_off(draft)
-        or _gang_expired(draft, settings, current)
-    ):
+    if predecessors(draft, observed) or _backing_off(draft) or _gang_expired(draft, spec, current):
         return True
     draft.creating(unknown)
     return True
@@ -95,18 +89,18 @@ def _backing_off(draft: Draft) -> bool:
     return True
 
 
-def _gang_expired(draft: Draft, settings: JobSpec, current: list[PodView]) -> bool:
+def _gang_expired(draft: Draft, spec: JobSpec, current: list[PodView]) -> bool:
     """A partial gang (some pods refused) holds its nodes no longer than gangTimeoutSeconds."""
-    start, scheduling = draft.state.attempt_start_time, settings.scheduling
+    start, scheduling = draft.state.attempt_start_time, spec.scheduling
     timeout = scheduling.gang_timeout_seconds
     if not scheduling.gang or start is None or draft.now - start < timedelta(seconds=timeout):
         return False
     bound = sum(1 for p in current if p.node)
-    draft.gang_timeout(timeout, bound, settings.resources.num_nodes, current)
+    draft.gang_timeout(timeout, bound, spec.resources.num_nodes, current)
     return True
 
 
-def refused(draft: Draft, settings: JobSpec, refusal: Refusal, tried: list[int]) -> None:
+def refused(draft: Draft, spec: JobSpec, refusal: Refusal, tried: list[int]) -> None:
     """The API server refused some creates: the created ones are in flight, the job says why in
     CreationRefused and a Warning Event, and the rest is retried after a delay that doubles
     with the time the refusal has lasted (capped like the restart backoff)."""

@@ -91,7 +91,7 @@ def decide(
     current = still_refused(ev, state.invalid_spec, generation)
     draft.generation = known = generation if isinstance(generation, int) else None
     ev = specedits.choose(draft, current, running, observed)
-    if ev.error is not None or ev.settings is None:
+    if ev.error is not None or ev.spec is None:
         draft.invalid(ev.error or SpecError("spec", "could not be evaluated"), known, observed.pods)
     else:
         if ev.plan is not None:
@@ -101,11 +101,11 @@ def decide(
             draft.derived.update(
                 strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
             )
-        queue = kueue_flow.queue_of(ev.settings, metadata)
+        queue = kueue_flow.queue_of(ev.spec, metadata)
         # An elastic job runs at status.dataParallel; a resize restarts the gang right here.
         ev, resizing = elastic.sized(draft, ev, observed, queued=queue is not None)
-        if not resizing and ev.settings is not None:
-            _run(draft, ev.settings, ev.plan, observed, queue)
+        if not resizing and ev.spec is not None:
+            _run(draft, ev.spec, ev.plan, observed, queue)
         if ev.plan is None and draft.create:
             # The running attempt's pods cannot be rebuilt under a spec that is refused.
             draft.create.clear()
@@ -130,7 +130,7 @@ def decide(
 
 def _run(
     draft: Draft,
-    settings: JobSpec,
+    spec: JobSpec,
     plan: Plan | None,
     observed: Observed,
     queue: QueueRef | None,
@@ -142,7 +142,7 @@ def _run(
     stale = [p for p in observed.pods if p.attempt != draft.attempt]
     if plan is not None:  # else the attempt's placement, as the status has it
         draft.derived["placement"] = placement(plan, current, observed.domains)
-    policy = settings.run_policy
+    policy = spec.run_policy
 
     if draft.old_phase is not None and draft.old_phase.finished:
         draft.finished(policy, observed.pods)
@@ -166,30 +166,30 @@ def _run(
     if current and state.attempt_start_time is None:
         draft.pods_seen()
 
-    failures = settings.run_policy.pod_failure_policy
+    failures = spec.run_policy.pod_failure_policy
     start = state.attempt_start_time
     found = troubles.first_failure(
         draft.attempt, current, observed, failures, draft.tuning, now, start
     )
     if found is not None:
-        draft.failure(found[0], found[1], settings, current)
+        draft.failure(found[0], found[1], spec, current)
         return
     pod0 = next((p for p in current if p.index == 0), None)
     done = all(p.phase == PodPhase.SUCCEEDED for p in current)
-    if len(current) == settings.resources.num_nodes and done:
+    if len(current) == spec.resources.num_nodes and done:
         final = final_progress(pod0.summary if pod0 else None)
         if final:
             _set_progress(draft, {**(draft.derived.get("progress") or {}), **final})
         draft.succeed(policy, current)
         return
-    if creation.create_or_wait(draft, settings, current, observed):
+    if creation.create_or_wait(draft, spec, current, observed):
         return
     reported = observed.progress
     if reported is None and pod0 is not None:
         reported = pod0.progress
     if reported is not None:
         progress = progress_status(reported)
-        predicted = _predicted(settings, plan)
+        predicted = _predicted(spec, plan)
         if predicted is not None:  # beside the measured tokensPerSecond
             progress["predictedTokensPerSecond"] = predicted
         _set_progress(draft, progress)
@@ -201,12 +201,12 @@ def _run(
             )
         elif verdict is not None:
             draft.clear(ConditionType.BELOW_PREDICTION, Reason.AS_PREDICTED, verdict[1])
-    _schedule_and_run(draft, settings, current, observed.products)
+    _schedule_and_run(draft, spec, current, observed.products)
 
 
-def _predicted(settings: JobSpec, plan: Plan | None) -> float | None:
+def _predicted(spec: JobSpec, plan: Plan | None) -> float | None:
     """The plan's predicted tokens/s of the whole job (none for CPU jobs: nominal figures)."""
-    if plan is None or settings.resources.accelerator == CPU:
+    if plan is None or spec.resources.accelerator == CPU:
         return None
     return plan.predicted_tokens_per_second()
 
@@ -237,16 +237,16 @@ def _set_progress(draft: Draft, progress: dict[str, Any]) -> None:
 
 def _schedule_and_run(
     draft: Draft,
-    settings: JobSpec,
+    spec: JobSpec,
     current: list[PodView],
     products: Collection[str] | None = None,
 ) -> None:
     state, now = draft.state, draft.now
-    total = settings.resources.num_nodes
+    total = spec.resources.num_nodes
     unbound = [p for p in current if not p.node]
     if unbound:
         bound = total - len(unbound)
-        missing = missing_product(settings, products)
+        missing = missing_product(spec, products)
         why = _scheduler_says(unbound)
         if missing is not None:
             draft.condition(ConditionType.SCHEDULED, False, Reason.NO_NODE_WITH_PRODUCT, missing)
@@ -259,12 +259,12 @@ def _schedule_and_run(
                 reason, message = why[1].partition(":")[0], f"{message}; pod {why[0]}: {why[1]}"
             draft.condition(ConditionType.SCHEDULED, False, reason, message)
         attempt_start = state.attempt_start_time or now
-        timeout = settings.scheduling.gang_timeout_seconds
+        timeout = spec.scheduling.gang_timeout_seconds
         # Under Kueue, its waitForPodsReady is the gang timeout (tearing down a gang Kueue
         # counts as admitted would fight it).
         governed = draft.kueue is not None
         if (
-            settings.scheduling.gang
+            spec.scheduling.gang
             and not governed
             and now - attempt_start >= timedelta(seconds=timeout)
         ):
@@ -287,7 +287,7 @@ def _schedule_and_run(
         draft.waiting(words.PODS_STARTING)
         return
     draft.running()
-    deadline = settings.run_policy.progress_deadline_seconds
+    deadline = spec.run_policy.progress_deadline_seconds
     if deadline is None:
         return
     running_since = state.start_time or now
@@ -298,5 +298,5 @@ def _schedule_and_run(
         step = seen.step if seen is not None and seen.attempt == draft.attempt else None
         message = Reason.PROGRESS_DEADLINE_EXCEEDED.message(deadline=deadline, step=step)
         hang = Failure(FailureClass.RETRYABLE, Reason.PROGRESS_DEADLINE_EXCEEDED, message)
-        judged = judge(hang, None, settings.run_policy.pod_failure_policy)
-        draft.failure(judged, None, settings, current)
+        judged = judge(hang, None, spec.run_policy.pod_failure_policy)
+        draft.failure(judged, None, spec, current)

@@ -45,44 +45,44 @@ def sized(
 ) -> tuple[Evaluation, bool]:
     """The evaluation to run the attempt at (the plan at status.dataParallel), and whether the
     job resizes now (then the attempt is already torn down). Without spec.elastic: ``ev``."""
-    settings, plan = ev.settings, ev.plan
-    if settings is None or plan is None:
+    spec, plan = ev.spec, ev.plan
+    if spec is None or plan is None:
         return ev, False
-    if settings.elastic is None:
+    if spec.elastic is None:
         return _no_longer_elastic(draft, ev, observed), False
     derived = draft.derived
     recorded = derived.get("dataParallel")
     current = recorded if isinstance(recorded, int) else plan.layout.dp
-    job, at = _at(settings, plan, current)
+    spec_at, at = _at(spec, plan, current)
     current = at.layout.dp
     old = draft.old_phase
-    idle = queued or settings.run_policy.suspend or (old is not None and old.finished)
+    idle = queued or spec.run_policy.suspend or (old is not None and old.finished)
     if queued:
         # Kueue decides the size: what it admitted (partial admission), else the planned one.
         admitted = _admitted_pods(observed)
-        job, at = settings, plan
+        spec_at, at = spec, plan
         if admitted is not None:
-            fitting = largest_fitting(settings, plan, admitted, below=plan.layout.dp)
-            job, at = _at(settings, plan, fitting or plan.layout.dp)
+            fitting = largest_fitting(spec, plan, admitted, below=plan.layout.dp)
+            spec_at, at = _at(spec, plan, fitting or plan.layout.dp)
         current = at.layout.dp
-    target, stuck = (None, 0) if idle else _target(draft, settings, plan, at, observed)
+    target, stuck = (None, 0) if idle else _target(draft, spec, plan, at, observed)
     resizing = target is not None and target != current
     if target is not None and resizing:
-        job, at = _at(settings, plan, target)
+        spec_at, at = _at(spec, plan, target)
     derived["dataParallel"] = at.layout.dp
     derived.update(layout=at.layout.text(), gpus=at.gpus)
     if resizing:
-        _resize(draft, settings, current, at, observed, stuck)
+        _resize(draft, spec, current, at, observed, stuck)
     if at is plan:
         return ev, resizing
-    return Evaluation(spec=ev.spec, settings=job, plan=at), resizing
+    return Evaluation(raw_spec=ev.raw_spec, spec=spec_at, plan=at), resizing
 
 
 def _no_longer_elastic(draft: Draft, ev: Evaluation, observed: Observed) -> Evaluation:
     """A job whose spec.elastic was removed while it ran resized: its live attempt goes on at
     the degree its pods were built for (a pod added at the planned size would not fit that
     gang); the next attempt runs the planned size. Any other job: ``ev`` as it is."""
-    assert ev.settings is not None and ev.plan is not None
+    assert ev.spec is not None and ev.plan is not None
     recorded = draft.derived.get("dataParallel")
     if not isinstance(recorded, int):
         return ev
@@ -90,22 +90,22 @@ def _no_longer_elastic(draft: Draft, ev: Evaluation, observed: Observed) -> Eval
     if not live or recorded == ev.plan.layout.dp:
         draft.derived["dataParallel"] = None
         return ev
-    job, at = _at(ev.settings, ev.plan, recorded)
+    spec_at, at = _at(ev.spec, ev.plan, recorded)
     draft.derived.update(layout=at.layout.text(), gpus=at.gpus)
-    return Evaluation(spec=ev.spec, settings=job, plan=at)
+    return Evaluation(raw_spec=ev.raw_spec, spec=spec_at, plan=at)
 
 
-def admission_floor(settings: JobSpec, plan: Plan) -> int | None:
+def admission_floor(spec: JobSpec, plan: Plan) -> int | None:
     """The ``minCount`` of an elastic job's Workload: the pods of its smallest allowed degree,
     so Kueue may admit fewer pods than planned (partial admission). Only when its pods form one
     pod set (no pipeline stages: Kueue reduces each pod set's count on its own); None else."""
-    if settings.elastic is None or plan.layout.pp > 1:
+    if spec.elastic is None or plan.layout.pp > 1:
         return None
-    degrees = [d for d in elastic_degrees(settings, plan) if d <= plan.layout.dp]
+    degrees = [d for d in elastic_degrees(spec, plan) if d <= plan.layout.dp]
     low = degrees[0] if degrees else None
     if low is None or low >= plan.layout.dp:
         return None
-    return pods_at(settings, plan, low)
+    return pods_at(spec, plan, low)
 
 
 def _admitted_pods(observed: Observed) -> int | None:
@@ -119,20 +119,20 @@ def _admitted_pods(observed: Observed) -> int | None:
     return count if isinstance(count, int) else None
 
 
-def _at(settings: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
+def _at(spec: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
     """The job at ``dp``; the planned job when that degree no longer plans (a spec edit)."""
     try:
-        return resized(settings, plan, dp)
+        return resized(spec, plan, dp)
     except SpecError:
-        return settings, plan
+        return spec, plan
 
 
 def _target(
-    draft: Draft, settings: JobSpec, plan: Plan, at: Plan, observed: Observed
+    draft: Draft, spec: JobSpec, plan: Plan, at: Plan, observed: Observed
 ) -> tuple[int | None, int]:
     """The degree to resize to now (or None) and the pods that could not be scheduled; keeps
     the clocks in status.elastic."""
-    elastic, now = settings.elastic, draft.now
+    elastic, now = spec.elastic, draft.now
     assert elastic is not None
     clocks: dict[str, Any] = dict(draft.derived.get("elastic") or {})
     attempt = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
@@ -143,11 +143,11 @@ def _target(
         short = short or now
         if now - short >= timedelta(seconds=elastic.shrink_after_seconds):
             pods = _room_to_shrink_to(attempt, observed.capacity)
-            smaller = largest_fitting(settings, plan, pods, below=current - 1)
+            smaller = largest_fitting(spec, plan, pods, below=current - 1)
             target = smaller
     elif attempt:
         short = None  # the gang is placed; between attempts the clock keeps running
-    room = _room(draft, settings, plan, at, attempt, observed, clocks, stuck)
+    room = _room(draft, spec, plan, at, attempt, observed, clocks, stuck)
     if target is None and room is not None:
         target = room
     draft.derived["elastic"] = {
@@ -170,7 +170,7 @@ def _room_to_shrink_to(attempt: list[PodView], capacity: int | None) -> int:
 
 def _room(
     draft: Draft,
-    settings: JobSpec,
+    spec: JobSpec,
     plan: Plan,
     at: Plan,
     attempt: list[PodView],
@@ -180,17 +180,17 @@ def _room(
 ) -> int | None:
     """A larger degree the job may grow to now (room lasted growAfterSeconds and a checkpoint
     was written since it appeared); updates ``clocks``."""
-    elastic = settings.elastic
+    elastic = spec.elastic
     assert elastic is not None
     whole = len(attempt) == at.num_nodes
     running = whole and all(p.phase == PodPhase.RUNNING and p.node for p in attempt)
     larger = None
     if running and not stuck and observed.capacity is not None:
-        larger = largest_fitting(settings, plan, observed.capacity)
+        larger = largest_fitting(spec, plan, observed.capacity)
     if larger is None or larger <= at.layout.dp:
         clocks.update(roomSince=None, roomStep=None)
         return None
-    step = _checkpointed(settings, draft, observed)
+    step = _checkpointed(spec, draft, observed)
     since = parse_time(clocks.get("roomSince")) or draft.now
     saved = clocks.get("roomStep")
     saved = saved if isinstance(saved, int) else step
@@ -202,10 +202,10 @@ def _room(
     return larger if waited and boundary else None
 
 
-def _checkpointed(settings: JobSpec, draft: Draft, observed: Observed) -> int | None:
+def _checkpointed(spec: JobSpec, draft: Draft, observed: Observed) -> int | None:
     """The step of the latest checkpoint the trainer has written, by the step it reports now
     (else the one the status has); None when it reports none."""
-    every = settings.training.checkpoint.every_steps
+    every = spec.training.checkpoint.every_steps
     pod0 = next((p for p in observed.pods if p.index == 0 and p.attempt == draft.attempt), None)
     progress = observed.progress or (pod0.progress if pod0 else None)
     progress = progress or draft.derived.get("progress")
@@ -217,17 +217,17 @@ def _checkpointed(settings: JobSpec, draft: Draft, observed: Observed) -> int | 
 
 def _resize(
     draft: Draft,
-    settings: JobSpec,
+    spec: JobSpec,
     old: int,
     at: Plan,
     observed: Observed,
     stuck: int,
 ) -> None:
     """Record the resize and restart the gang at the new degree as a disruption."""
-    elastic = settings.elastic
+    elastic = spec.elastic
     assert elastic is not None
     new = at.layout.dp
-    step = _checkpointed(settings, draft, observed) or 0
+    step = _checkpointed(spec, draft, observed) or 0
     layout = at.layout.text()
     if new < old:
         reason = Reason.SHRINK
@@ -248,4 +248,4 @@ def _resize(
     }
     draft.derived["resizes"] = [*(draft.derived.get("resizes") or []), record][-RESIZES_KEPT:]
     attempt = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
-    draft.failure(Failure(FailureClass.IGNORED, reason, message), None, settings, attempt)
+    draft.failure(Failure(FailureClass.IGNORED, reason, message), None, spec, attempt)

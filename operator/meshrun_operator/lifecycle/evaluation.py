@@ -28,9 +28,9 @@ from meshrun_operator.lifecycle.state import InvalidSpec
 class Evaluation:
     """A spec checked once: read, its rules checked and planned, or the error."""
 
-    spec: Mapping[str, Any]
+    raw_spec: Mapping[str, Any]
     """The spec as the job holds it."""
-    settings: JobSpec | None = None
+    spec: JobSpec | None = None
     """The typed, defaulted spec (meshrun.api.spec); None when it cannot be read (it is kept when
     only a later rule refuses the spec: a running attempt goes on under its policy)."""
     plan: Plan | None = None
@@ -49,29 +49,31 @@ class Admission:
     """The operator makes a NetworkPolicy per job, so a job may restrict its egress."""
 
 
-def evaluate(spec: Mapping[str, Any], name: str, admission: Admission | None = None) -> Evaluation:
+def evaluate(
+    raw_spec: Mapping[str, Any], name: str, admission: Admission | None = None
+) -> Evaluation:
     """Read and plan a spec; any problem becomes an Evaluation with ``error`` set."""
-    settings = None
+    spec = None
     rules = admission or Admission()
     try:
-        settings = read_spec(spec)
-        plan = plan_job(settings, name)
-        check_document_size(settings, plan)  # what the trainer pods will be handed
-        admit(settings, plan, name, rules)
+        spec = read_spec(raw_spec)
+        plan = plan_job(spec, name)
+        check_document_size(spec, plan)  # what the trainer pods will be handed
+        admit(spec, plan, name, rules)
     except SpecError as error:
-        return Evaluation(spec=spec, settings=settings, error=error)
+        return Evaluation(raw_spec=raw_spec, spec=spec, error=error)
     except (ValueError, TypeError, KeyError) as error:
         # A planner bug must not crash the reconcile loop; it surfaces in the Invalid condition.
         failed = SpecError("spec", f"could not be planned: {error!r}")
-        return Evaluation(spec=spec, settings=settings, error=failed)
-    return Evaluation(spec=spec, settings=settings, plan=plan)
+        return Evaluation(raw_spec=raw_spec, spec=spec, error=failed)
+    return Evaluation(raw_spec=raw_spec, spec=spec, plan=plan)
 
 
-def admit(settings: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
+def admit(spec: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
     """SpecError unless the operator may run the job: its pod template meets the pod policy and
     has a shape pods can be built from, and a restricted egress has a NetworkPolicy to go in."""
-    check_template(settings.pod_template, rules.pod_policy)
-    egress = settings.networking.egress
+    check_template(spec.pod_template, rules.pod_policy)
+    egress = spec.networking.egress
     if egress.policy == "Restricted" and not rules.network_policies:
         raise SpecError(
             "spec.networking.egress.policy",
@@ -79,10 +81,10 @@ def admit(settings: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
             "(--no-network-policy, Helm value networkPolicy.enabled=false)",
         )
     job = JobRef(name, "default", "")
-    env = pod_env(plan, settings, job_name=name, namespace="default", pod_index=0,
+    env = pod_env(plan, spec, job_name=name, namespace="default", pod_index=0,
                   master_addr="", master_port=0, attempt=0, checkpoint_dir="")  # fmt: skip
     try:
-        build_pod(job, settings, plan, 0, 0, env)
+        build_pod(job, spec, plan, 0, 0, env)
     except (AttributeError, TypeError, ValueError, KeyError) as error:
         # A shape template_shape does not know: refused once, not failing every reconcile.
         raise SpecError(POD_TEMPLATE, f"cannot be merged into a pod: {error}") from error
@@ -100,14 +102,20 @@ class Evaluations:
         self.by_uid: dict[str, tuple[tuple[str, object], Evaluation]] = {}
         self.admission = admission or Admission()
 
-    def of(self, uid: str, spec: Mapping[str, Any], name: str, generation: object) -> Evaluation:
+    def of(
+        self, uid: str, raw_spec: Mapping[str, Any], name: str, generation: object
+    ) -> Evaluation:
         """The job's evaluated spec (evaluated now if its generation is new)."""
         key = (name, generation)
         cached = self.by_uid.get(uid)
         same = cached is not None and cached[0] == key
-        if cached is not None and same and (generation is not None or cached[1].spec == spec):
+        if (
+            cached is not None
+            and same
+            and (generation is not None or cached[1].raw_spec == raw_spec)
+        ):
             return cached[1]
-        ev = evaluate(spec, name, self.admission)
+        ev = evaluate(raw_spec, name, self.admission)
         self.by_uid[uid] = (key, ev)
         return ev
 
@@ -117,7 +125,7 @@ class Evaluations:
 
 def refused(ev: Evaluation, error: SpecError) -> Evaluation:
     """The same spec, judged invalid by someone after the planner (the API server)."""
-    return Evaluation(spec=ev.spec, settings=ev.settings, error=error)
+    return Evaluation(raw_spec=ev.raw_spec, spec=ev.spec, error=error)
 
 
 def still_refused(ev: Evaluation, known: InvalidSpec | None, generation: object) -> Evaluation:

@@ -162,7 +162,7 @@ def disruption(reason: str, message: str) -> Failure:
     """A restart that is not the job's fault (a preemption, an eviction, a drain, a queue
     taking its quota back): the gang restarts and backoffLimit is not charged.
 
-    ``Draft.failure(disruption(...), None, settings, current)`` restarts a gang this way.
+    ``Draft.failure(disruption(...), None, spec, current)`` restarts a gang this way.
     """
     return Failure(FailureClass.IGNORED, reason, message)
 

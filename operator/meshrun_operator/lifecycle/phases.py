@@ -231,7 +231,7 @@ class Draft:
             self.condition(ConditionType.SUSPENDED, False, Reason.RESUMED, resumed)
 
     def failure(
-        self, failure: Failure, pod: PodView | None, settings: JobSpec, current: list[PodView]
+        self, failure: Failure, pod: PodView | None, spec: JobSpec, current: list[PodView]
     ) -> None:
         """A failed, lost or hung pod: restart the whole gang, or fail the job."""
         self.state.last_failure = LastFailure(
@@ -242,7 +242,7 @@ class Draft:
             exit_code=pod.exit_code if pod else None,
             time=self.now,
         )
-        policy = settings.run_policy
+        policy = spec.run_policy
         restarts = self.state.restarts
         described = f"pod {pod.name}: {failure.message}" if pod else failure.message
         if failure.kind is FailureClass.PERMANENT:

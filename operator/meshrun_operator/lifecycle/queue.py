@@ -32,14 +32,14 @@ from meshrun_operator.seen.views import Observed
 from meshrun_operator.vocabulary import ConditionType, EventType, Phase, Reason
 
 
-def queue_of(settings: JobSpec | None, metadata: Mapping[str, Any]) -> QueueRef | None:
+def queue_of(spec: JobSpec | None, metadata: Mapping[str, Any]) -> QueueRef | None:
     """Where Kueue queues the job: ``spec.scheduling.queueName``, else the job's
     ``kueue.x-k8s.io/queue-name`` label; None without one, and for volcano, whose own queues
     the name then names (it becomes the PodGroup's queue)."""
-    if settings is None or settings.scheduling.scheduler_name == "volcano":
+    if spec is None or spec.scheduling.scheduler_name == "volcano":
         return None
     labels = metadata.get("labels") or {}
-    queue = settings.scheduling.queue_name or labels.get(names.KUEUE_QUEUE_LABEL)
+    queue = spec.scheduling.queue_name or labels.get(names.KUEUE_QUEUE_LABEL)
     if not queue:
         return None
     priority = labels.get(names.PRIORITY_CLASS_LABEL)

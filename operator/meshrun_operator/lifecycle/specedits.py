@@ -51,7 +51,7 @@ def choose(
     ended = state.phase is not None and state.phase.finished
     if ended and current.error is not None and not is_true(draft.conditions, ConditionType.INVALID):
         # The job ended (not for its spec): what its spec is now changes nothing.
-        return Evaluation(spec=current.spec, settings=current.settings)
+        return Evaluation(raw_spec=current.raw_spec, spec=current.spec)
     live = (
         state.phase is not None
         and not state.phase.finished
@@ -70,7 +70,7 @@ def choose(
     if current.error is not None:
         reason = Reason.REFUSED_WHILE_RUNNING
         message = reason.message(error=current.error, attempt=state.attempt)
-    elif base is not None and _same_but_policy(base.spec, current.spec):
+    elif base is not None and _same_but_policy(base.raw_spec, current.raw_spec):
         message = Reason.APPLIED.message(attempt=state.attempt, generation=generation)
         draft.clear(ConditionType.SPEC_UPDATE, Reason.APPLIED, message)
         return _with_policy(base, current)
@@ -81,7 +81,7 @@ def choose(
     if base is None:
         base = current if current.error is None else None
     if base is None:
-        return Evaluation(spec=current.spec, settings=current.settings)
+        return Evaluation(raw_spec=current.raw_spec, spec=current.spec)
     return _with_policy(base, current)
 
 
@@ -99,7 +99,7 @@ def _strip(spec: Mapping[str, Any]) -> dict[str, Any]:
 
 def _with_policy(base: Evaluation, current: Evaluation) -> Evaluation:
     """The attempt's plan and spec, with the current spec's runPolicy when it reads."""
-    if base.settings is None or current.settings is None:
+    if base.spec is None or current.spec is None:
         return base
-    settings = replace(base.settings, run_policy=current.settings.run_policy)
-    return replace(base, settings=settings)
+    spec = replace(base.spec, run_policy=current.spec.run_policy)
+    return replace(base, spec=spec)

@@ -22,10 +22,10 @@ WARMUP_STEPS = 10
 """Steps before the first judgement: the first ones compile, fill caches and allocate."""
 
 
-def missing_product(settings: JobSpec, products: Collection[str] | None) -> str | None:
+def missing_product(spec: JobSpec, products: Collection[str] | None) -> str | None:
     """The NoNodeWithProduct message when the job names a GPU product no node carries, else
     None (also when the operator does not see the nodes' labels)."""
-    wanted = settings.resources.accelerator_product
+    wanted = spec.resources.accelerator_product
     if wanted is None or products is None or wanted in products:
         return None
     present = ", ".join(sorted(products)[:8]) or "none"

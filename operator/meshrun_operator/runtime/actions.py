@@ -81,13 +81,13 @@ async def execute(
 async def _create_children(
     ctx: OperatorContext, job: JobRef, ev: Evaluation, decision: Decision
 ) -> list[Event]:
-    assert ev.settings is not None and ev.plan is not None
+    assert ev.spec is not None and ev.plan is not None
     notes: list[Event] = []
     attempt = decision.state.attempt
     await _create_service(ctx, job)
     if ctx.network_policy is not None:
-        await _create_network_policy(ctx, job, ctx.network_policy, ev.settings.networking.egress)
-    podgroup = build_podgroup(job, ev.settings)
+        await _create_network_policy(ctx, job, ctx.network_policy, ev.spec.networking.egress)
+    podgroup = build_podgroup(job, ev.spec)
     if podgroup is not None:
         try:
             await ctx.kube.create(podgroup)
@@ -102,12 +102,12 @@ async def _create_children(
     domains = None
     if admitted is None and ctx.placer is not None:
         # Admitted by Kueue, the pods go where its admission says (its topology, its flavors).
-        domains = ctx.placer.choose(job, ev.settings, ev.plan, attempt)
+        domains = ctx.placer.choose(job, ev.spec, ev.plan, attempt)
     pods = []
     for index in decision.create_pods:
         env = pod_env(
             ev.plan,
-            ev.settings,
+            ev.spec,
             job_name=job.name,
             namespace=job.namespace,
             pod_index=index,
@@ -116,7 +116,7 @@ async def _create_children(
             attempt=attempt,
             checkpoint_dir=CHECKPOINT_MOUNT,
         )
-        pods.append(build_pod(job, ev.settings, ev.plan, index, attempt, env, domains))
+        pods.append(build_pod(job, ev.spec, ev.plan, index, attempt, env, domains))
     if admitted is not None and ctx.kueue is not None:
         # Where Kueue admitted the gang: flavors, topology domains, Kueue's keys.
         pods = await admit(ctx.kube, ctx.kueue, admitted, ev, pods)
@@ -158,8 +158,8 @@ async def restore(
         if kind == "Service":
             created = await _create_service(ctx, job)
             name = names.service_name(job.name)
-        elif kind == "NetworkPolicy" and ctx.network_policy and ev.settings is not None:
-            egress = ev.settings.networking.egress
+        elif kind == "NetworkPolicy" and ctx.network_policy and ev.spec is not None:
+            egress = ev.spec.networking.egress
             created = await _create_network_policy(ctx, job, ctx.network_policy, egress)
             name = names.network_policy_name(job.name)
         else:

@@ -149,8 +149,8 @@ async def create_workload(
 ) -> None:
     """Create the job's Workload: one pod set per pipeline stage, from the pods of attempt 0
     (no environment: nothing that changes between attempts), owned by the job."""
-    assert ev.settings is not None and ev.plan is not None
-    settings, plan = ev.settings, ev.plan
+    assert ev.spec is not None and ev.plan is not None
+    spec, plan = ev.spec, ev.plan
     priority = None
     if ref.priority_class:
         found = await kube.get_custom(
@@ -162,7 +162,7 @@ async def create_workload(
             )
             raise KueueHold(Hold(Reason.PRIORITY_CLASS_NOT_FOUND, message))
         priority = int(found.get("value") or 0)
-    topology_key = settings.scheduling.topology_key
+    topology_key = spec.scheduling.topology_key
     request = kueue.WorkloadRequest(
         job_name=job.name,
         namespace=job.namespace,
@@ -171,9 +171,9 @@ async def create_workload(
         priority_class=ref.priority_class,
         priority=priority,
         topology=kueue.TopologyRequest(topology_key) if topology_key else None,
-        min_count=admission_floor(settings, plan),
+        min_count=admission_floor(spec, plan),
     )
-    pods = [build_pod(job, settings, plan, i, 0, {}) for i in range(plan.num_nodes)]
+    pods = [build_pod(job, spec, plan, i, 0, {}) for i in range(plan.num_nodes)]
     tolerations = await _queue_tolerations(kube, link, job.namespace, ref.queue)
     for pod in pods:
         add_tolerations(pod["spec"].setdefault("tolerations", []), tolerations)

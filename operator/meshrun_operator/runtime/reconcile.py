@@ -84,10 +84,10 @@ async def _act(
     missing = ctx.missing_children(job.namespace, job.name, job.uid)
     observed = replace(observed, progress=await ctx.progress.read(pod0), missing_children=missing)
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
-    spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
-    ev = ctx.evaluations.of(job.uid, spec, job.name, generation)
-    if ctx.placer is not None and ev.settings is not None and ev.settings.elastic is not None:
-        observed = replace(observed, capacity=ctx.placer.capacity(job.uid, ev.settings))
+    raw_spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
+    ev = ctx.evaluations.of(job.uid, raw_spec, job.name, generation)
+    if ctx.placer is not None and ev.spec is not None and ev.spec.elastic is not None:
+        observed = replace(observed, capacity=ctx.placer.capacity(job.uid, ev.spec))
     now = datetime.now(UTC)
     running = ctx.attempts.get(job.uid)
     decision = decide(job_body, observed, now, ctx.tuning, ev, running)

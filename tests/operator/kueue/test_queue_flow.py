@@ -275,7 +275,7 @@ def test_which_queue_governs_a_job() -> None:
     def of(labels: dict[str, str], **scheduling: Any) -> QueueRef | None:
         job = make_job(**scheduling)
         job["metadata"]["labels"] = labels
-        return queue_of(evaluate(job["spec"], "job").settings, job["metadata"])
+        return queue_of(evaluate(job["spec"], "job").spec, job["metadata"])
 
     priority = {"kueue.x-k8s.io/priority-class": "meshrun-high"}
     assert of(priority) == QueueRef("team-a", "meshrun-high")
