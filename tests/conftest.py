@@ -128,11 +128,42 @@ def _ready_real_nodes(kubectl: Kubectl) -> list[str]:
     return names
 
 
+LOCAL_REAL_NODE = ROOT / ".cluster" / "realnode"
+"""The state of the real node hack/realnode/up.sh runs on this machine."""
+TRAINER_IMAGE = "meshrun/trainer:0.1.0"
+
+
+def _realnode_images(*args: str) -> None:
+    proc = subprocess.run(
+        [str(ROOT / "hack" / "realnode" / "images.sh"), *args],
+        capture_output=True,
+        text=True,
+        timeout=2400,
+    )
+    if proc.returncode != 0:
+        pytest.fail(
+            f"hack/realnode/images.sh {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
+        )
+
+
+@pytest.fixture(scope="session")
+def trainer_image(real_node: str) -> str:
+    """The trainer image of this checkout on the real node, built and imported once a session
+    (Docker's cache makes it quick when nothing changed; an image another checkout left would
+    run other code)."""
+    _realnode_images("build", "trainer", TRAINER_IMAGE)
+    return TRAINER_IMAGE
+
+
 @pytest.fixture(scope="session")
 def real_node(kubectl: Kubectl, kubeconfig: str) -> str:
-    """Name of a Ready real node, added to the local cluster when there is none."""
+    """Name of a Ready real node, added to the local cluster when there is none; the local real
+    node's images (pause, base) imported again when its kubelet has collected them (under disk
+    pressure it deletes every unused image, and nothing can be pulled here)."""
     ready = _ready_real_nodes(kubectl)
     if ready:
+        if LOCAL_REAL_NODE.is_dir():
+            _realnode_images("node")
         return ready[0]
     if os.environ.get("MESHRUN_TEST_KUBECONFIG"):
         pytest.fail(

@@ -37,7 +37,6 @@ pytestmark = [
 ]
 
 REAL_NODE = "meshrun.dev/real-node"
-TRAINER_IMAGE = "meshrun/trainer:0.1.0"  # hack/realnode/images.sh build trainer
 STEPS, EVERY = 40, 5
 """The pod goes once the step-10 checkpoint is written: 30 steps remain, so the gang cannot
 finish at dp2 before the deletion reaches it."""
@@ -65,19 +64,6 @@ def _patch_slots(cluster: Cluster, node: str, resource: str, count: int | None) 
 def _free_slots(cluster: Cluster, node: str, resource: str) -> str:
     out = cluster.kubectl("get", "node", node, "-o", "json").stdout
     return str(json.loads(out)["status"].get("allocatable", {}).get(resource, ""))
-
-
-@pytest.fixture(scope="module")
-def trainer_image() -> str:
-    """The trainer image of this checkout, built and imported into the node (Docker caches it;
-    an image left from another checkout would run other code)."""
-    script = ROOT / "hack" / "realnode" / "images.sh"
-    proc = subprocess.run(
-        [str(script), "build", "trainer", TRAINER_IMAGE], capture_output=True, text=True,
-        timeout=2400,
-    )  # fmt: skip
-    assert proc.returncode == 0, f"building {TRAINER_IMAGE} failed:\n{proc.stdout}\n{proc.stderr}"
-    return TRAINER_IMAGE
 
 
 @pytest.fixture
