@@ -52,7 +52,7 @@ the termination log, which the operator reads."""
 
 def pod_env(
     plan: Plan,
-    job: JobSpec,
+    spec: JobSpec,
     *,
     job_name: str,
     namespace: str,
@@ -64,9 +64,9 @@ def pod_env(
     metrics_port: int = METRICS_PORT,
     termination_log: str = TERMINATION_LOG,
 ) -> dict[str, str]:
-    """The environment of pod ``pod_index`` of the job ``job`` planned as ``plan``: torchrun's
+    """The environment of pod ``pod_index`` of the job ``spec`` planned as ``plan``: torchrun's
     variables, the documented coordinates for a custom entrypoint, and the job document."""
-    layout, nodes = plan.layout, job.resources.num_nodes
+    layout, nodes = plan.layout, spec.resources.num_nodes
     if not 0 <= pod_index < nodes:
         raise ValueError(f"pod_index: {pod_index} must be in [0, numNodes={nodes})")
     pod = Pod(
@@ -85,7 +85,7 @@ def pod_env(
         "MASTER_PORT": str(master_port),
         "WORLD_SIZE": str(plan.world_size),
         "PET_NNODES": str(nodes),
-        "PET_NPROC_PER_NODE": str(job.resources.num_proc_per_node),
+        "PET_NPROC_PER_NODE": str(spec.resources.num_proc_per_node),
         "PET_NODE_RANK": str(pod_index),
         "PET_MASTER_ADDR": master_addr,
         "PET_MASTER_PORT": str(master_port),
@@ -99,5 +99,5 @@ def pod_env(
         "MESHRUN_TP": str(layout.tp),
         "MESHRUN_CHECKPOINT_DIR": checkpoint_dir or "",
         # everything the trainer reads: the spec, the plan and this pod, as one typed value
-        JOB_VARIABLE: write_document(JobDocument(spec=job, plan=plan, pod=pod)),
+        JOB_VARIABLE: write_document(JobDocument(spec=spec, plan=plan, pod=pod)),
     }

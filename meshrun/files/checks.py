@@ -100,20 +100,20 @@ def read_with_files(spec: Mapping[str, Any] | JobSpec) -> JobSpec:
 
 
 def check_inputs(
-    job: JobSpec, *, local: bool = False, count_tokens: TokenCounter | None = None
+    spec: JobSpec, *, local: bool = False, count_tokens: TokenCounter | None = None
 ) -> tuple[HFModel | None, list[str]]:
-    """Check the files of ``job`` visible here; return the model folder read (or None) and
+    """Check the files of ``spec`` visible here; return the model folder read (or None) and
     notes on what could not be checked.
 
     ``local``: the paths are this machine's (``meshrun run --local``), so a missing one is an
     error. Otherwise the job's paths count as this machine's when its model folder (or its data)
     is here. ``count_tokens`` tokenizes a text dataset whose size is not known yet.
     """
-    hf, notes = job.model.hf, []
+    hf, notes = spec.model.hf, []
     model = None
     if hf is not None:
         if visible_folder(hf.path):
-            model = load_hf_model(hf.path, job.shape.seq_len)
+            model = load_hf_model(hf.path, spec.shape.seq_len)
         elif local:
             raise SpecError(FIELD, f"{hf.path} does not exist")
         else:
@@ -121,7 +121,7 @@ def check_inputs(
                 f"{FIELD} {hf.path} is not visible here: planned from the sizes given beside "
                 "it; the trainer checks config.json, the weights and the tokenizer first thing."
             )
-    data = job.training.data
+    data = spec.training.data
     if data is None:
         return model, notes
     if not (local or model is not None or Path(data.path).exists()):
@@ -137,26 +137,26 @@ def check_inputs(
             notes.append("The tokenizer is checked by the trainer (the model folder is not here).")
             return model, notes
         check_tokenizer(tokenizer, model.shape.vocab, FIELD)
-    sets = [("spec.training.data.path", data.path, job.training.global_batch_size)]
+    sets = [("spec.training.data.path", data.path, spec.training.global_batch_size)]
     if data.validation is not None:
         sets.append(("spec.training.data.validation.path", data.validation.path, 1))
     for field, path, batch in sets:
-        tokens = known_tokens(data, path, tokenizer, job.shape.vocab)
+        tokens = known_tokens(data, path, tokenizer, spec.shape.vocab)
         if tokens is None and count_tokens is not None:
-            tokens = count_tokens(data, path, model, job.shape.vocab)
+            tokens = count_tokens(data, path, model, spec.shape.vocab)
         if tokens is None:
             notes.append(
                 f"{field}: its size is checked once it is tokenized (meshrun prepare-data, or "
                 "the first start)."
             )
             continue
-        check_dataset_size(tokens, job.shape.seq_len, batch, field)
+        check_dataset_size(tokens, spec.shape.seq_len, batch, field)
     return model, notes
 
 
-def model_sentence(job: JobSpec, model: HFModel | None) -> str | None:
+def model_sentence(spec: JobSpec, model: HFModel | None) -> str | None:
     """What the plan's model is, for a job with ``spec.model.hf``."""
-    if job.model.hf is None:
+    if spec.model.hf is None:
         return None
     if model is None:
         return (

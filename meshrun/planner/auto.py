@@ -78,41 +78,41 @@ def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
 
 
 def evaluate(
-    job: JobSpec, degrees: Degrees, strategy: str | None = None, checkpointing: str = "none"
+    spec: JobSpec, degrees: Degrees, strategy: str | None = None, checkpointing: str = "none"
 ) -> Choice:
     """Plan these degrees (SpecError when they break a rule)."""
     dp, pp, tp, zero = degrees
-    layout = complete_layout(job, dp, pp, tp, zero)
-    stages = stage_split(job.shape, pp, layout.virtual_stages)
-    memory = estimate_memory(job, layout, stages, checkpointing)
+    layout = complete_layout(spec, dp, pp, tp, zero)
+    stages = stage_split(spec.shape, pp, layout.virtual_stages)
+    memory = estimate_memory(spec, layout, stages, checkpointing)
     name = strategy or strategy_name(dp, pp, tp, zero)
-    estimate = estimate_step(job, layout, stages, checkpointing)
+    estimate = estimate_step(spec, layout, stages, checkpointing)
     return Choice(name, layout, stages, memory, checkpointing, estimate=estimate)
 
 
-def checkpointing_modes(job: JobSpec) -> tuple[str, ...]:
+def checkpointing_modes(spec: JobSpec) -> tuple[str, ...]:
     """The activation-checkpointing modes to try in turn: the one the spec sets, or (unset)
     none first and then more recomputation."""
-    chosen = job.training.activation_checkpointing
+    chosen = spec.training.activation_checkpointing
     return CHECKPOINTING if chosen is None else (chosen,)
 
 
-def first_fit(job: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
+def first_fit(spec: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
     """The first valid candidate that fits without activation checkpointing, else with the
     next mode (unless the spec sets one); failing all, the valid one with the smallest
     estimate."""
     candidates = list(candidates)
     smallest: Choice | None = None
-    modes = checkpointing_modes(job)
+    modes = checkpointing_modes(spec)
     for mode in modes:
         for degrees in candidates:
             try:
-                choice = evaluate(job, degrees, checkpointing=mode)
+                choice = evaluate(spec, degrees, checkpointing=mode)
             except SpecError:
                 continue
             if choice.memory.fits:
                 if mode != modes[0]:
-                    choice.reasons.append(checkpointing_reason(job, degrees, choice))
+                    choice.reasons.append(checkpointing_reason(spec, degrees, choice))
                 return choice
             if smallest is None or choice.memory.total < smallest.memory.total:
                 smallest = choice
@@ -120,10 +120,10 @@ def first_fit(job: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
 
 
 def checkpointing_reason(
-    job: JobSpec, degrees: Degrees, choice: Choice, what: str = "no layout of the row fits"
+    spec: JobSpec, degrees: Degrees, choice: Choice, what: str = "no layout of the row fits"
 ) -> str:
     """Why activation checkpointing is on: the layout's activations with and without it."""
-    plain = evaluate(job, degrees).memory
+    plain = evaluate(spec, degrees).memory
     return (
         f"Activation checkpointing ({choice.checkpointing}) is on: without it {what} "
         f"(this one would hold {plain.activations / GIB:.1f} GiB of activations, "
@@ -132,23 +132,23 @@ def checkpointing_reason(
     )
 
 
-def fit_degrees(job: JobSpec, degrees: Degrees, strategy: str) -> Choice:
+def fit_degrees(spec: JobSpec, degrees: Degrees, strategy: str) -> Choice:
     """Given degrees (SpecError when they break a rule), with the spec's activation
     checkpointing, or unset the least that fits; a sentence when more would fit."""
-    modes = checkpointing_modes(job)
-    choice = evaluate(job, degrees, strategy, modes[0])
+    modes = checkpointing_modes(spec)
+    choice = evaluate(spec, degrees, strategy, modes[0])
     for mode in modes[1:]:
         if choice.memory.fits:
             break
-        choice = evaluate(job, degrees, strategy, mode)
+        choice = evaluate(spec, degrees, strategy, mode)
         if choice.memory.fits:
             choice.reasons.append(
-                checkpointing_reason(job, degrees, choice, "the layout does not fit")
+                checkpointing_reason(spec, degrees, choice, "the layout does not fit")
             )
     stronger = CHECKPOINTING[CHECKPOINTING.index(choice.checkpointing) + 1 :]
     if not choice.memory.fits and len(modes) == 1:
         for mode in stronger:
-            if evaluate(job, degrees, strategy, mode).memory.fits:
+            if evaluate(spec, degrees, strategy, mode).memory.fits:
                 choice.reasons.append(
                     f"It would fit with spec.training.activationCheckpointing: {mode}."
                 )
@@ -156,17 +156,17 @@ def fit_degrees(job: JobSpec, degrees: Degrees, strategy: str) -> Choice:
     return choice
 
 
-def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> list[Degrees]:
+def model_parallel(spec: JobSpec, zero_stage: int, need_both: bool = False) -> list[Degrees]:
     """(dp, pp, tp) with TP inside a node, least model parallelism first.
 
     Ties prefer layouts using both PP and TP (3D), then a wider TP on NVLink nodes (TP's
     per-layer all-reduces want NVLink) or a deeper PP on PCIe nodes.
     """
-    res = job.resources
+    res = spec.resources
     world, fast = res.world_size, res.fast_intra_node
     found = []
     for tp in divisors(res.num_proc_per_node):
-        for pp in divisors(world // tp, job.shape.layers):  # a stage needs a layer
+        for pp in divisors(world // tp, spec.shape.layers):  # a stage needs a layer
             if (tp == 1 and pp == 1) or (need_both and (tp == 1 or pp == 1)):
                 continue
             key = (tp * pp, 0 if tp > 1 and pp > 1 else 1, -tp if fast else tp)
@@ -174,15 +174,15 @@ def model_parallel(job: JobSpec, zero_stage: int, need_both: bool = False) -> li
     return [degrees for _, degrees in sorted(found)]
 
 
-def situation(job: JobSpec) -> tuple[bool, bool, str]:
+def situation(spec: JobSpec) -> tuple[bool, bool, str]:
     """(model fits one GPU, largest layer fits one GPU, a sentence saying so)."""
-    res, model = job.resources, job.shape
+    res, model = spec.resources, spec.shape
     single = estimate_memory(
-        job, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1), split_layers(model.layers, 1, 1)
+        spec, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1), split_layers(model.layers, 1, 1)
     )
     largest = max(model.layer_parameters(), model.vocab * model.hidden)
-    layer_bytes = largest * sum(bytes_per_parameter(job.training.precision))
-    layer_bytes += layer_activation_bytes(job, 1, job.training.micro_batch_size)
+    layer_bytes = largest * sum(bytes_per_parameter(spec.training.precision))
+    layer_bytes += layer_activation_bytes(spec, 1, spec.training.micro_batch_size)
     layer_fits = layer_bytes <= res.accelerator_bytes
     sentence = (
         f"The model ({parameter_text(model.parameters())} parameters) needs about "
@@ -201,19 +201,19 @@ def situation(job: JobSpec) -> tuple[bool, bool, str]:
     return single.fits, layer_fits, sentence
 
 
-def table_row(job: JobSpec) -> tuple[str, list[Degrees]]:
+def table_row(spec: JobSpec) -> tuple[str, list[Degrees]]:
     """The strategy table's row for this job (docs/planner.md) and its candidates in order."""
-    res, world = job.resources, job.resources.world_size
+    res, world = spec.resources, spec.resources.world_size
     ddp: Degrees = (world, 1, 1, 0)
-    fits_one, layer_fits, _ = situation(job)
+    fits_one, layer_fits, _ = situation(spec)
     zero = [(world, 1, 1, stage) for stage in (1, 2, 3)]
     if world == 1:
         return "a single GPU: DDP with one process", [ddp]
     if res.num_nodes == 1 and fits_one:
         return "one node, model fits one GPU: DDP (ZeRO also works but communicates more)", [ddp]
     if res.num_nodes == 1 and layer_fits:
-        tensor = [d for d in model_parallel(job, 0) if d[1] == 1]
-        pipeline = [d for d in model_parallel(job, 0) if d[2] == 1]
+        tensor = [d for d in model_parallel(spec, 0) if d[1] == 1]
+        pipeline = [d for d in model_parallel(spec, 0) if d[2] == 1]
         if res.fast_intra_node:
             row = "one node, model does not fit one GPU, NVLink: ZeRO, PP and TP are on par; "
             row += "ZeRO first, as it needs no model changes"
@@ -223,23 +223,23 @@ def table_row(job: JobSpec) -> tuple[str, list[Degrees]]:
         return row, [*pipeline, *zero, *tensor]
     if res.num_nodes == 1:
         row = "one node, largest layer does not fit one GPU: TP (PP and ZeRO-3 hold whole layers)"
-        return row, [d for z in (0, 1, 2, 3) for d in model_parallel(job, z) if d[1] == 1]
+        return row, [d for z in (0, 1, 2, 3) for d in model_parallel(spec, z) if d[1] == 1]
     if res.fast_inter_node:
         row = "many nodes, fast interconnect: ZeRO (no model changes), else 3D (PP + TP + DP)"
-        return row, [*zero, *model_parallel(job, 1)]
+        return row, [*zero, *model_parallel(spec, 1)]
     row = "many nodes, slow interconnect: ZeRO-1/2 (as much traffic as DDP), else 3D "
     row += "(PP across nodes, TP inside, DP) with ZeRO-1"
-    return row, [*zero[:2], *model_parallel(job, 1)]
+    return row, [*zero[:2], *model_parallel(spec, 1)]
 
 
-def table_choice(job: JobSpec) -> Choice:
+def table_choice(spec: JobSpec) -> Choice:
     """Apply the strategy table (docs/planner.md) to this job; its first reasons are the
     situation and the row."""
-    world = job.resources.world_size
+    world = spec.resources.world_size
     ddp: Degrees = (world, 1, 1, 0)
-    _, _, sentence = situation(job)
-    row, candidates = table_row(job)
-    choice = first_fit(job, candidates) or evaluate(job, ddp, "ddp")
+    _, _, sentence = situation(spec)
+    row, candidates = table_row(spec)
+    choice = first_fit(spec, candidates) or evaluate(spec, ddp, "ddp")
     choice.reasons.insert(0, f"Strategy table row (docs/planner.md): {row}.")
     choice.reasons.insert(0, sentence)
     if not choice.memory.fits:
@@ -249,18 +249,18 @@ def table_choice(job: JobSpec) -> Choice:
     return choice
 
 
-def search_hybrid(job: JobSpec) -> Choice:
+def search_hybrid(spec: JobSpec) -> Choice:
     """A hybrid job with two or more degrees unset: the least model parallelism that fits."""
-    s = job.strategy
+    s = spec.strategy
     zero = s.zero_stage or 0
     candidates = [
         d
-        for d in model_parallel(job, zero)
+        for d in model_parallel(spec, zero)
         if (s.data_parallel is None or d[0] == s.data_parallel)
         and (s.pipeline_parallel is None or d[1] == s.pipeline_parallel)
         and (s.tensor_parallel is None or d[2] == s.tensor_parallel)
     ]
-    choice = first_fit(job, candidates)
+    choice = first_fit(spec, candidates)
     if choice is None:
         raise SpecError(
             "spec.strategy",

@@ -16,7 +16,7 @@ from meshrun.rules.strategy import check_layout
 STRATEGY = "spec.strategy"
 
 
-def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
+def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
     """(dp, pp, tp) for the types whose degrees follow from the spec alone.
 
     ddp/zero: all processes data-parallel. tensor: the widest TP inside a pod that the model's
@@ -24,7 +24,7 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
     one per process, capped by the layers. hybrid: the missing one of the three from the world
     size (the planner searches when two or more are missing).
     """
-    s, world = job.strategy, job.resources.world_size
+    s, world = spec.strategy, spec.resources.world_size
     if s.type in ("ddp", "zero"):
         return world, 1, 1
     if s.type == "tensor":
@@ -32,7 +32,7 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
             _quotient(world, s.data_parallel, "dataParallel") if s.data_parallel else None
         )
         tp = tp or max(
-            t for t in divisors(job.resources.num_proc_per_node) if tp_fits_model(job, t)
+            t for t in divisors(spec.resources.num_proc_per_node) if tp_fits_model(spec, t)
         )
         return _quotient(world, tp, "tensorParallel"), 1, tp
     if s.type == "pipeline":
@@ -40,8 +40,8 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
             _quotient(world, s.data_parallel, "dataParallel") if s.data_parallel else None
         )
         if pp is None:
-            wanted = job.resources.num_nodes if job.resources.num_nodes > 1 else world
-            deepest = max(1, job.shape.layers // chunks_per_rank(job, 2))
+            wanted = spec.resources.num_nodes if spec.resources.num_nodes > 1 else world
+            deepest = max(1, spec.shape.layers // chunks_per_rank(spec, 2))
             pp = max(p for p in divisors(world) if p <= min(wanted, deepest))
         return _quotient(world, pp, "pipelineParallel"), pp, 1
     given = {
@@ -68,9 +68,9 @@ def explicit_degrees(job: JobSpec) -> tuple[int, int, int]:
     return given["dataParallel"] or 1, given["pipelineParallel"] or 1, given["tensorParallel"] or 1
 
 
-def tp_fits_model(job: JobSpec, tp: int) -> bool:
+def tp_fits_model(spec: JobSpec, tp: int) -> bool:
     """Whether TP degree ``tp`` divides every dimension TP splits."""
-    m = job.shape
+    m = spec.shape
     return all(size % tp == 0 for size in (m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.seq_len))
 
 
@@ -84,17 +84,17 @@ def _quotient(world: int, degree: int, name: str) -> int:
     return world // degree
 
 
-def chunks_per_rank(job: JobSpec, pp: int) -> int:
+def chunks_per_rank(spec: JobSpec, pp: int) -> int:
     """Model chunks per pipeline rank: virtualStages, 2 by default for interleaved-1f1b."""
     if pp == 1:
         return 1
-    if job.strategy.pipeline_schedule != "interleaved-1f1b":
-        return job.strategy.virtual_stages or 1
-    return job.strategy.virtual_stages or 2
+    if spec.strategy.pipeline_schedule != "interleaved-1f1b":
+        return spec.strategy.virtual_stages or 1
+    return spec.strategy.virtual_stages or 2
 
 
 def complete_layout(
-    job: JobSpec,
+    spec: JobSpec,
     dp: int,
     pp: int,
     tp: int,
@@ -104,10 +104,10 @@ def complete_layout(
     """The full layout for these degrees (micro-batches, virtual stages, gradient accumulation),
     checked by the rules every component shares; ``schedule`` (name, virtual stages) replaces
     the spec's."""
-    s, t = job.strategy, job.training
+    s, t = spec.strategy, spec.training
     passes = max(1, t.global_batch_size // (dp * t.micro_batch_size))
     micro = 1 if pp == 1 else s.micro_batches or passes
-    name, virtual = schedule or (s.pipeline_schedule, chunks_per_rank(job, pp))
+    name, virtual = schedule or (s.pipeline_schedule, chunks_per_rank(spec, pp))
     layout = Layout(
         dp=dp,
         pp=pp,
@@ -120,11 +120,11 @@ def complete_layout(
     )
     check_layout(
         layout,
-        job.shape,
+        spec.shape,
         global_batch_size=t.global_batch_size,
         micro_batch_size=t.micro_batch_size,
-        world_size=job.resources.world_size,
-        num_proc_per_node=job.resources.num_proc_per_node,
+        world_size=spec.resources.world_size,
+        num_proc_per_node=spec.resources.num_proc_per_node,
     )
     return layout
 

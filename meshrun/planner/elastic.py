@@ -19,32 +19,32 @@ from meshrun.api.spec import GIB, Checkpointing, JobSpec
 from meshrun.planner.plan import Plan, plan_job
 
 
-def pods_at(job: JobSpec, plan: Plan, dp: int) -> int | None:
+def pods_at(spec: JobSpec, plan: Plan, dp: int) -> int | None:
     """Pods of ``num_proc_per_node`` processes the job needs at degree ``dp``; None when
     dp x pp x tp does not fill whole pods."""
     world = dp * plan.layout.pp * plan.layout.tp
-    per_pod = job.resources.num_proc_per_node
+    per_pod = spec.resources.num_proc_per_node
     return None if world % per_pod else world // per_pod
 
 
-def resized(job: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
+def resized(spec: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
     """The job and its plan at data-parallel degree ``dp`` (``plan`` is the job's own plan).
 
     SpecError when that degree breaks a rule (whole pods, the batch split, the pipeline
     schedule) or, on accelerators of known memory, does not fit.
     """
-    pods = pods_at(job, plan, dp)
+    pods = pods_at(spec, plan, dp)
     if pods is None:
         raise SpecError(
             "spec.elastic",
             f"data-parallel degree {dp} x pp{plan.layout.pp} x tp{plan.layout.tp} does not fill "
-            f"whole pods of {job.resources.num_proc_per_node} processes",
+            f"whole pods of {spec.resources.num_proc_per_node} processes",
         )
-    if dp == plan.layout.dp and pods == job.resources.num_nodes:
-        return job, plan
+    if dp == plan.layout.dp and pods == spec.resources.num_nodes:
+        return spec, plan
     lay = plan.layout
     strategy = replace(
-        job.strategy,
+        spec.strategy,
         type="hybrid",
         data_parallel=dp,
         pipeline_parallel=lay.pp,
@@ -56,13 +56,13 @@ def resized(job: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
     checkpointing = cast(Checkpointing, plan.activation_checkpointing)
     # The plan's micro-batch size stays (auto's choice where the spec left it unset).
     training = replace(
-        job.training,
+        spec.training,
         activation_checkpointing=checkpointing,
         micro_batch_size=plan.micro_batch_size,
     )
     sized = replace(
-        job,
-        resources=replace(job.resources, num_nodes=pods),
+        spec,
+        resources=replace(spec.resources, num_nodes=pods),
         strategy=strategy,
         training=training,
         micro_batch_size_set=True,
@@ -77,41 +77,41 @@ def resized(job: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
     return sized, replace(new, strategy=plan.strategy)
 
 
-def _candidates(job: JobSpec, plan: Plan) -> list[int]:
+def _candidates(spec: JobSpec, plan: Plan) -> list[int]:
     """The degrees between the bounds that divide globalBatchSize / microBatchSize, ascending
     (through the divisors of that quotient: a huge maxDataParallel costs nothing)."""
-    assert job.elastic is not None
-    passes = job.training.global_batch_size // plan.micro_batch_size
-    low = job.elastic.min_data_parallel
-    high = job.elastic.max_data_parallel or plan.layout.dp
+    assert spec.elastic is not None
+    passes = spec.training.global_batch_size // plan.micro_batch_size
+    low = spec.elastic.min_data_parallel
+    high = spec.elastic.max_data_parallel or plan.layout.dp
     small = [d for d in range(1, isqrt(passes) + 1) if passes % d == 0]
     return sorted(d for d in {*small, *(passes // d for d in small)} if low <= d <= high)
 
 
-def _plans(job: JobSpec, plan: Plan, dp: int) -> bool:
+def _plans(spec: JobSpec, plan: Plan, dp: int) -> bool:
     try:
-        resized(job, plan, dp)
+        resized(spec, plan, dp)
     except SpecError:
         return False
     return True
 
 
-def elastic_degrees(job: JobSpec, plan: Plan) -> list[int]:
+def elastic_degrees(spec: JobSpec, plan: Plan) -> list[int]:
     """The degrees the job may run at, ascending: from minDataParallel to maxDataParallel (the
     planned degree when unset), those :func:`resized` plans (empty without spec.elastic)."""
-    if job.elastic is None:
+    if spec.elastic is None:
         return []
-    return [dp for dp in _candidates(job, plan) if _plans(job, plan, dp)]
+    return [dp for dp in _candidates(spec, plan) if _plans(spec, plan, dp)]
 
 
-def largest_fitting(job: JobSpec, plan: Plan, pods: int, below: int | None = None) -> int | None:
+def largest_fitting(spec: JobSpec, plan: Plan, pods: int, below: int | None = None) -> int | None:
     """The largest allowed degree (at most ``below`` when given) whose pods number at most
     ``pods``; None when none does. Tries the largest first and stops at the first that plans."""
-    if job.elastic is None:
+    if spec.elastic is None:
         return None
-    for dp in reversed(_candidates(job, plan)):
-        needed = pods_at(job, plan, dp)
+    for dp in reversed(_candidates(spec, plan)):
+        needed = pods_at(spec, plan, dp)
         fits = (below is None or dp <= below) and needed is not None and needed <= pods
-        if fits and _plans(job, plan, dp):
+        if fits and _plans(spec, plan, dp):
             return dp
     return None

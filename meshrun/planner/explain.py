@@ -22,7 +22,7 @@ def parameter_text(count: int) -> str:
     return str(count)
 
 
-def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
+def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
     """What the layout does, in the terms of the strategy table (docs/planner.md)."""
     lines: list[str] = []
     dp, pp, tp = layout.dp, layout.pp, layout.tp
@@ -31,7 +31,7 @@ def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
     elif dp > 1:
         lines.append(
             f"Data parallel over {dp} replicas, one process per "
-            f"{'CPU slot' if job.resources.accelerator == CPU else 'GPU'}, gradients "
+            f"{'CPU slot' if spec.resources.accelerator == CPU else 'GPU'}, gradients "
             "all-reduced as DDP does; DDP supersedes the single-process DataParallel, where "
             "GPU 0 scatters inputs and gathers outputs every step."
         )
@@ -62,16 +62,16 @@ def describe(job: JobSpec, strategy: str, layout: Layout) -> list[str]:
         "Ranks run TP innermost, then DP, PP outermost, so a TP group never leaves a pod"
         + (
             " and each pod holds one pipeline stage."
-            if pp > 1 and (dp * tp) % job.resources.num_proc_per_node == 0
+            if pp > 1 and (dp * tp) % spec.resources.num_proc_per_node == 0
             else "."
         )
     )
     return lines
 
 
-def warn(job: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
+def warn(spec: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
     """Things that are allowed but probably unintended or slow."""
-    res, s = job.resources, job.strategy
+    res, s = spec.resources, spec.strategy
     warnings: list[str] = []
     if res.memory_assumed:
         warnings.append(

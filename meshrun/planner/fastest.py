@@ -58,24 +58,24 @@ def same_layout(a: Choice, b: Choice) -> bool:
     )
 
 
-def choose_fastest(job: JobSpec) -> Choice:
+def choose_fastest(spec: JobSpec) -> Choice:
     """``strategy: auto``: the fastest predicted layout that fits, explained."""
-    if job.resources.accelerator_bytes == 0:
-        choice = evaluate(job, (job.resources.world_size, 1, 1, 0), "ddp")
+    if spec.resources.accelerator_bytes == 0:
+        choice = evaluate(spec, (spec.resources.world_size, 1, 1, 0), "ddp")
         choice.reasons.append(
             "No accelerator memory to respect (accelerator cpu without acceleratorMemoryGiB), "
             "so the simplest strategy, DDP, is chosen."
         )
         return choice
-    fitting, smallest = enumerate_layouts(job)
-    _, _, sentence = situation(job)
+    fitting, smallest = enumerate_layouts(spec)
+    _, _, sentence = situation(spec)
     if not fitting and smallest is None:
         # No layout is valid at all: the table's fallback raises the rule that refuses it.
-        return table_choice(job)
+        return table_choice(spec)
     if not fitting:
         assert smallest is not None
-        choice = _timed(job, smallest)
-        row, _ = table_row(job)
+        choice = _timed(spec, smallest)
+        row, _ = table_row(spec)
         choice.reasons.extend(
             [
                 sentence,
@@ -103,25 +103,25 @@ def choose_fastest(job: JobSpec) -> Choice:
             )
             + "."
         )
-    if not job.micro_batch_size_set:
+    if not spec.micro_batch_size_set:
         sizes = ", ".join(str(b) for b in MICRO_BATCH_SIZES)
         best.reasons.append(
             f"spec.training.microBatchSize is unset: of {sizes}, {best.micro_batch_size} is "
             "the fastest that fits."
         )
-    if best.checkpointing != "none" and job.training.activation_checkpointing is None:
+    if best.checkpointing != "none" and spec.training.activation_checkpointing is None:
         best.reasons.append(
             f"Activation checkpointing ({best.checkpointing}) is on: without it this layout "
             "does not fit, and no layout without it is faster."
         )
-    best.reasons.append(_against_table(job, best))
+    best.reasons.append(_against_table(spec, best))
     return best
 
 
-def _against_table(job: JobSpec, best: Choice) -> str:
+def _against_table(spec: JobSpec, best: Choice) -> str:
     """What the strategy table would have picked, and why it is slower."""
-    row, _ = table_row(job)
-    table = table_choice(job)
+    row, _ = table_row(spec)
+    table = table_choice(spec)
     lead = f"Strategy table row (docs/planner.md): {row}"
     if same_layout(table, best):
         return f"{lead}; it picks the same layout."
@@ -150,8 +150,8 @@ def _relative(choice: Choice, best: Choice) -> str:
     return f"{1 - ratio:.0%} slower" if ratio < 1 else "as fast"
 
 
-def _timed(job: JobSpec, choice: Choice) -> Choice:
-    sized = with_micro_batch(job, choice.micro_batch_size or job.training.micro_batch_size)
+def _timed(spec: JobSpec, choice: Choice) -> Choice:
+    sized = with_micro_batch(spec, choice.micro_batch_size or spec.training.micro_batch_size)
     estimate = estimate_step(sized, choice.layout, choice.stages, choice.checkpointing)
     return replace(choice, reasons=[], estimate=estimate)
 

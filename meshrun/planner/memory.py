@@ -145,13 +145,13 @@ def layer_activation_elements(shape: ModelShape, tp: int, checkpointing: str = "
 
 
 def layer_activation_bytes(
-    job: JobSpec, tp: int, micro_batch: int, checkpointing: str = "none"
+    spec: JobSpec, tp: int, micro_batch: int, checkpointing: str = "none"
 ) -> int:
     """Bytes one transformer layer keeps for backward for one micro-batch (16-bit activations
     in bf16, 32-bit in fp32)."""
-    per_element = 2 if job.training.precision == "bf16" else 4
-    elements = layer_activation_elements(job.shape, tp, checkpointing)
-    return int(job.shape.seq_len * micro_batch * elements * per_element)
+    per_element = 2 if spec.training.precision == "bf16" else 4
+    elements = layer_activation_elements(spec.shape, tp, checkpointing)
+    return int(spec.shape.seq_len * micro_batch * elements * per_element)
 
 
 def in_flight(layout: Layout, pp_rank: int) -> float:
@@ -168,20 +168,20 @@ def in_flight(layout: Layout, pp_rank: int) -> float:
 
 
 def estimate_memory(
-    job: JobSpec, layout: Layout, stages: list[Stage], checkpointing: str = "none"
+    spec: JobSpec, layout: Layout, stages: list[Stage], checkpointing: str = "none"
 ) -> MemoryEstimate:
     """The estimate for the pipeline rank with the largest total."""
-    model, t, n = job.shape, layout.tp, layout.dp
-    weight_b, grad_b, optim_b = bytes_per_parameter(job.training.precision)
+    model, t, n = spec.shape, layout.tp, layout.dp
+    weight_b, grad_b, optim_b = bytes_per_parameter(spec.training.precision)
     layers_on = [0] * layout.pp
     for stage in stages:
         layers_on[stage.pp] += stage.last - stage.first + 1
-    micro_batch = job.training.micro_batch_size
-    per_layer_act = layer_activation_bytes(job, t, micro_batch, checkpointing)
+    micro_batch = spec.training.micro_batch_size
+    per_layer_act = layer_activation_bytes(spec, t, micro_batch, checkpointing)
     # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
-    recompute = layer_activation_bytes(job, t, micro_batch) if checkpointing == "full" else 0
+    recompute = layer_activation_bytes(spec, t, micro_batch) if checkpointing == "full" else 0
     tokens = model.seq_len * micro_batch
-    per_element = 2 if job.training.precision == "bf16" else 4
+    per_element = 2 if spec.training.precision == "bf16" else 4
     # fp32 log-probabilities over the (vocabulary-sharded) logits; the final norm's input and
     # normalized input (sequence-sharded) and its gathered output.
     head_act = tokens * (
@@ -208,7 +208,7 @@ def estimate_memory(
     # the bias correction): two of the largest (local) parameter, in fp32. They count where
     # they outgrow the step's working set, which is freed before the optimizer step.
     step_temporaries = 0
-    if job.resources.accelerator == CPU:
+    if spec.resources.accelerator == CPU:
         largest = -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
         step_temporaries = 2 * 4 * (-(-largest // n) if fsdp else largest)
     best: MemoryEstimate | None = None
@@ -223,7 +223,7 @@ def estimate_memory(
             count += (0 if shared else model.vocab * model.hidden) + model.hidden
         local = -(-count // t)
         if fsdp:
-            params, grads, optim = fsdp_states(local, n, layout, job.training.precision)
+            params, grads, optim = fsdp_states(local, n, layout, spec.training.precision)
         else:
             params, grads, optim = local * weight_b, local * grad_b, local * optim_b
             if layout.zero_stage >= 1:
@@ -234,7 +234,7 @@ def estimate_memory(
         # The optimizer steps after backward, once activations and gathered units are freed.
         optim += max(0, step_temporaries - activations - gathered)
         estimate = MemoryEstimate(
-            params, grads, optim, activations, job.resources.accelerator_bytes, gathered
+            params, grads, optim, activations, spec.resources.accelerator_bytes, gathered
         )
         if best is None or estimate.total > best.total:
             best = estimate

@@ -212,14 +212,14 @@ def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     )
 
 
-def _choose(job: JobSpec) -> Choice:
-    s = job.strategy
+def _choose(spec: JobSpec) -> Choice:
+    s = spec.strategy
     if s.type == "auto":
-        return choose_fastest(job)
+        return choose_fastest(spec)
     unset = [s.data_parallel, s.pipeline_parallel, s.tensor_parallel].count(None)
     if s.type == "hybrid" and unset >= 2:
-        return search_hybrid(job)
-    dp, pp, tp = explicit_degrees(job)
-    choice = fit_degrees(job, (dp, pp, tp, s.zero_stage or 0), s.type)
+        return search_hybrid(spec)
+    dp, pp, tp = explicit_degrees(spec)
+    choice = fit_degrees(spec, (dp, pp, tp, s.zero_stage or 0), s.type)
     choice.reasons.append(f"Strategy {s.type} as requested: {choice.layout.text()}.")
     return choice

@@ -32,53 +32,53 @@ VIRTUAL_CHOICES = (2, 4)
 point-to-point traffic; Megatron's runs use 2 to 8)."""
 
 
-def schedules(job: JobSpec, pp: int) -> list[tuple[str, int]]:
+def schedules(spec: JobSpec, pp: int) -> list[tuple[str, int]]:
     """(schedule, virtual stages) to try at pipeline depth ``pp``: the spec's when it sets
     virtualStages or asks for GPipe, else 1F1B and interleaved 1F1B."""
-    s = job.strategy
+    s = spec.strategy
     if pp == 1:
         return [(s.pipeline_schedule, 1)]
     if s.virtual_stages is not None or s.pipeline_schedule == "gpipe":
         default = s.virtual_stages or (2 if s.pipeline_schedule == "interleaved-1f1b" else 1)
         return [(s.pipeline_schedule, default)]
     found = [] if s.pipeline_schedule == "interleaved-1f1b" else [("1f1b", 1)]
-    found += [("interleaved-1f1b", v) for v in VIRTUAL_CHOICES if pp * v <= job.shape.layers]
+    found += [("interleaved-1f1b", v) for v in VIRTUAL_CHOICES if pp * v <= spec.shape.layers]
     return found
 
 
-def micro_batch_sizes(job: JobSpec) -> tuple[int, ...]:
+def micro_batch_sizes(spec: JobSpec) -> tuple[int, ...]:
     """The micro-batch sizes to try: the spec's, or (unset) those of MICRO_BATCH_SIZES that
     keep every degree spec.elastic allows splitting the global batch (the rule of
     :mod:`meshrun.rules.elastic`, which the API server can only check with a size of 1)."""
-    if job.micro_batch_size_set:
-        return (job.training.micro_batch_size,)
-    if job.elastic is None:
+    if spec.micro_batch_size_set:
+        return (spec.training.micro_batch_size,)
+    if spec.elastic is None:
         return MICRO_BATCH_SIZES
-    bounds = [d for d in (job.elastic.min_data_parallel, job.elastic.max_data_parallel) if d]
+    bounds = [d for d in (spec.elastic.min_data_parallel, spec.elastic.max_data_parallel) if d]
     kept = tuple(
         size
         for size in MICRO_BATCH_SIZES
-        if all((job.training.global_batch_size // size) % d == 0 for d in bounds)
+        if all((spec.training.global_batch_size // size) % d == 0 for d in bounds)
     )
     return kept or (1,)
 
 
-def with_micro_batch(job: JobSpec, size: int) -> JobSpec:
-    """``job`` with ``training.microBatchSize`` = ``size``."""
-    if job.training.micro_batch_size == size:
-        return job
-    return replace(job, training=replace(job.training, micro_batch_size=size))
+def with_micro_batch(spec: JobSpec, size: int) -> JobSpec:
+    """``spec`` with ``training.microBatchSize`` = ``size``."""
+    if spec.training.micro_batch_size == size:
+        return spec
+    return replace(spec, training=replace(spec.training, micro_batch_size=size))
 
 
-def enumerate_layouts(job: JobSpec) -> tuple[list[Choice], Choice | None]:
+def enumerate_layouts(spec: JobSpec) -> tuple[list[Choice], Choice | None]:
     """(every layout that fits, fastest first; the smallest estimate when none fits)."""
     fitting: list[Choice] = []
     smallest: Choice | None = None
     splits: dict[tuple[int, int], list[Stage]] = {}
-    for size in micro_batch_sizes(job):
-        if job.training.global_batch_size % size:
+    for size in micro_batch_sizes(spec):
+        if spec.training.global_batch_size % size:
             continue
-        found, least = _layouts_of(with_micro_batch(job, size), splits)
+        found, least = _layouts_of(with_micro_batch(spec, size), splits)
         fitting += found
         if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
             smallest = least
@@ -87,43 +87,43 @@ def enumerate_layouts(job: JobSpec) -> tuple[list[Choice], Choice | None]:
 
 
 def _layouts_of(
-    job: JobSpec, splits: dict[tuple[int, int], list[Stage]]
+    spec: JobSpec, splits: dict[tuple[int, int], list[Stage]]
 ) -> tuple[list[Choice], Choice | None]:
     """The layouts of one micro-batch size: those that fit, and the smallest that does not."""
-    res, world = job.resources, job.resources.world_size
-    modes = checkpointing_modes(job)
+    res, world = spec.resources, spec.resources.world_size
+    modes = checkpointing_modes(spec)
     fitting: list[Choice] = []
     smallest: Choice | None = None
     works: WorkCache = {}
     for tp in divisors(res.num_proc_per_node):
-        if not tp_fits_model(job, tp):
+        if not tp_fits_model(spec, tp):
             continue
-        for pp in divisors(world // tp, job.shape.layers):
+        for pp in divisors(world // tp, spec.shape.layers):
             dp = world // (tp * pp)
             # ZeRO-1 moves no more than DDP (a reduce-scatter and an all-gather for the
             # all-reduce) and steps 1/dp of the optimizer: it comes first, DDP (more memory,
             # no faster) last. ZeRO-3 under pipelining keeps stages gathered: ZeRO-2's memory.
             zeros: tuple[int, ...] = ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if dp > 1 else (0,)
-            for schedule in schedules(job, pp):
+            for schedule in schedules(spec, pp):
                 # A higher ZeRO stage moves as much or more and recomputing more only costs, so
                 # once a stage fits with a mode, later stages only count with less recompute.
                 allowed = len(modes)
                 for zero in zeros:
                     try:
-                        layout = complete_layout(job, dp, pp, tp, zero, schedule)
+                        layout = complete_layout(spec, dp, pp, tp, zero, schedule)
                     except SpecError:
                         break  # the degrees or schedule break a rule for every stage
                     key = (pp, layout.virtual_stages)
                     stages = splits.get(key) or splits.setdefault(
-                        key, stage_split(job.shape, pp, layout.virtual_stages)
+                        key, stage_split(spec.shape, pp, layout.virtual_stages)
                     )
                     for index, mode in enumerate(modes[:allowed]):
-                        memory = estimate_memory(job, layout, stages, mode)
+                        memory = estimate_memory(spec, layout, stages, mode)
                         if not memory.fits:
                             if smallest is None or memory.total < smallest.memory.total:
-                                smallest = _choice(job, layout, stages, memory, mode, None)
+                                smallest = _choice(spec, layout, stages, memory, mode, None)
                             continue
-                        fitting.append(_choice(job, layout, stages, memory, mode, works))
+                        fitting.append(_choice(spec, layout, stages, memory, mode, works))
                         allowed = index
                         break
                     if allowed == 0:
@@ -132,7 +132,7 @@ def _layouts_of(
 
 
 def _choice(
-    job: JobSpec,
+    spec: JobSpec,
     layout: Layout,
     stages: list[Stage],
     memory: MemoryEstimate,
@@ -141,8 +141,8 @@ def _choice(
 ) -> Choice:
     """A layout that fits, timed with ``works`` (None: one that does not, untimed)."""
     name = strategy_name(layout.dp, layout.pp, layout.tp, layout.zero_stage)
-    estimate = None if works is None else estimate_step(job, layout, stages, mode, works)
-    size = job.training.micro_batch_size
+    estimate = None if works is None else estimate_step(spec, layout, stages, mode, works)
+    size = spec.training.micro_batch_size
     return Choice(name, layout, stages, memory, mode, estimate=estimate, micro_batch_size=size)
 
 
@@ -150,8 +150,8 @@ def _speed(choice: Choice) -> float:
     return choice.estimate.tokens_per_second_per_gpu if choice.estimate else 0.0
 
 
-def best_layouts(job: JobSpec, count: int) -> list[Choice]:
+def best_layouts(spec: JobSpec, count: int) -> list[Choice]:
     """The ``count`` fastest layouts that fit (``meshrun plan --candidates``), whatever the
     spec's strategy type."""
-    fitting, _ = enumerate_layouts(job)
+    fitting, _ = enumerate_layouts(spec)
     return fitting[:count]

@@ -161,17 +161,17 @@ class RankWork:
 
 
 def rank_work(
-    job: JobSpec, layout: Layout, layers: int, first: bool, last: bool, checkpointing: str
+    spec: JobSpec, layout: Layout, layers: int, first: bool, last: bool, checkpointing: str
 ) -> RankWork:
     """The compute, element-wise and TP time of one micro-batch on a rank holding ``layers``
     blocks (and the embedding when ``first``, the output head when ``last``)."""
-    shape, t, res = job.shape, layout.tp, job.resources
+    shape, t, res = spec.shape, layout.tp, spec.resources
     profile = res.profile
     peak = profile.peak_tflops * 1e12
     memory_rate = profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY
-    tokens = job.training.micro_batch_size * shape.seq_len
-    act_bytes = 2 if job.training.precision == "bf16" else 4
-    if job.training.precision != "bf16":
+    tokens = spec.training.micro_batch_size * shape.seq_len
+    act_bytes = 2 if spec.training.precision == "bf16" else 4
+    if spec.training.precision != "bf16":
         peak /= 8  # fp32 matmuls: TF32 off by default in torch, well under the bf16 peak
     layer, layer_forward = layer_compute_seconds(shape, tokens, t, peak)
     kept = layer_activation_elements(shape, t, "none")
@@ -232,7 +232,7 @@ WorkCache = dict[tuple[int, bool, bool, int, str], "RankWork"]
 
 
 def estimate_step(
-    job: JobSpec,
+    spec: JobSpec,
     layout: Layout,
     stages: list[Stage],
     checkpointing: str = "none",
@@ -240,7 +240,7 @@ def estimate_step(
 ) -> StepEstimate:
     """The predicted optimizer step of ``layout`` (see the module docstring); ``cache`` keeps
     the ranks' work between calls for the same job (the search times hundreds of layouts)."""
-    res, shape, training = job.resources, job.shape, job.training
+    res, shape, training = spec.resources, spec.shape, spec.training
     p, v, m, n, t = layout.pp, layout.virtual_stages, layout.micro_batches, layout.dp, layout.tp
     profile: AcceleratorProfile = res.profile
     layers_on = [0] * p
@@ -250,7 +250,7 @@ def estimate_step(
     works = []
     for key in {(layers_on[r], r == 0, r == p - 1, t, checkpointing) for r in range(p)}:
         if key not in known:  # balanced stages repeat a few shapes: compute each once
-            known[key] = rank_work(job, layout, key[0], key[1], key[2], checkpointing)
+            known[key] = rank_work(spec, layout, key[0], key[1], key[2], checkpointing)
         works.append(known[key])
     busiest = max(works, key=lambda w: (w.forward + w.backward, w.parameters))
     slot = busiest.forward + busiest.backward

@@ -29,21 +29,21 @@ MAX_MIN = Rule(
 ELASTIC_RULES = (MIN_PLANNED, BOUNDS_BATCH, MAX_MIN)
 
 
-def check_elastic(job: JobSpec, planned_dp: int | None = None) -> None:
+def check_elastic(spec: JobSpec, planned_dp: int | None = None) -> None:
     """The CEL rules restated; with ``planned_dp`` (the planner's degree), the minimum against
     it too."""
-    elastic = job.elastic
+    elastic = spec.elastic
     if elastic is None:
         return
     low, high = elastic.min_data_parallel, elastic.max_data_parallel
     if high is not None and high < low:
         raise MAX_MIN.error(f"{high} < {low}")
-    bound = job.strategy.data_parallel or job.resources.world_size
+    bound = spec.strategy.data_parallel or spec.resources.world_size
     if planned_dp is not None:
         bound = planned_dp
     if low > bound:
         raise MIN_PLANNED.error(f"{low} > {bound}")
-    passes = job.training.global_batch_size // job.training.micro_batch_size
+    passes = spec.training.global_batch_size // spec.training.micro_batch_size
     for degree in (low, high):
         if degree is not None and passes % degree:
             raise BOUNDS_BATCH.error(f"{degree} does not divide {passes}")

@@ -55,13 +55,13 @@ INPUT_RULES = (
 too."""
 
 
-def check_inputs_spec(job: JobSpec) -> None:
+def check_inputs_spec(spec: JobSpec) -> None:
     """The data's and the schedule's rules (the model's are checked as it is read)."""
-    training, data = job.training, job.training.data
+    training, data = spec.training, spec.training.data
     if data is not None:
         if training.dataset is not None:
             raise DATA_DATASET.error(f"dataset {training.dataset}")
-        check_data_source(data.format, data.text_field, job.model.hf is not None)
+        check_data_source(data.format, data.text_field, spec.model.hf is not None)
         if data.eval_every_steps and data.validation is None:
             raise EVAL_VALIDATION.error(f"evalEverySteps {data.eval_every_steps}")
     check_warmup(training.lr_schedule.warmup_steps, training.steps)

@@ -60,8 +60,8 @@ def check_job_name(name: str, num_nodes: int) -> None:
         )
 
 
-def check_queue_name(job: JobSpec) -> None:
+def check_queue_name(spec: JobSpec) -> None:
     """Raise SpecError when spec.scheduling.queueName cannot be a label value and a LocalQueue."""
-    queue = job.scheduling.queue_name
+    queue = spec.scheduling.queue_name
     if queue is not None and (len(queue) > DNS_LABEL_MAX or not _DNS_1123_SUBDOMAIN.match(queue)):
         raise QUEUE_NAME.error(f"{queue!r} has {len(queue)} characters")

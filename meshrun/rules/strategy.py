@@ -138,10 +138,10 @@ ALL_RULES = (
 """The rules the CRD also states as CEL."""
 
 
-def check_spec(job: JobSpec) -> None:
+def check_spec(spec: JobSpec) -> None:
     """The rules that need no layout: the CRD's CEL rules, the model's, the job's own parts'
     (meshrun.rules.inputs) and the built-in data's."""
-    s, t, res = job.strategy, job.training, job.resources
+    s, t, res = spec.strategy, spec.training, spec.resources
     dp, pp, tp = s.data_parallel, s.pipeline_parallel, s.tensor_parallel
     unset_or_one = (None, 1)
     if s.type == "auto" and (dp, pp, tp, s.zero_stage) != (None, None, None, None):
@@ -171,19 +171,19 @@ def check_spec(job: JobSpec) -> None:
         raise PRODUCT_GPU.error(f"accelerator is {res.accelerator}")
     if t.global_batch_size % t.micro_batch_size:
         raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
-    check_model(job.shape)
-    check_inputs_spec(job)
-    check_queue_name(job)
-    check_policy(job.run_policy.pod_failure_policy)
-    check_egress(job)
-    check_elastic(job)
+    check_model(spec.shape)
+    check_inputs_spec(spec)
+    check_queue_name(spec)
+    check_policy(spec.run_policy.pod_failure_policy)
+    check_egress(spec)
+    check_elastic(spec)
     if t.data is None:
-        check_data(job.dataset, job.shape)
+        check_data(spec.dataset, spec.shape)
 
 
-def check_egress(job: JobSpec) -> None:
+def check_egress(spec: JobSpec) -> None:
     """Each allowed egress CIDR is an IPv4 or IPv6 network (a NetworkPolicy ipBlock's cidr)."""
-    for index, cidr in enumerate(job.networking.egress.allowed_cidrs or []):
+    for index, cidr in enumerate(spec.networking.egress.allowed_cidrs or []):
         try:
             ipaddress.ip_network(cidr, strict=False)
         except ValueError:

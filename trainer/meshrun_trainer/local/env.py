@@ -51,7 +51,7 @@ def device_env(
 
 
 def local_envs(
-    job: JobSpec, plan: Plan, workdir: Path, checkpoint_dir: str | None = None
+    spec: JobSpec, plan: Plan, workdir: Path, checkpoint_dir: str | None = None
 ) -> tuple[list[dict[str, str]], str | None]:
     """Each local pod's environment, and why it runs on CPU when GPUs were wanted (or None).
 
@@ -59,20 +59,20 @@ def local_envs(
     message into ``workdir``.
     """
     master_port = free_port()
-    gpus = visible_gpus() if job.resources.accelerator != CPU else []
+    gpus = visible_gpus() if spec.resources.accelerator != CPU else []
     envs, why_cpu = [], None
-    per_pod = job.resources.num_proc_per_node
-    for index in range(job.resources.num_nodes):
+    per_pod = spec.resources.num_proc_per_node
+    for index in range(spec.resources.num_nodes):
         devices, reason = device_env(
-            job.resources.accelerator, plan.world_size, per_pod, index, gpus
+            spec.resources.accelerator, plan.world_size, per_pod, index, gpus
         )
         why_cpu = why_cpu or reason
         if reason:  # a GPU job run on this machine's CPUs: the trainer must not ask for CUDA
-            job = replace(job, resources=replace(job.resources, accelerator="cpu"))
+            spec = replace(spec, resources=replace(spec.resources, accelerator="cpu"))
             plan = replace(plan, accelerator=CPU)
         env = pod_env(
             plan,
-            job,
+            spec,
             job_name=plan.name,
             namespace="local",
             pod_index=index,
