@@ -172,7 +172,7 @@ def model_sentence(spec: JobSpec, model: HFModel | None) -> str | None:
 
 
 def plan_checked(
-    spec: Mapping[str, Any] | JobSpec,
+    raw_spec: Mapping[str, Any] | JobSpec,
     name: str = "job",
     *,
     local: bool = False,
@@ -180,9 +180,9 @@ def plan_checked(
 ) -> Plan:
     """:func:`meshrun.planner.plan.plan_job`, then :func:`check_inputs`: its notes join the plan's
     warnings and the model's origin its explanation. SpecError names the field at fault."""
-    job = read_with_files(spec)
-    plan = plan_job(job, name)
-    model, notes = check_inputs(job, local=local, count_tokens=count_tokens)
-    sentence = model_sentence(job, model)
+    spec = read_with_files(raw_spec)
+    plan = plan_job(spec, name)
+    model, notes = check_inputs(spec, local=local, count_tokens=count_tokens)
+    sentence = model_sentence(spec, model)
     explanation = f"{sentence} {plan.explanation}" if sentence else plan.explanation
     return dataclasses.replace(plan, explanation=explanation, warnings=[*plan.warnings, *notes])

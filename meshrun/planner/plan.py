@@ -179,34 +179,34 @@ class Plan:
         return round(self.estimate.tokens_per_second_per_gpu * self.world_size, 1)
 
 
-def plan_job(spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
+def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     """Plan a ParallelTrainingJob spec (a mapping, or one already read by ``read_spec``).
 
     Every rule of :mod:`meshrun.rules` is checked here, at plan time; SpecError names the field
     when the job cannot be done.
     """
-    job = read_spec(spec)
-    check_job_name(name, job.resources.num_nodes)
-    check_spec(job)
-    choice = _choose(job)
-    micro_batch_size = choice.micro_batch_size or job.training.micro_batch_size
+    spec = read_spec(raw_spec)
+    check_job_name(name, spec.resources.num_nodes)
+    check_spec(spec)
+    choice = _choose(spec)
+    micro_batch_size = choice.micro_batch_size or spec.training.micro_batch_size
     # Under auto the micro-batch size is the plan's, so the elastic degrees are checked with it.
-    check_elastic(with_micro_batch(job, micro_batch_size), choice.layout.dp)
-    reasons = [*choice.reasons, *describe(job, choice.strategy, choice.layout)]
+    check_elastic(with_micro_batch(spec, micro_batch_size), choice.layout.dp)
+    reasons = [*choice.reasons, *describe(spec, choice.strategy, choice.layout)]
     return Plan(
         name=name,
         strategy=choice.strategy,
-        num_nodes=job.resources.num_nodes,
-        num_proc_per_node=job.resources.num_proc_per_node,
-        accelerator=job.resources.accelerator,
+        num_nodes=spec.resources.num_nodes,
+        num_proc_per_node=spec.resources.num_proc_per_node,
+        accelerator=spec.resources.accelerator,
         layout=choice.layout,
         stages=choice.stages,
         memory=choice.memory,
         activation_checkpointing=choice.checkpointing,
-        model=job.shape,
-        preset=job.model.preset,
+        model=spec.shape,
+        preset=spec.model.preset,
         explanation=" ".join(reasons),
-        warnings=warn(job, choice.layout, choice.memory),
+        warnings=warn(spec, choice.layout, choice.memory),
         estimate=choice.estimate,
         micro_batch_size=micro_batch_size,
     )
