@@ -4,7 +4,7 @@ size, or a Hugging Face folder's config.json; and the rules of ``spec.model`` th
 The reader (:func:`meshrun.api.read.read_spec`) resolves the shape as it reads the spec, so these
 rules are checked there, before any other; they are CEL rules of the CRD too (the message word
 for word) and part of :data:`meshrun.rules.strategy.ALL_RULES` through
-:data:`meshrun.rules.inputs.INPUT_RULES`. Pure: config.json is read by :mod:`meshrun.files`
+:data:`meshrun.rules.files.FILE_RULES`. Pure: config.json is read by :mod:`meshrun.files`
 where the folder is visible and handed in as ``folder_shape``.
 """
 

@@ -23,8 +23,7 @@ from typing import Any
 from meshrun.api.errors import SpecError
 from meshrun.api.presets import ModelShape
 from meshrun.api.read import defaulted, read_section, read_spec
-from meshrun.api.spec import JobSpec, Model
-from meshrun.api.userspec import Data
+from meshrun.api.spec import Data, JobSpec, Model
 from meshrun.files.bounded import in_kernel_filesystem
 from meshrun.files.data import check_data_files, check_dataset_size, check_tokenizer, known_tokens
 from meshrun.files.hf import (
@@ -99,7 +98,7 @@ def read_with_files(spec: Mapping[str, Any] | JobSpec) -> JobSpec:
     return read_spec(spec, folder_shape=folder_shape(model))
 
 
-def check_inputs(
+def check_files(
     spec: JobSpec, *, local: bool = False, count_tokens: TokenCounter | None = None
 ) -> tuple[HFModel | None, list[str]]:
     """Check the files of ``spec`` visible here; return the model folder read (or None) and
@@ -178,11 +177,11 @@ def plan_checked(
     local: bool = False,
     count_tokens: TokenCounter | None = None,
 ) -> Plan:
-    """:func:`meshrun.planner.plan.plan_job`, then :func:`check_inputs`: its notes join the plan's
+    """:func:`meshrun.planner.plan.plan_job`, then :func:`check_files`: its notes join the plan's
     warnings and the model's origin its explanation. SpecError names the field at fault."""
     spec = read_with_files(raw_spec)
     plan = plan_job(spec, name)
-    model, notes = check_inputs(spec, local=local, count_tokens=count_tokens)
+    model, notes = check_files(spec, local=local, count_tokens=count_tokens)
     sentence = model_sentence(spec, model)
     explanation = f"{sentence} {plan.explanation}" if sentence else plan.explanation
     return dataclasses.replace(plan, explanation=explanation, warnings=[*plan.warnings, *notes])

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 from meshrun.api.errors import SpecError
-from meshrun.api.userspec import Data, DataFormat
+from meshrun.api.spec import Data, DataFormat
 from meshrun.files.bounded import (
     LINE_CAP,
     TOKENIZER_CAP,

@@ -20,7 +20,7 @@ from meshrun.api.policyspec import POLICY_RULES, check_policy
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import BYTE_VOCAB, JobSpec
 from meshrun.rules.elastic import ELASTIC_RULES, check_elastic
-from meshrun.rules.inputs import INPUT_RULES, check_inputs_spec
+from meshrun.rules.files import FILE_RULES, check_files_spec
 from meshrun.rules.names import NAME_RULES, check_queue_name
 
 CORPUS_BYTES = 10984
@@ -130,7 +130,7 @@ ALL_RULES = (
     ROTARY,
     CORPUS_VOCAB,
     PRODUCT_GPU,
-    *INPUT_RULES,
+    *FILE_RULES,
     *NAME_RULES,
     *POLICY_RULES,
     *ELASTIC_RULES,
@@ -140,7 +140,7 @@ ALL_RULES = (
 
 def check_spec(spec: JobSpec) -> None:
     """The rules that need no layout: the CRD's CEL rules, the model's, the job's own parts'
-    (meshrun.rules.inputs) and the built-in data's."""
+    (meshrun.rules.files) and the built-in data's."""
     s, t, res = spec.strategy, spec.training, spec.resources
     dp, pp, tp = s.data_parallel, s.pipeline_parallel, s.tensor_parallel
     unset_or_one = (None, 1)
@@ -172,7 +172,7 @@ def check_spec(spec: JobSpec) -> None:
     if t.global_batch_size % t.micro_batch_size:
         raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
     check_model(spec.shape)
-    check_inputs_spec(spec)
+    check_files_spec(spec)
     check_queue_name(spec)
     check_policy(spec.run_policy.pod_failure_policy)
     check_egress(spec)

@@ -16,7 +16,8 @@ from meshrun.api import modelsource, policyspec
 from meshrun.api.crd import with_defaults
 from meshrun.api.errors import SpecError
 from meshrun.planner.plan import plan_job
-from meshrun.rules import elastic, inputs, names, strategy
+from meshrun.rules import elastic, names, strategy
+from meshrun.rules import files as file_rules
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -166,20 +167,20 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
     (modelsource.MODEL_SOURCE, {"model": {"preset": None, "layers": 2}}),
     (modelsource.HF_PRESET, {"model": {"hf": {"path": "/models/m"}, "seqLen": 64}}),
     (modelsource.HF_SEQ_LEN, {"model": {"preset": None, "hf": {"path": "/models/m"}}}),
-    (inputs.TEXT_DATA_HF, {"training": {"data": {"path": "/data/train.jsonl"}}}),
+    (file_rules.TEXT_DATA_HF, {"training": {"data": {"path": "/data/train.jsonl"}}}),
     (
-        inputs.TOKENS_TEXT_FIELD,
+        file_rules.TOKENS_TEXT_FIELD,
         {"training": {"data": {"format": "tokens", "path": "/t.bin", "textField": "body"}}},
     ),
     (
-        inputs.EVAL_VALIDATION,
+        file_rules.EVAL_VALIDATION,
         {"training": {"data": {"format": "tokens", "path": "/t.bin", "evalEverySteps": 5}}},
     ),
     (
-        inputs.DATA_DATASET,
+        file_rules.DATA_DATASET,
         {"training": {"dataset": "corpus", "data": {"format": "tokens", "path": "/t.bin"}}},
     ),
-    (inputs.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
+    (file_rules.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
     (names.JOB_NAME, {"metadata": {"name": "9lives"}}),
     (names.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
     (names.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),

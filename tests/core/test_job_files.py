@@ -19,8 +19,8 @@ from meshrun_operator.lifecycle.summary import final_progress, progress_status
 from meshrun_operator.seen.views import parse_progress
 from meshrun_trainer.components.data.windows import dataset_tokens
 from meshrun_trainer.components.optim import ADAMW_BETAS, WEIGHT_DECAY
+from meshrun_trainer.config.files import open_files, with_model
 from meshrun_trainer.config.read import read_job
-from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.local.env import edit_document
 from meshrun_trainer.local.examplefiles import write_example
 
@@ -34,7 +34,7 @@ from meshrun.files.checks import mount, plan_checked, read_with_files
 from meshrun.files.hf import safetensors_header
 from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import plan_job
-from meshrun.rules import inputs
+from meshrun.rules import files as file_rules
 
 pytestmark = pytest.mark.unit
 
@@ -185,24 +185,24 @@ def test_the_dataset_size_is_known_from_the_cache_or_noted(files: Path, tmp_path
         (modelsource.MODEL_SOURCE, {"layers": 2}, {}),
         (modelsource.HF_PRESET, {"preset": "tiny", "hf": {"path": "/m"}, "seqLen": 8}, {}),
         (modelsource.HF_SEQ_LEN, {"hf": {"path": "/m"}}, {}),
-        (inputs.TEXT_DATA_HF, {"preset": "tiny"}, {"data": {"path": "/d.jsonl"}}),
+        (file_rules.TEXT_DATA_HF, {"preset": "tiny"}, {"data": {"path": "/d.jsonl"}}),
         (
-            inputs.TOKENS_TEXT_FIELD,
+            file_rules.TOKENS_TEXT_FIELD,
             {"preset": "tiny"},
             {"data": {"format": "tokens", "path": "/t.bin", "textField": "body"}},
         ),
         (
-            inputs.EVAL_VALIDATION,
+            file_rules.EVAL_VALIDATION,
             {"preset": "tiny"},
             {"data": {"format": "tokens", "path": "/t.bin", "evalEverySteps": 5}},
         ),
         (
-            inputs.DATA_DATASET,
+            file_rules.DATA_DATASET,
             {"preset": "tiny"},
             {"dataset": "synthetic", "data": {"format": "tokens", "path": "/t.bin"}},
         ),
         (
-            inputs.WARMUP_STEPS,
+            file_rules.WARMUP_STEPS,
             {"preset": "tiny"},
             {"steps": 4, "lrSchedule": {"warmupSteps": 5}},
         ),

@@ -21,7 +21,7 @@ from meshrun_trainer.local.examplefiles import write_example
 from meshrun.api.crd import crd
 from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
-from meshrun.api.userspec import Data
+from meshrun.api.spec import Data
 from meshrun.files.bounded import read_bounded
 from meshrun.files.checks import mount, plan_checked
 from meshrun.files.data import check_data_files

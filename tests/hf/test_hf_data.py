@@ -20,7 +20,7 @@ from meshrun_trainer.components.data.windows import WindowStream, cut_windows
 from meshrun_trainer.components.optim import lr_factor
 
 from meshrun.api.errors import SpecError
-from meshrun.api.userspec import Data, DataFormat, LRSchedule, Validation
+from meshrun.api.spec import Data, DataFormat, LRSchedule, Validation
 from meshrun.files.data import cache_path, check_data_files, check_tokenizer, known_tokens
 
 

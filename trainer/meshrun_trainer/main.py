@@ -21,8 +21,8 @@ from meshrun.jobdoc import JOB_VARIABLE, JobDocument, termination_log_of
 from meshrun_trainer.components.progress import TERMINATION_MESSAGE_LIMIT, Reporter, finite_json
 from meshrun_trainer.components.safeload import UnsafeCheckpoint
 from meshrun_trainer.components.statedicts import CheckpointMismatch
+from meshrun_trainer.config.files import open_files, with_model
 from meshrun_trainer.config.read import read_job
-from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.distributed.mesh import (
     NoAcceleratorError,
     build_mesh,

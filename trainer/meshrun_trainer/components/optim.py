@@ -13,7 +13,7 @@ from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 
-from meshrun.api.userspec import LRSchedule, Optimizer
+from meshrun.api.spec import LRSchedule, Optimizer
 
 ADAMW_BETAS = (0.9, 0.95)
 """The CRD's default betas (spec.training.optimizer.betas; Llama 2's, Touvron et al. 2023,

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from meshrun.api.errors import SpecError
 from meshrun.jobdoc import JOB_VARIABLE, JobDocument, read_document
 from meshrun.planner.plan import Plan
-from meshrun.rules.inputs import check_data_source, check_warmup
+from meshrun.rules.files import check_data_source, check_warmup
 from meshrun.rules.strategy import check_data, check_layout, check_model
 
 

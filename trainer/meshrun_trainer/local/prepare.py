@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from meshrun.api.errors import SpecError
-from meshrun.api.userspec import Data
+from meshrun.api.spec import Data
 from meshrun.files.data import FORMATS, cache_path, check_data_files, check_tokenizer
 from meshrun.files.hf import read_config
 from meshrun_trainer.components.data.tokens import tokenize

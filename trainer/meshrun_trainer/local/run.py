@@ -23,15 +23,15 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
 from meshrun.api.crd import load_jobs
 from meshrun.api.errors import SpecError
-from meshrun.api.userspec import Data
+from meshrun.api.spec import Data
 from meshrun.envcontract import TRAINER_COMMAND
 from meshrun.files.checks import mount, plan_checked, read_with_files
 from meshrun.files.hf import HFModel
 from meshrun.files.mountflag import add_mount_flag
 from meshrun_trainer.components.data.windows import dataset_tokens
 from meshrun_trainer.components.progress import finite
+from meshrun_trainer.config.files import open_files, with_model
 from meshrun_trainer.config.read import read_job
-from meshrun_trainer.config.userrun import open_files, with_model
 from meshrun_trainer.local.env import local_envs
 
 MAX_LOCAL_PROCESSES = 64

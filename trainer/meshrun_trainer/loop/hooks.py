@@ -1,5 +1,5 @@
 """The training loop's hooks for a job's own parts (``spec.model.hf``, ``spec.training.data``,
-``lrSchedule``, ``export``; the folder opened by meshrun_trainer.config.userrun): where the
+``lrSchedule``, ``export``; the folder opened by meshrun_trainer.config.files): where the
 initial weights come from (:func:`weight_source`), the data stream and its position, tied-embedding
 gradients across pipeline stages, the learning-rate schedule, validation, and the export."""
 

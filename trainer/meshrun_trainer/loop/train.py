@@ -16,7 +16,7 @@ from meshrun.jobdoc import JobDocument
 from meshrun_trainer.components import checkpoint
 from meshrun_trainer.components.data.synthetic import replica_rows
 from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
-from meshrun_trainer.config.userrun import open_files
+from meshrun_trainer.config.files import open_files
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import (
     PartOptions,

@@ -20,7 +20,7 @@ import torch
 import torch.distributed as dist
 
 from meshrun.api.errors import SpecError
-from meshrun.api.userspec import Data
+from meshrun.api.spec import Data
 from meshrun.files.data import cache_path, check_dataset_size
 from meshrun_trainer.components.data.tokens import load_tokens, tokenize
 
@@ -88,7 +88,7 @@ def dataset_tokens(
     per pod if its file system cannot see rank 0's cache) and memory-mapped by every rank."""
     if spec.format == "tokens":
         return load_tokens(Path(path), vocab)
-    assert model_folder is not None, "text data needs the model folder (meshrun.rules.inputs)"
+    assert model_folder is not None, "text data needs the model folder (meshrun.rules.files)"
     out = cache_path(spec.format, path, spec.text_field, model_folder / "tokenizer.json", vocab)
     distributed = dist.is_initialized()
     rank = dist.get_rank() if distributed else 0

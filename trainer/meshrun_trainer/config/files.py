@@ -11,7 +11,7 @@ from meshrun.api.modelsource import HF_SIZES, check_sizes
 from meshrun.files.data import check_data_files, check_tokenizer
 from meshrun.files.hf import FIELD, HFModel, load_hf_model
 from meshrun.jobdoc import JobDocument
-from meshrun.rules.inputs import TEXT_DATA_HF
+from meshrun.rules.files import TEXT_DATA_HF
 
 
 def open_files(job: JobDocument) -> HFModel | None:

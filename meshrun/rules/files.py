@@ -1,10 +1,10 @@
-"""The rules of a job's own parts: where the model comes from (a preset, sizes or a Hugging Face
+"""The rules of a job's own files: where the model comes from (a preset, sizes or a Hugging Face
 folder; those rules sit with the reader that checks them, :mod:`meshrun.api.modelsource`), its
-data, and its learning-rate schedule.
+data, and the learning-rate schedule that walks through that data.
 
 Each is also a CEL rule of the CRD (the message word for word), and part of
 :data:`meshrun.rules.strategy.ALL_RULES`; :func:`meshrun.rules.strategy.check_spec` runs
-:func:`check_inputs_spec`.
+:func:`check_files_spec`.
 What needs the files themselves (config.json, the weights, the tokenizer, the data) is checked
 where they can be read: :mod:`meshrun.files.checks`.
 """
@@ -43,7 +43,7 @@ WARMUP_STEPS = Rule(
 DEFAULT_TEXT_FIELD = "text"
 """The CRD's default textField: the only value a tokens dataset may carry."""
 
-INPUT_RULES = (
+FILE_RULES = (
     *MODEL_RULES,
     TEXT_DATA_HF,
     TOKENS_TEXT_FIELD,
@@ -55,7 +55,7 @@ INPUT_RULES = (
 too."""
 
 
-def check_inputs_spec(spec: JobSpec) -> None:
+def check_files_spec(spec: JobSpec) -> None:
     """The data's and the schedule's rules (the model's are checked as it is read)."""
     training, data = spec.training, spec.training.data
     if data is not None:
