@@ -17,12 +17,14 @@ from meshrun.api.errors import Rule, SpecError
 from meshrun.api.presets import PRESETS, REQUIRED_SIZES, SIZES, ModelShape, sizes_of
 from meshrun.api.spec import Model
 
-M = "spec.model"
-MODEL_SOURCE = Rule(M, f"{M} needs a preset, hf, or all of layers, hidden, heads, vocab and seqLen")
-HF_PRESET = Rule(
-    f"{M}.hf", f"{M}.hf and {M}.preset exclude each other (config.json gives the shape)"
+MODEL = "spec.model"
+MODEL_SOURCE = Rule(
+    MODEL, f"{MODEL} needs a preset, hf, or all of layers, hidden, heads, vocab and seqLen"
 )
-HF_SEQ_LEN = Rule(f"{M}.seqLen", f"{M}.hf needs {M}.seqLen (the training window)")
+HF_PRESET = Rule(
+    f"{MODEL}.hf", f"{MODEL}.hf and {MODEL}.preset exclude each other (config.json gives the shape)"
+)
+HF_SEQ_LEN = Rule(f"{MODEL}.seqLen", f"{MODEL}.hf needs {MODEL}.seqLen (the training window)")
 MODEL_RULES = (MODEL_SOURCE, HF_PRESET, HF_SEQ_LEN)
 """The rules of this module."""
 

@@ -11,20 +11,20 @@ from __future__ import annotations
 from meshrun.api.errors import Rule
 from meshrun.api.spec import JobSpec
 
-E = "spec.elastic"
+ELASTIC = "spec.elastic"
 MIN_PLANNED = Rule(
-    f"{E}.minDataParallel",
-    f"{E}.minDataParallel must not exceed the planned data-parallel degree "
+    f"{ELASTIC}.minDataParallel",
+    f"{ELASTIC}.minDataParallel must not exceed the planned data-parallel degree "
     "(spec.strategy.dataParallel, at most spec.resources.numNodes x numProcPerNode)",
 )
 BOUNDS_BATCH = Rule(
-    E,
-    f"{E}.minDataParallel and maxDataParallel must divide spec.training.globalBatchSize / "
+    ELASTIC,
+    f"{ELASTIC}.minDataParallel and maxDataParallel must divide spec.training.globalBatchSize / "
     "spec.training.microBatchSize (every allowed data-parallel degree keeps the global batch)",
 )
 MAX_MIN = Rule(
-    f"{E}.maxDataParallel",
-    f"{E}.maxDataParallel must not be below {E}.minDataParallel",
+    f"{ELASTIC}.maxDataParallel",
+    f"{ELASTIC}.maxDataParallel must not be below {ELASTIC}.minDataParallel",
 )
 ELASTIC_RULES = (MIN_PLANNED, BOUNDS_BATCH, MAX_MIN)
 

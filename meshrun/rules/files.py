@@ -19,26 +19,31 @@ from meshrun.api.modelsource import MODEL_RULES
 if TYPE_CHECKING:
     from meshrun.api.spec import JobSpec
 
-M, T = "spec.model", "spec.training"
+MODEL, TRAINING = "spec.model", "spec.training"
 TEXT_DATA_HF = Rule(
-    f"{T}.data",
-    f"{T}.data in format jsonl, parquet or arrow needs {M}.hf (its tokenizer.json tokenizes the "
+    f"{TRAINING}.data",
+    f"{TRAINING}.data in format jsonl, parquet or arrow needs {MODEL}.hf (its tokenizer.json "
+    "tokenizes the "
     "text)",
 )
 TOKENS_TEXT_FIELD = Rule(
-    f"{T}.data.textField",
-    f"{T}.data.textField does not apply to format tokens (token files hold ids, not documents)",
+    f"{TRAINING}.data.textField",
+    f"{TRAINING}.data.textField does not apply to format tokens (token files hold ids, not "
+    "documents)",
 )
 EVAL_VALIDATION = Rule(
-    f"{T}.data.evalEverySteps",
-    f"{T}.data.evalEverySteps needs {T}.data.validation (the held-out data to evaluate on)",
+    f"{TRAINING}.data.evalEverySteps",
+    f"{TRAINING}.data.evalEverySteps needs {TRAINING}.data.validation (the held-out data to "
+    "evaluate on)",
 )
 DATA_DATASET = Rule(
-    f"{T}.data",
-    f"{T}.data and {T}.dataset exclude each other (dataset names the built-in demo data)",
+    f"{TRAINING}.data",
+    f"{TRAINING}.data and {TRAINING}.dataset exclude each other (dataset names the built-in demo "
+    "data)",
 )
 WARMUP_STEPS = Rule(
-    f"{T}.lrSchedule.warmupSteps", f"{T}.lrSchedule.warmupSteps must not exceed {T}.steps"
+    f"{TRAINING}.lrSchedule.warmupSteps",
+    f"{TRAINING}.lrSchedule.warmupSteps must not exceed {TRAINING}.steps",
 )
 DEFAULT_TEXT_FIELD = "text"
 """The CRD's default textField: the only value a tokens dataset may carry."""

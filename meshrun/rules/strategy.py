@@ -27,86 +27,104 @@ CORPUS_BYTES = 10984
 """Bytes (tokens) of the corpus the trainer ships; a sequence needs seqLen + 1 of them."""
 
 
-S, M, T, R = "spec.strategy", "spec.model", "spec.training", "spec.resources"
+STRATEGY, MODEL, TRAINING, RESOURCES = (
+    "spec.strategy",
+    "spec.model",
+    "spec.training",
+    "spec.resources",
+)
 AUTO_DEGREES = Rule(
-    f"{S}.type",
-    f"{S}.type auto chooses dataParallel, pipelineParallel, tensorParallel and zeroStage "
+    f"{STRATEGY}.type",
+    f"{STRATEGY}.type auto chooses dataParallel, pipelineParallel, tensorParallel and zeroStage "
     "itself; leave them unset or pick a type",
 )
 DATA_PARALLEL_ONLY = Rule(
-    f"{S}.type",
-    f"{S}.pipelineParallel and {S}.tensorParallel must be 1 (or unset) when {S}.type is ddp or "
+    f"{STRATEGY}.type",
+    f"{STRATEGY}.pipelineParallel and {STRATEGY}.tensorParallel must be 1 (or unset) when "
+    f"{STRATEGY}.type is ddp or "
     "zero",
 )
 DATA_PARALLEL_WORLD = Rule(
-    f"{S}.dataParallel",
-    f"{S}.dataParallel must equal the world size ({R}.numNodes x numProcPerNode) when {S}.type "
+    f"{STRATEGY}.dataParallel",
+    f"{STRATEGY}.dataParallel must equal the world size ({RESOURCES}.numNodes x numProcPerNode) "
+    f"when {STRATEGY}.type "
     "is ddp or zero",
 )
 DDP_ZERO = Rule(
-    f"{S}.zeroStage", f"{S}.zeroStage must be 0 when {S}.type is ddp (use type zero to shard)"
+    f"{STRATEGY}.zeroStage",
+    f"{STRATEGY}.zeroStage must be 0 when {STRATEGY}.type is ddp (use type zero to shard)",
 )
-ZERO_STAGE = Rule(f"{S}.zeroStage", f"{S}.zeroStage must be 1, 2 or 3 when {S}.type is zero")
+ZERO_STAGE = Rule(
+    f"{STRATEGY}.zeroStage", f"{STRATEGY}.zeroStage must be 1, 2 or 3 when {STRATEGY}.type is zero"
+)
 PIPELINE_TP = Rule(
-    f"{S}.tensorParallel",
-    f"{S}.tensorParallel must be 1 (or unset) when {S}.type is pipeline (use hybrid)",
+    f"{STRATEGY}.tensorParallel",
+    f"{STRATEGY}.tensorParallel must be 1 (or unset) when {STRATEGY}.type is pipeline (use hybrid)",
 )
 TENSOR_PP = Rule(
-    f"{S}.pipelineParallel",
-    f"{S}.pipelineParallel must be 1 (or unset) when {S}.type is tensor (use hybrid)",
+    f"{STRATEGY}.pipelineParallel",
+    f"{STRATEGY}.pipelineParallel must be 1 (or unset) when {STRATEGY}.type is tensor (use hybrid)",
 )
 VIRTUAL_STAGES = Rule(
-    f"{S}.virtualStages",
-    f"{S}.virtualStages above 1 needs {S}.pipelineSchedule interleaved-1f1b",
+    f"{STRATEGY}.virtualStages",
+    f"{STRATEGY}.virtualStages above 1 needs {STRATEGY}.pipelineSchedule interleaved-1f1b",
 )
 INTERLEAVED_VIRTUAL = Rule(
-    f"{S}.virtualStages",
-    f"{S}.virtualStages must be at least 2 (or unset) for {S}.pipelineSchedule interleaved-1f1b",
+    f"{STRATEGY}.virtualStages",
+    f"{STRATEGY}.virtualStages must be at least 2 (or unset) for {STRATEGY}.pipelineSchedule "
+    "interleaved-1f1b",
 )
 ONE_F_ONE_B = Rule(
-    f"{S}.microBatches",
-    f"{S}.microBatches must be at least {S}.pipelineParallel for pipelineSchedule 1f1b; use "
+    f"{STRATEGY}.microBatches",
+    f"{STRATEGY}.microBatches must be at least {STRATEGY}.pipelineParallel for pipelineSchedule "
+    "1f1b; use "
     "gpipe for fewer (microBatches 1 is plain model parallelism)",
 )
 TP_PROCS = Rule(
-    f"{S}.tensorParallel",
-    f"{S}.tensorParallel must divide {R}.numProcPerNode (a tensor-parallel group stays inside "
+    f"{STRATEGY}.tensorParallel",
+    f"{STRATEGY}.tensorParallel must divide {RESOURCES}.numProcPerNode (a tensor-parallel group "
+    "stays inside "
     "one pod)",
 )
 DEGREES_WORLD = Rule(
-    S,
-    f"{S}.dataParallel x pipelineParallel x tensorParallel must equal {R}.numNodes x "
+    STRATEGY,
+    f"{STRATEGY}.dataParallel x pipelineParallel x tensorParallel must equal {RESOURCES}.numNodes "
+    "x "
     "numProcPerNode",
 )
 BATCH = Rule(
-    f"{T}.globalBatchSize", f"{T}.globalBatchSize must be a multiple of {T}.microBatchSize"
+    f"{TRAINING}.globalBatchSize",
+    f"{TRAINING}.globalBatchSize must be a multiple of {TRAINING}.microBatchSize",
 )
 DP_BATCH = Rule(
-    f"{T}.globalBatchSize",
-    f"{T}.globalBatchSize must be a multiple of {S}.dataParallel x {T}.microBatchSize",
+    f"{TRAINING}.globalBatchSize",
+    f"{TRAINING}.globalBatchSize must be a multiple of {STRATEGY}.dataParallel x "
+    f"{TRAINING}.microBatchSize",
 )
 TP_MODEL = Rule(
-    f"{S}.tensorParallel",
-    f"{S}.tensorParallel must divide {M}.heads, kvHeads, ffnHidden, vocab and seqLen (tensor "
+    f"{STRATEGY}.tensorParallel",
+    f"{STRATEGY}.tensorParallel must divide {MODEL}.heads, kvHeads, ffnHidden, vocab and seqLen "
+    "(tensor "
     "and sequence parallelism split them)",
 )
 PP_LAYERS = Rule(
-    f"{S}.pipelineParallel",
-    f"{S}.pipelineParallel must not exceed {M}.layers (each stage needs a layer)",
+    f"{STRATEGY}.pipelineParallel",
+    f"{STRATEGY}.pipelineParallel must not exceed {MODEL}.layers (each stage needs a layer)",
 )
-HEADS = Rule(f"{M}.heads", f"{M}.heads must divide {M}.hidden")
-KV_HEADS = Rule(f"{M}.kvHeads", f"{M}.kvHeads must divide {M}.heads")
+HEADS = Rule(f"{MODEL}.heads", f"{MODEL}.heads must divide {MODEL}.hidden")
+KV_HEADS = Rule(f"{MODEL}.kvHeads", f"{MODEL}.kvHeads must divide {MODEL}.heads")
 ROTARY = Rule(
-    f"{M}.heads",
-    f"{M}.hidden / {M}.heads (the head size) must be even for rotary embeddings",
+    f"{MODEL}.heads",
+    f"{MODEL}.hidden / {MODEL}.heads (the head size) must be even for rotary embeddings",
 )
 PRODUCT_GPU = Rule(
-    f"{R}.acceleratorProduct",
-    f"{R}.acceleratorProduct names a GPU product and needs {R}.accelerator nvidia.com/gpu",
+    f"{RESOURCES}.acceleratorProduct",
+    f"{RESOURCES}.acceleratorProduct names a GPU product and needs {RESOURCES}.accelerator "
+    "nvidia.com/gpu",
 )
 CORPUS_VOCAB = Rule(
-    f"{T}.dataset",
-    f"{T}.dataset corpus is byte-tokenized and needs {M}.vocab >= {BYTE_VOCAB}",
+    f"{TRAINING}.dataset",
+    f"{TRAINING}.dataset corpus is byte-tokenized and needs {MODEL}.vocab >= {BYTE_VOCAB}",
 )
 ALL_RULES = (
     AUTO_DEGREES,
@@ -207,8 +225,8 @@ def check_data(dataset: str, shape: ModelShape) -> None:
         raise CORPUS_VOCAB.error(f"got {shape.vocab}")
     if dataset == "corpus" and shape.seq_len + 1 >= CORPUS_BYTES:
         raise SpecError(
-            f"{M}.seqLen",
-            f"{shape.seq_len} must be below {CORPUS_BYTES - 1} for {T}.dataset corpus (the "
+            f"{MODEL}.seqLen",
+            f"{shape.seq_len} must be below {CORPUS_BYTES - 1} for {TRAINING}.dataset corpus (the "
             f"shipped text has {CORPUS_BYTES} bytes); use dataset synthetic for longer sequences",
         )
 
@@ -238,7 +256,7 @@ def check_layout(
         if size % tp:
             raise TP_MODEL.error(f"{tp} does not divide {name}={size}")
     if not 0 <= layout.zero_stage <= 3:
-        raise SpecError(f"{S}.zeroStage", f"must be 0, 1, 2 or 3, got {layout.zero_stage}")
+        raise SpecError(f"{STRATEGY}.zeroStage", f"must be 0, 1, 2 or 3, got {layout.zero_stage}")
     chunks = layout.num_stages
     if chunks > shape.layers:
         stages = f"{pp} stages" + (
@@ -259,13 +277,13 @@ def check_batch(layout: Layout, global_batch_size: int, micro_batch_size: int) -
     passes = global_batch_size // per_pass
     if passes % layout.micro_batches:
         raise SpecError(
-            f"{S}.microBatches",
+            f"{STRATEGY}.microBatches",
             f"{layout.micro_batches} must divide globalBatchSize / (dataParallel x "
             f"microBatchSize) = {passes}",
         )
     if layout.micro_batches * layout.grad_accumulation != passes:
         raise SpecError(
-            f"{T}.globalBatchSize",
+            f"{TRAINING}.globalBatchSize",
             f"{global_batch_size} must equal dataParallel x microBatchSize x microBatches x "
             f"gradient accumulation = {per_pass}x{layout.micro_batches}x"
             f"{layout.grad_accumulation}",
@@ -277,7 +295,7 @@ def check_schedule(layout: Layout) -> None:
     pp, micro, virtual = layout.pp, layout.micro_batches, layout.virtual_stages
     if pp == 1:
         if micro != 1 or virtual != 1:
-            raise SpecError(f"{S}.microBatches", "must be 1 without pipeline parallelism")
+            raise SpecError(f"{STRATEGY}.microBatches", "must be 1 without pipeline parallelism")
         return
     if layout.schedule == "1f1b" and micro < pp:
         # torch's Schedule1F1B raises ValueError below one micro-batch per stage.
@@ -291,7 +309,7 @@ def check_schedule(layout: Layout) -> None:
         rounds = max(1, micro // pp)
         if micro % rounds:
             raise SpecError(
-                f"{S}.microBatches",
+                f"{STRATEGY}.microBatches",
                 f"{micro} must be a multiple of max(1, microBatches // pipelineParallel) = "
                 f"{rounds} for interleaved-1f1b",
             )

@@ -16,8 +16,8 @@ from meshrun.api.read import read_spec
 
 pytestmark = pytest.mark.unit
 
-T = "spec.podTemplate.spec"
-C0 = f"{T}.containers[0]"
+TEMPLATE = "spec.podTemplate.spec"
+C0 = f"{TEMPLATE}.containers[0]"
 
 
 def error_of(template: Any, policy: PodPolicy = PodPolicy.BASELINE) -> str | None:
@@ -38,18 +38,18 @@ def pod(**spec: Any) -> dict[str, Any]:
 CASES: list[tuple[str, Any, str | None, str | None]] = [
     ("nothing", {}, None, None),
     ("plain sidecar", pod(containers=[{"name": "side", "image": "busybox"}]), None, None),
-    ("hostNetwork", pod(hostNetwork=True), f"{T}.hostNetwork", f"{T}.hostNetwork"),
-    ("hostPID", pod(hostPID=True), f"{T}.hostPID", f"{T}.hostPID"),
-    ("hostIPC", pod(hostIPC=True), f"{T}.hostIPC", f"{T}.hostIPC"),
+    ("hostNetwork", pod(hostNetwork=True), f"{TEMPLATE}.hostNetwork", f"{TEMPLATE}.hostNetwork"),
+    ("hostPID", pod(hostPID=True), f"{TEMPLATE}.hostPID", f"{TEMPLATE}.hostPID"),
+    ("hostIPC", pod(hostIPC=True), f"{TEMPLATE}.hostIPC", f"{TEMPLATE}.hostIPC"),
     ("hostNetwork false", pod(hostNetwork=False), None, None),
     (
         "hostPath",
         pod(volumes=[{"name": "root", "hostPath": {"path": "/"}}]),
-        f"{T}.volumes[0].hostPath",
-        f"{T}.volumes[0].hostPath",
+        f"{TEMPLATE}.volumes[0].hostPath",
+        f"{TEMPLATE}.volumes[0].hostPath",
     ),
     ("nfs volume", pod(volumes=[{"name": "d", "nfs": {"server": "s", "path": "/"}}]), None,
-     f"{T}.volumes[0].nfs"),
+     f"{TEMPLATE}.volumes[0].nfs"),
     ("pvc volume", pod(volumes=[{"name": "d", "persistentVolumeClaim": {"claimName": "c"}}]),
      None, None),
     ("privileged", container(privileged=True), f"{C0}.securityContext.privileged",
@@ -57,8 +57,8 @@ CASES: list[tuple[str, Any, str | None, str | None]] = [
     (
         "privileged init container",
         pod(initContainers=[{"name": "i", "securityContext": {"privileged": True}}]),
-        f"{T}.initContainers[0].securityContext.privileged",
-        f"{T}.initContainers[0].securityContext.privileged",
+        f"{TEMPLATE}.initContainers[0].securityContext.privileged",
+        f"{TEMPLATE}.initContainers[0].securityContext.privileged",
     ),
     ("IPC_LOCK", container(capabilities={"add": ["IPC_LOCK"]}),
      f"{C0}.securityContext.capabilities.add[0]", f"{C0}.securityContext.capabilities.add[0]"),
@@ -70,13 +70,14 @@ CASES: list[tuple[str, Any, str | None, str | None]] = [
     ("seccomp Unconfined", container(seccompProfile={"type": "Unconfined"}),
      f"{C0}.securityContext.seccompProfile.type", f"{C0}.securityContext.seccompProfile.type"),
     ("pod seccomp Unconfined", pod(securityContext={"seccompProfile": {"type": "Unconfined"}}),
-     f"{T}.securityContext.seccompProfile.type", f"{T}.securityContext.seccompProfile.type"),
+     f"{TEMPLATE}.securityContext.seccompProfile.type",
+     f"{TEMPLATE}.securityContext.seccompProfile.type"),
     ("seccomp Localhost", container(seccompProfile={"type": "Localhost",
                                                     "localhostProfile": "p.json"}), None, None),
     ("procMount", container(procMount="Unmasked"), f"{C0}.securityContext.procMount",
      f"{C0}.securityContext.procMount"),
     ("unsafe sysctl", pod(securityContext={"sysctls": [{"name": "kernel.msgmax", "value": "1"}]}),
-     f"{T}.securityContext.sysctls[0].name", f"{T}.securityContext.sysctls[0].name"),
+     f"{TEMPLATE}.securityContext.sysctls[0].name", f"{TEMPLATE}.securityContext.sysctls[0].name"),
     ("safe sysctl", pod(securityContext={"sysctls": [{"name": "net.ipv4.tcp_syncookies",
                                                       "value": "1"}]}), None, None),
     ("hostPort", pod(containers=[{"name": "trainer", "ports": [{"containerPort": 80,
@@ -104,7 +105,7 @@ CASES: list[tuple[str, Any, str | None, str | None]] = [
     ("allowPrivilegeEscalation", container(allowPrivilegeEscalation=True), None,
      f"{C0}.securityContext.allowPrivilegeEscalation"),
     ("runAsNonRoot false", pod(securityContext={"runAsNonRoot": False}), None,
-     f"{T}.securityContext.runAsNonRoot"),
+     f"{TEMPLATE}.securityContext.runAsNonRoot"),
     ("container runAsNonRoot false", container(runAsNonRoot=False), None,
      f"{C0}.securityContext.runAsNonRoot"),
     ("runAsUser 0", container(runAsUser=0), None, f"{C0}.securityContext.runAsUser"),
@@ -140,18 +141,18 @@ def test_the_rule_says_which_policy_refused() -> None:
         ({"metadata": []}, "spec.podTemplate.metadata"),
         ({"metadata": {"labels": {"a": 1}}}, "spec.podTemplate.metadata.labels.a"),
         ({"metadata": {"annotations": None}}, "spec.podTemplate.metadata.annotations"),
-        (pod(securityContext=None), f"{T}.securityContext"),
-        (pod(securityContext="x"), f"{T}.securityContext"),
-        (pod(containers="x"), f"{T}.containers"),
-        (pod(containers=["x"]), f"{T}.containers[0]"),
+        (pod(securityContext=None), f"{TEMPLATE}.securityContext"),
+        (pod(securityContext="x"), f"{TEMPLATE}.securityContext"),
+        (pod(containers="x"), f"{TEMPLATE}.containers"),
+        (pod(containers=["x"]), f"{TEMPLATE}.containers[0]"),
         (pod(containers=[{"securityContext": None}]), f"{C0}.securityContext"),
         (pod(containers=[{"env": {"A": "1"}}]), f"{C0}.env"),
         (pod(containers=[{"volumeMounts": [None]}]), f"{C0}.volumeMounts[0]"),
         (pod(containers=[{"resources": []}]), f"{C0}.resources"),
         (container(capabilities=["ALL"]), f"{C0}.securityContext.capabilities"),
-        (pod(initContainers=None), f"{T}.initContainers"),
-        (pod(volumes=[3]), f"{T}.volumes[0]"),
-        (pod(affinity="near"), f"{T}.affinity"),
+        (pod(initContainers=None), f"{TEMPLATE}.initContainers"),
+        (pod(volumes=[3]), f"{TEMPLATE}.volumes[0]"),
+        (pod(affinity="near"), f"{TEMPLATE}.affinity"),
     ],
 )
 def test_a_malformed_template_is_invalid_with_its_field_named_under_any_policy(
