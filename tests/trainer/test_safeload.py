@@ -5,6 +5,7 @@ never runs (one process, no torchrun)."""
 from __future__ import annotations
 
 import builtins
+import io
 import os
 import pickle
 from pathlib import Path
@@ -14,7 +15,7 @@ import pytest
 import torch
 from meshrun_trainer.components import statedicts
 from meshrun_trainer.components.optim import make_optimizer
-from meshrun_trainer.components.safeload import UnsafeCheckpoint, allowed_global
+from meshrun_trainer.components.safeload import MetadataUnpickler, UnsafeCheckpoint, allowed_global
 from meshrun_trainer.models.llama import build_model
 from meshrun_trainer.runner import Runner
 from torch.distributed.checkpoint import FileSystemReader
@@ -128,10 +129,28 @@ def test_only_what_dcp_writes_is_allowed() -> None:
         ("torch", "_C"),
         ("torch.distributed.checkpoint.metadata", "Any"),  # imported there, not its own
         ("torch.distributed.checkpoint.metadata", "field"),
-        ("builtins", "getattr"),
         ("builtins", "eval"),
         ("pathlib", "Path"),  # may be a WindowsPath, and Path has file methods anyway
         ("collections", "namedtuple"),
         ("subprocess", "Popen"),
     ]:
         assert allowed_global(module, name) is None, (module, name)
+
+
+def test_an_enum_member_pickled_through_getattr_loads_and_no_other_getattr_does() -> None:
+    """Debian's Python 3.11 (the trainer image's) pickles DCP's memory-format members as
+    ``getattr(enum, name)``: that loads; getattr on anything else is refused unrun."""
+    from torch.distributed.checkpoint import metadata as dcp_metadata
+
+    encoding = dcp_metadata._MEM_FORMAT_ENCODING
+    member = encoding.TORCH_CONTIGUOUS_FORMAT
+    data = pickle.dumps(Payload(getattr, encoding, "TORCH_CONTIGUOUS_FORMAT"))
+    assert MetadataUnpickler(io.BytesIO(data), "m").load() is member
+    for target, name in [
+        (encoding, "__class__"),  # an attribute, not a member
+        (Metadata, "__init__"),  # one of DCP's classes, but not an enum
+        (torch.Size, "__new__"),
+    ]:
+        data = pickle.dumps(Payload(getattr, target, name))
+        with pytest.raises(UnsafeCheckpoint, match="not a member of DCP's own enums"):
+            MetadataUnpickler(io.BytesIO(data), "m").load()

@@ -10,7 +10,8 @@ and plain Python values); anything else is refused with the file and the refused
 
 What a real checkpoint's ``.metadata`` holds (the same for every layout the trainer writes:
 DDP, ZeRO-1/2/3 over FSDP2, pipeline, interleaved pipeline, DTensor TP): the dataclasses and
-the memory-format enum of ``torch.distributed.checkpoint.metadata``, the filesystem's
+the memory-format enum of ``torch.distributed.checkpoint.metadata`` (its members pickled as
+themselves, or as ``getattr(enum, name)`` by some Pythons), the filesystem's
 ``_StorageInfo``, ``torch.Size``, torch dtypes, layouts (through
 ``torch.serialization._get_layout``) and the ``pathlib`` path it was saved to.
 """
@@ -41,7 +42,23 @@ class UnsafeCheckpoint(pickle.UnpicklingError):
     """A checkpoint file names a Python object DCP's format never holds: it is not loaded."""
 
 
+def _enum_member(cls: Any, name: Any) -> Any:
+    """``getattr(cls, name)``, the way some Pythons pickle an enum member (the 3.11 of Debian's
+    trainer image writes DCP's ``_MEM_FORMAT_ENCODING`` members so), for a member of one of
+    DCP's own enums only: never an attribute lookup on anything else."""
+    if (
+        isinstance(cls, type)
+        and issubclass(cls, enum.Enum)
+        and cls.__module__ == dcp_metadata.__name__
+        and isinstance(name, str)
+        and name in cls.__members__
+    ):
+        return cls[name]
+    raise UnsafeCheckpoint(f"refused getattr({cls!r}, {name!r}): not a member of DCP's own enums")
+
+
 NAMED: dict[tuple[str, str], Any] = {
+    ("builtins", "getattr"): _enum_member,
     ("torch", "Size"): torch.Size,
     ("torch.serialization", "_get_layout"): torch.serialization._get_layout,
     ("torch.distributed.checkpoint.filesystem", "_StorageInfo"): dcp_filesystem._StorageInfo,
