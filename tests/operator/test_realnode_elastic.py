@@ -1,13 +1,13 @@
 """On the real node: an elastic job of real trainer pods loses a place, shrinks, and finishes from
-its checkpoint with the loss of the uninterrupted run.
+its checkpoint with the losses of the uninterrupted run.
 
 The node advertises an extended resource of this test alone (two slots, one per pod: the way
 Kubernetes documents advertising a resource by patching a node's status). The job (2 pods x 1
 CPU process, DDP dp2, checkpoints every 5 steps on a hostPath volume) trains; once a checkpoint
 is written, the node keeps one slot and pod 1 is deleted. The gang restarts, its second pod
 cannot be scheduled, and after shrinkAfterSeconds the job runs on one pod at dp1 (twice the
-gradient accumulation), resumes from the checkpoint, and ends with the final loss of
-``meshrun run --local`` on the same job at dp2 (fp32, within RTOL).
+gradient accumulation), resumes from the checkpoint, and its ten steps after the resize have the
+losses of ``meshrun run --local`` on the same job at dp2 (fp32, within RTOL).
 """
 
 from __future__ import annotations
@@ -37,11 +37,11 @@ pytestmark = [
 ]
 
 REAL_NODE = "meshrun.dev/real-node"
-STEPS, EVERY = 40, 5
-"""The pod goes once the step-10 checkpoint is written: 30 steps remain, so the gang cannot
-finish at dp2 before the deletion reaches it."""
+STEPS, EVERY = 400, 5
+"""The pod goes once a checkpoint of step 10 or later is complete; a tiny-model step takes about
+35 ms, so 400 steps leave the deletion time to reach the gang before it finishes at dp2."""
 RTOL = 1e-3
-"""The final loss, 30 steps after the resize: each step agrees within 1e-4 right after a resize
+"""The ten losses after the resize: each step agrees within 1e-4 right after a resize
 (tests/trainer/test_elastic_resume.py), and float32 summation-order differences compound over
 the steps after it (measured: 1.4e-4 relative 20 steps after it)."""
 ROOT = Path(__file__).resolve().parents[2]
@@ -126,7 +126,15 @@ def _job(name: str, image: str, resource: str, claim: str) -> dict[str, Any]:
     )
 
 
-def _local_final_loss(job: dict[str, Any], tmp: Path) -> float:
+def _checkpointed_from(checkpoints: Path, step: int) -> bool:
+    """Whether a complete checkpoint of ``step`` or later is on the volume."""
+    return any(
+        int(folder.name.removeprefix("step-")) >= step and (folder / ".metadata").is_file()
+        for folder in checkpoints.glob("step-[0-9]*")
+    )
+
+
+def _local_losses(job: dict[str, Any], tmp: Path) -> list[float]:
     """``meshrun run --local`` of the same job without the cluster's parts: the reference."""
     spec = json.loads(json.dumps(job["spec"]))
     spec.pop("podTemplate")
@@ -140,8 +148,8 @@ def _local_final_loss(job: dict[str, Any], tmp: Path) -> float:
     cmd += ["--summary-json", str(summary)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
     assert proc.returncode == 0, f"meshrun run --local failed:\n{proc.stdout}\n{proc.stderr}"
-    loss: float = json.loads(summary.read_text())["finalLoss"]
-    return loss
+    losses: list[float] = json.loads(summary.read_text())["losses"]
+    return losses
 
 
 def test_real_trainer_pods_shrink_and_finish_with_the_uninterrupted_loss(
@@ -161,10 +169,12 @@ def test_real_trainer_pods_shrink_and_finish_with_the_uninterrupted_loss(
     try:
         cluster.apply(job)
         # A complete checkpoint on the volume (written by both ranks, renamed by rank 0).
+        # Any complete one from step 10 on: two are kept, so a given step's lasts only until
+        # the save after next.
         wait_for(
-            lambda: (checkpoints / f"step-{2 * EVERY:08d}" / ".metadata").is_file(),
+            lambda: _checkpointed_from(checkpoints, 2 * EVERY),
             600,
-            "the checkpoint of step 10",
+            "a checkpoint of step 10 or later",
             interval=1,
             describe=lambda: (cluster.status("elastic"), sorted(os.listdir(checkpoints))),
         )
@@ -207,5 +217,16 @@ def test_real_trainer_pods_shrink_and_finish_with_the_uninterrupted_loss(
     terminated = last[0]["status"]["containerStatuses"][0]["state"]["terminated"]
     summary = json.loads(terminated["message"])
     assert summary["resumedFromStep"] >= 2 * EVERY, summary
-    want = _local_final_loss(job, tmp_path)
-    assert abs(summary["finalLoss"] - want) <= RTOL * abs(want), (summary["finalLoss"], want)
+    # The steps right after the resize: float32 summation-order differences compound over
+    # hundreds of steps (0.7% by step 400), not over the first ten.
+    logged = cluster.kubectl("logs", "elastic-0", "-n", namespace).stdout
+    events = [json.loads(line) for line in logged.splitlines() if line.startswith("{")]
+    got = {e["step"]: e["loss"] for e in events if e.get("event") == "step"}
+    resumed = summary["resumedFromStep"]
+    after = range(resumed + 1, resumed + 11)
+    assert all(step in got for step in after), sorted(got)[:20]
+    want = _local_losses(job, tmp_path)
+    wrong = {
+        s: (got[s], want[s - 1]) for s in after if abs(got[s] - want[s - 1]) > RTOL * want[s - 1]
+    }
+    assert not wrong, wrong
