@@ -138,6 +138,9 @@ class SafeReader(FileSystemReader):
         if self.refused is not None:  # DCP's fallback to a rank's own metadata: not after this
             raise self.refused
         path = self._get_metadata_path(kwargs.get("rank"))
+        read: dict[str, Metadata] = self.__dict__.setdefault("read", {})
+        if str(path) in read:  # checked before DCP's load (statedicts.load), read once
+            return read[str(path)]
         try:
             metadata = read_metadata_file(path)
         except UnsafeCheckpoint as error:
@@ -147,6 +150,7 @@ class SafeReader(FileSystemReader):
             metadata.storage_meta = StorageMeta()
         assert metadata.storage_meta is not None
         metadata.storage_meta.load_id = self.load_id
+        read[str(path)] = metadata
         return metadata
 
 

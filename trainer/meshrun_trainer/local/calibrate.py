@@ -22,12 +22,12 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from meshrun.api.crd import load_jobs
 from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.files.checks import mount, plan_checked
 from meshrun.files.mountflag import add_mount_flag
 from meshrun.planner.steptime import gemm_efficiency, gemm_passes, layer_gemms
+from meshrun_trainer.local.run import UsageError, pick_job
 
 FP32_PEAK_SHARE = 8
 """The step-time model prices fp32 matrix multiplies at an eighth of the bf16 peak (TF32 is off
@@ -116,13 +116,7 @@ def _time_multiply(
 def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     import torch
 
-    jobs = load_jobs(args.file)
-    if args.job is not None:
-        jobs = [j for j in jobs if j.get("metadata", {}).get("name") == args.job]
-    if len(jobs) != 1:
-        which = f"no job named {args.job!r}" if args.job else f"{len(jobs)} jobs; choose one"
-        raise SpecError("--job", f"{args.file} holds {which}")
-    job = jobs[0]
+    job = pick_job(args.file, args.job)
     spec = read_spec(mount(job.get("spec", {}), args.mount))
     plan = plan_checked(spec, str(job.get("metadata", {}).get("name", "job")))
     device = args.device
@@ -215,7 +209,7 @@ def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     try:
         result = calibrate(args)
-    except (SpecError, OSError) as error:
+    except (UsageError, SpecError, OSError) as error:
         print(f"meshrun calibrate: {error}", file=sys.stderr)
         return 2
     if args.output == "json":

@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _pick_job(path: str, name: str | None) -> dict[str, Any]:
+def pick_job(path: str, name: str | None) -> dict[str, Any]:
+    """The one job of the file at ``path``, or the one named ``name``; UsageError else."""
     jobs = load_jobs(path)
     if name is not None:
         jobs = [j for j in jobs if j.get("metadata", {}).get("name") == name]
@@ -78,7 +79,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
         raise UsageError("only --local is supported here; use the operator to run on a cluster")
     if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
         raise UsageError(f"--plot: {args.plot} must end in .png, .svg or .pdf")
-    job = _pick_job(args.file, args.job)
+    job = pick_job(args.file, args.job)
     name = str(job.get("metadata", {}).get("name", "job"))
     spec = read_with_files(mount(job.get("spec", {}), args.mount))
 
