@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from meshrun_trainer.models.llama import cross_entropy
 from torch import nn
-from torch.distributed.tensor import DTensor
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+from torch.distributed.tensor import DTensor
 
 
 def held_after_forward(model: nn.Module, tokens: torch.Tensor) -> int:
