@@ -6,6 +6,7 @@ from __future__ import annotations
 import torch
 from meshrun_trainer.models.llama import cross_entropy
 from torch import nn
+from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
 from torch.distributed.tensor import DTensor
 
@@ -21,34 +22,29 @@ def held_after_forward(model: nn.Module, tokens: torch.Tensor) -> int:
     return held
 
 
-def _plain(tensor: torch.Tensor) -> torch.Tensor:
-    """The plain tensor under DTensor and collective wrappers, whose storage holds the bytes."""
-    while True:
-        if isinstance(tensor, DTensor):
-            tensor = tensor._local_tensor
-        elif hasattr(tensor, "elem"):  # funcol's AsyncCollectiveTensor
-            tensor = tensor.elem
-        else:
-            return tensor
-
-
 def saved_after_forward(model: nn.Module, tokens: torch.Tensor) -> int:
     """Bytes of the distinct storages autograd saves in one forward of ``tokens``, parameters
     left out, then its backward. Counts only what no inner saved-tensor hook takes over (an
     inner hook hides its tensors from this one), so it suits a model without such hooks; it does
     not depend on when storages are freed, as MemTracker's count does."""
-    params = {_plain(p).untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, tuple[int, torch.Tensor]] = {}
+
+    def storage(tensor: torch.Tensor) -> torch.UntypedStorage:
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        if isinstance(local, AsyncCollectiveTensor):  # a gathered input, not yet waited on
+            local = local.elem
+        return local.untyped_storage()
+
+    params = {storage(p).data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}  # data pointer: bytes; autograd keeps each alive until backward
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:
-        storage = _plain(tensor).untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = (storage.nbytes(), tensor)  # alive, so the key is unique
+        kept = storage(tensor)
+        if kept.data_ptr() not in params:
+            saved[kept.data_ptr()] = kept.nbytes()
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         loss = cross_entropy(model(tokens), tokens)
-    held = sum(nbytes for nbytes, _ in saved.values())
-    saved.clear()
+    held = sum(saved.values())
     loss.backward()
     return held
