@@ -30,9 +30,12 @@ micro-batch's backward. Its working set beyond the shards (``gathered``) is, und
 largest unit (a block, the embedding or the head, as the trainer wraps them) gathered, the next
 unit prefetched, the unit's unsharded gradient and the previous unit's reduce-scatter input;
 under ZeRO-2 and pipelining one unit's gradient buffers. DDP's gradients are views into its
-buckets (no copy beside them). bench/trainer_run_memory.py measures every layout family's
-whole-run peak against this estimate. The estimate ignores the process's fixed part (the CUDA
-context, torch, the communication library) and allocator fragmentation on GPUs.
+buckets (no copy beside them). Outside FSDP2 a gradient arriving under accumulation exists
+beside the one it is added into, and under TP the embedding's gradient arrives whole (DTensor
+computes it so before the trainer reshards it): both count with the gradients.
+bench/trainer_run_memory.py measures every layout family's whole-run peak against this
+estimate. The estimate ignores the process's fixed part (the CUDA context, torch, the
+communication library) and allocator fragmentation on GPUs.
 """
 
 from __future__ import annotations
@@ -54,7 +57,8 @@ class MemoryEstimate:
     params: int
     """Model weights held (bf16, or fp32 for fp32 training)."""
     grads: int
-    """Gradients held."""
+    """Gradients held, with the one arriving beside its accumulation and, under tensor
+    parallelism, the embedding's gradient as DTensor computes it (whole)."""
     optimizer: int
     """Optimizer state held (fp32 master weights and Adam moments)."""
     activations: int
@@ -211,6 +215,14 @@ def estimate_memory(
     if spec.resources.accelerator == CPU:
         largest = -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
         step_temporaries = 2 * 4 * (-(-largest // n) if fsdp else largest)
+    # Gradients arriving while the accumulated ones are held (micro-batches under
+    # accumulation or pipelining): autograd adds each new gradient into the one kept, so the
+    # largest local one exists twice for a moment. FSDP2 reduces into its own shards (counted
+    # in ``gathered``). Under TP, DTensor computes the vocabulary-sharded embedding's gradient
+    # whole on every rank before the trainer reshards it, at any accumulation.
+    accumulating = (layout.grad_accumulation > 1 or layout.micro_batches > 1) and not fsdp
+    arriving = grad_b * -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
+    whole_embedding = grad_b * model.vocab * model.hidden if t > 1 else 0
     best: MemoryEstimate | None = None
     for rank in range(layout.pp):
         count = layers_on[rank] * model.layer_parameters()
@@ -228,6 +240,10 @@ def estimate_memory(
             params, grads, optim = local * weight_b, local * grad_b, local * optim_b
             if layout.zero_stage >= 1:
                 optim = -(-optim // n)
+        if accumulating:
+            grads += arriving
+        if rank == 0:
+            grads += whole_embedding
         activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute
         if rank == layout.pp - 1:
             activations += head_act + max(head_grads - recompute, 0)

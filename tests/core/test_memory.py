@@ -78,6 +78,30 @@ def test_tensor_parallel_divides_weights() -> None:
     assert eight.params == pytest.approx(one.params / 8, rel=1e-6)
 
 
+def test_an_arriving_gradient_counts_beside_the_accumulated_ones() -> None:
+    # Under accumulation autograd adds each new gradient into the one kept: the largest (here
+    # the embedding's and the head's, vocab x h) exists twice for a moment. bf16: 2 B each.
+    once = plan_job(make_spec({"type": "ddp"}, batch=64))
+    twice = plan_job(make_spec({"type": "ddp"}, batch=128))
+    assert twice.layout.grad_accumulation == 2 and once.layout.grad_accumulation == 1
+    model = twice.model
+    assert twice.memory.grads - once.memory.grads == 2 * model.vocab * model.hidden
+    # FSDP2 reduces each unit's gradient into its shard (its working set, not a second copy).
+    zero3 = {"type": "zero", "zeroStage": 3}
+    assert plan_job(make_spec(zero3, batch=128)).memory.grads == (
+        plan_job(make_spec(zero3, batch=64)).memory.grads
+    )
+
+
+def test_tensor_parallel_counts_the_embedding_gradient_whole() -> None:
+    # DTensor computes the vocabulary-sharded embedding's gradient whole on every TP rank
+    # before the trainer reshards it (tests/trainer/test_tp_activations.py sees it arrive).
+    plan = plan_job(make_spec({"type": "tensor", "tensorParallel": 8}, nodes=1, batch=1))
+    assert plan.layout.grad_accumulation == 1
+    model = plan.model
+    assert plan.memory.grads - plan.memory.params == 2 * model.vocab * model.hidden
+
+
 def test_pipeline_stage_holds_its_layers_and_the_embedding() -> None:
     plan = plan_job(make_spec({"type": "pipeline", "pipelineParallel": 4}, nodes=1, procs=4))
     model = plan.model

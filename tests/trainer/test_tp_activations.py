@@ -36,12 +36,19 @@ ROWS = 2
 TINY = PRESETS["tiny"]
 
 
-def _step(shape: ModelShape, mesh: Mesh, keep_shards: bool) -> tuple[int, dict[str, torch.Tensor]]:
+def _step(
+    shape: ModelShape, mesh: Mesh, keep_shards: bool
+) -> tuple[int, dict[str, torch.Tensor], list[int]]:
+    """(activation bytes held, full gradients, elements of each embedding gradient as it
+    arrived on this rank, before the trainer reshards it)."""
     with torch.device("meta"):
         model = Transformer(shape)
     apply_tensor_parallel(model, mesh, loss_parallel=False, keep_shards=keep_shards)
     materialize([model], torch.device("cpu"), SeededInit(0, shape.tie_embeddings))
+    arrived: list[int] = []
     if keep_shards:
+        weight = model.tok_embeddings.weight
+        weight.register_hook(lambda grad: arrived.append(grad.to_local().numel()))
         shard_embedding_gradient(model)
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, shape.vocab, (ROWS, shape.seq_len), generator=generator)
@@ -55,7 +62,7 @@ def _step(shape: ModelShape, mesh: Mesh, keep_shards: bool) -> tuple[int, dict[s
             assert grad.placements == param.placements
             assert grad.to_local().shape == param.to_local().shape
         grads[name] = grad.full_tensor()
-    return held, grads
+    return held, grads, arrived
 
 
 def _rank(rank: int, port: int, results: dict[str, float]) -> None:
@@ -69,8 +76,10 @@ def _rank(rank: int, port: int, results: dict[str, float]) -> None:
     per_layer = {}
     grads = {}
     for keep in (True, False):
-        four, grads[keep] = _step(TINY, mesh, keep)
-        two, _ = _step(dataclasses.replace(TINY, layers=2), mesh, keep)
+        four, grads[keep], arrived = _step(TINY, mesh, keep)
+        if keep and rank == 0:
+            results["arrived"] = arrived
+        two, _, _ = _step(dataclasses.replace(TINY, layers=2), mesh, keep)
         per_layer[keep] = (four - two) / 2 / tokens / 4  # fp32 elements per token
     if rank == 0:
         results["kept"] = per_layer[True]
@@ -93,3 +102,6 @@ def test_tensor_parallel_block_keeps_what_the_planner_counts() -> None:
         # Autograd alone keeps both norms' gathered outputs whole (2h) instead of their shards.
         assert whole - kept == 2 * TINY.hidden - 2 * TINY.hidden / TP
         assert results["grad_error"] < 1e-6
+        # The planner counts the embedding's gradient whole beside its shard under TP: DTensor
+        # computes it so on every rank, the whole vocabulary, before the trainer reshards it.
+        assert list(results["arrived"]) == [TINY.vocab * TINY.hidden]
