@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 import torch
-from meshrun_trainer.components import statedicts
+from meshrun_trainer.components import safeload, statedicts
 from meshrun_trainer.components.optim import make_optimizer
 from meshrun_trainer.components.safeload import MetadataUnpickler, UnsafeCheckpoint, allowed_global
 from meshrun_trainer.models.llama import build_model
@@ -91,6 +91,22 @@ def test_a_metadata_that_runs_code_is_refused_and_its_payload_never_runs(
             f"{metadata}: refused to load the global {ATTACKS[attack][1]}: "
         ), str(refused.value)
         assert not marker.exists(), "the payload ran"
+
+
+def test_a_metadata_past_the_cap_or_not_a_file_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    metadata = _checkpoint(tmp_path / "ckpt")
+    size = metadata.stat().st_size
+    _load(tmp_path / "ckpt")  # the real one loads under the cap
+    monkeypatch.setattr(safeload, "METADATA_CAP", size - 1)
+    with pytest.raises(UnsafeCheckpoint, match=f"is {size} bytes, more than the {size - 1}"):
+        _load(tmp_path / "ckpt")
+    monkeypatch.undo()
+    metadata.unlink()
+    os.mkfifo(metadata)  # a read of it would wait for a writer forever
+    with pytest.raises(UnsafeCheckpoint, match="not a regular file"):
+        _load(tmp_path / "ckpt")
 
 
 def test_torchs_own_reader_would_run_the_same_payload(tmp_path: Path) -> None:

@@ -37,6 +37,9 @@ from torch.distributed.checkpoint.filesystem import FileSystemReader
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
+from meshrun.api.errors import SpecError
+from meshrun.files.bounded import read_bounded
+
 
 class UnsafeCheckpoint(pickle.UnpicklingError):
     """A checkpoint file names a Python object DCP's format never holds: it is not loaded."""
@@ -114,10 +117,21 @@ class MetadataUnpickler(pickle.Unpickler):
         raise UnsafeCheckpoint(f"{self.path}: refused a persistent id: DCP metadata has none")
 
 
+METADATA_CAP = 1024**3
+"""The largest ``.metadata`` read. It grows with tensors times shards: a 405B model's 3,300
+weight and moment tensors, each cut into a thousand chunks, describe 3.3 million chunks at about
+a hundred bytes each, a third of this."""
+
+
 def read_metadata_file(path: str | os.PathLike[str]) -> Metadata:
-    """The DCP ``Metadata`` in the file at ``path``, built by :class:`MetadataUnpickler`."""
-    with open(path, "rb") as handle:
-        metadata = MetadataUnpickler(handle, str(path)).load()
+    """The DCP ``Metadata`` in the file at ``path``, built by :class:`MetadataUnpickler`; a
+    path that is not a regular file (a FIFO, a device, a directory) or holds more than
+    :data:`METADATA_CAP` bytes is refused before it is read."""
+    try:
+        data = read_bounded(os.fspath(path), "checkpoint", METADATA_CAP)
+    except SpecError as error:
+        raise UnsafeCheckpoint(error.rule) from None
+    metadata = MetadataUnpickler(io.BytesIO(data), str(path)).load()
     if not isinstance(metadata, Metadata):
         raise UnsafeCheckpoint(f"{path}: holds a {type(metadata).__name__}, not DCP Metadata")
     return metadata
