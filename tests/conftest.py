@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from namespaces import TEST_RUN_LABEL, delete_abandoned_namespaces, run_label
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_BIN = ROOT / ".cluster" / "bin"
@@ -83,6 +84,7 @@ def kubectl(kubeconfig: str) -> Kubectl:
     ) -> subprocess.CompletedProcess[str]:
         return _run_kubectl(kubeconfig, *args, input=input, check=check, timeout=timeout)
 
+    delete_abandoned_namespaces(run)
     return run
 
 
@@ -187,6 +189,7 @@ def namespace(kubectl: Kubectl, request: pytest.FixtureRequest) -> Iterator[str]
     base = "".join(ch for ch in base if ch.isalnum() or ch == "-")[:40].strip("-")
     name = f"t-{base}-{uuid.uuid4().hex[:6]}"
     kubectl("create", "namespace", name)
+    kubectl("label", "namespace", name, f"{TEST_RUN_LABEL}={run_label()}")
     # The service account controller must create "default" before pods can be admitted.
     from waiting import wait_for
 

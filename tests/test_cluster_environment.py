@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from namespaces import TEST_RUN_LABEL, delete_abandoned_namespaces, run_label
 from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
@@ -260,3 +261,39 @@ def test_node_marked_down_turns_not_ready_and_recovers(kubectl: Any) -> None:
         wait_for(lambda: ready() == "True", 30, f"node {name} Ready again")
     finally:
         kubectl("delete", "node", name, "--wait=false", check=False)
+
+
+def _phase(kubectl: Any, namespace: str) -> str:
+    """The namespace's phase, "gone" for one deleted or being deleted."""
+    found = kubectl("get", "namespace", namespace, "-o", "json", check=False)
+    if found.returncode != 0:
+        assert "NotFound" in found.stderr, found.stderr
+        return "gone"
+    phase: str = json.loads(found.stdout)["status"]["phase"]
+    return "gone" if phase == "Terminating" else phase
+
+
+def test_namespaces_of_a_killed_test_run_are_deleted_and_a_live_runs_kept(kubectl: Any) -> None:
+    host = run_label().rsplit(".", 1)[0]
+    dead = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    names = {
+        f"t-abandoned-{uuid.uuid4().hex[:6]}": f"{host}.{dead}",
+        f"t-alive-{uuid.uuid4().hex[:6]}": run_label(),
+        f"t-elsewhere-{uuid.uuid4().hex[:6]}": f"another-host.{dead}",
+    }
+    for name, run in names.items():
+        kubectl("create", "namespace", name)
+        kubectl("label", "namespace", name, f"{TEST_RUN_LABEL}={run}")
+    try:
+        delete_abandoned_namespaces(kubectl)
+        phases = {name: _phase(kubectl, name) for name in names}
+        abandoned, alive, elsewhere = phases.values()
+        assert (abandoned, alive, elsewhere) == ("gone", "Active", "Active"), phases
+    finally:
+        for name in names:
+            kubectl("delete", "namespace", name, "--wait=false", check=False)
