@@ -219,7 +219,8 @@ def estimate_memory(
     # accumulation or pipelining): autograd adds each new gradient into the one kept, so the
     # largest local one exists twice for a moment. FSDP2 reduces into its own shards (counted
     # in ``gathered``). Under TP, DTensor computes the vocabulary-sharded embedding's gradient
-    # whole on every rank before the trainer reshards it, at any accumulation.
+    # whole on every rank before the trainer reshards it, at any accumulation, as the last
+    # step of a micro-batch's backward.
     accumulating = (layout.grad_accumulation > 1 or layout.micro_batches > 1) and not fsdp
     arriving = grad_b * -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
     whole_embedding = grad_b * model.vocab * model.hidden if t > 1 else 0
@@ -242,11 +243,14 @@ def estimate_memory(
                 optim = -(-optim // n)
         if accumulating:
             grads += arriving
-        if rank == 0:
-            grads += whole_embedding
         activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute
         if rank == layout.pp - 1:
             activations += head_act + max(head_grads - recompute, 0)
+        if rank == 0:
+            # The embedding's backward ends a micro-batch's: that one's activations are freed
+            # by then, the other micro-batches in flight still held.
+            freed = int(activations / in_flight(layout, rank))
+            grads += max(0, whole_embedding - freed)
         # The optimizer steps after backward, once activations and gathered units are freed.
         optim += max(0, step_temporaries - activations - gathered)
         estimate = MemoryEstimate(

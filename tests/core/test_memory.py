@@ -95,11 +95,17 @@ def test_an_arriving_gradient_counts_beside_the_accumulated_ones() -> None:
 
 def test_tensor_parallel_counts_the_embedding_gradient_whole() -> None:
     # DTensor computes the vocabulary-sharded embedding's gradient whole on every TP rank
-    # before the trainer reshards it (tests/trainer/test_tp_activations.py sees it arrive).
-    plan = plan_job(make_spec({"type": "tensor", "tensorParallel": 8}, nodes=1, batch=1))
-    assert plan.layout.grad_accumulation == 1
-    model = plan.model
-    assert plan.memory.grads - plan.memory.params == 2 * model.vocab * model.hidden
+    # before the trainer reshards it (tests/trainer/test_tp_activations.py sees it arrive), as
+    # the last step of backward: it counts where it outgrows the activations freed by then.
+    tp8 = {"type": "tensor", "tensorParallel": 8}
+    for seq, outgrows in ((256, True), (8192, False)):
+        model = {"preset": "7b", "seqLen": seq}
+        plan = plan_job(make_spec(tp8, nodes=1, batch=1, model=model))
+        assert plan.layout.grad_accumulation == 1
+        whole = 2 * plan.model.vocab * plan.model.hidden
+        assert (whole > plan.memory.activations) is outgrows
+        extra = plan.memory.grads - plan.memory.params
+        assert extra == max(0, whole - plan.memory.activations)
 
 
 def test_pipeline_stage_holds_its_layers_and_the_embedding() -> None:
