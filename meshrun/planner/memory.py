@@ -212,7 +212,8 @@ def estimate_memory(
     # the bias correction): two of the largest (local) parameter, in fp32. They count where
     # they outgrow the step's working set, which is freed before the optimizer step.
     step_temporaries = 0
-    if spec.resources.accelerator == CPU:
+    on_cpu = spec.resources.accelerator == CPU
+    if on_cpu:
         largest = -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
         step_temporaries = 2 * 4 * (-(-largest // n) if fsdp else largest)
     # Gradients arriving while the accumulated ones are held (micro-batches under
@@ -248,8 +249,11 @@ def estimate_memory(
             activations += head_act + max(head_grads - recompute, 0)
         if rank == 0:
             # The embedding's backward ends a micro-batch's: that one's activations are freed
-            # by then, the other micro-batches in flight still held.
-            freed = int(activations / in_flight(layout, rank))
+            # by then (the other micro-batches in flight still held), and on an accelerator
+            # the caching allocator gives their blocks to the gradient. On CPUs it cannot:
+            # they were small tensors, whose pages malloc keeps in its heaps, and a gradient
+            # of 1 MiB or more gets a mapping of its own (hostmemory.py).
+            freed = 0 if on_cpu else int(activations / in_flight(layout, rank))
             grads += max(0, whole_embedding - freed)
         # The optimizer steps after backward, once activations and gathered units are freed.
         optim += max(0, step_temporaries - activations - gathered)
