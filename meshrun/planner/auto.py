@@ -38,7 +38,7 @@ from meshrun.planner.memory import (
     estimate_memory,
     layer_activation_bytes,
 )
-from meshrun.planner.steptime import StepEstimate, estimate_step
+from meshrun.planner.steptime import StepEstimate, estimate_step, pressure_slowdown
 
 Degrees = tuple[int, int, int, int]
 """(dp, pp, tp, zeroStage)."""
@@ -78,15 +78,20 @@ def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
 
 
 def evaluate(
-    spec: JobSpec, degrees: Degrees, strategy: str | None = None, checkpointing: str = "none"
+    spec: JobSpec,
+    degrees: Degrees,
+    strategy: str | None = None,
+    checkpointing: str = "none",
+    given: bool = False,
 ) -> Choice:
-    """Plan these degrees (SpecError when they break a rule)."""
+    """Plan these degrees (SpecError when they break a rule); ``given``: the spec's own, where
+    1F1B with fewer micro-batches than stages runs as GPipe (a search skips such layouts)."""
     dp, pp, tp, zero = degrees
-    layout = complete_layout(spec, dp, pp, tp, zero)
+    layout = complete_layout(spec, dp, pp, tp, zero, gpipe_below_stages=given)
     stages = stage_split(spec.shape, pp, layout.virtual_stages)
     memory = estimate_memory(spec, layout, stages, checkpointing)
     name = strategy or strategy_name(dp, pp, tp, zero)
-    estimate = estimate_step(spec, layout, stages, checkpointing)
+    estimate = estimate_step(spec, layout, stages, checkpointing, memory=memory)
     return Choice(name, layout, stages, memory, checkpointing, estimate=estimate)
 
 
@@ -123,7 +128,7 @@ def checkpointing_reason(
     spec: JobSpec, degrees: Degrees, choice: Choice, what: str = "no layout of the row fits"
 ) -> str:
     """Why activation checkpointing is on: the layout's activations with and without it."""
-    plain = evaluate(spec, degrees).memory
+    plain = evaluate(spec, degrees, given=True).memory
     return (
         f"Activation checkpointing ({choice.checkpointing}) is on: without it {what} "
         f"(this one would hold {plain.activations / GIB:.1f} GiB of activations, "
@@ -136,19 +141,34 @@ def fit_degrees(spec: JobSpec, degrees: Degrees, strategy: str) -> Choice:
     """Given degrees (SpecError when they break a rule), with the spec's activation
     checkpointing, or unset the least that fits; a sentence when more would fit."""
     modes = checkpointing_modes(spec)
-    choice = evaluate(spec, degrees, strategy, modes[0])
+    choice = evaluate(spec, degrees, strategy, modes[0], given=True)
     for mode in modes[1:]:
         if choice.memory.fits:
             break
-        choice = evaluate(spec, degrees, strategy, mode)
+        choice = evaluate(spec, degrees, strategy, mode, given=True)
         if choice.memory.fits:
             choice.reasons.append(
                 checkpointing_reason(spec, degrees, choice, "the layout does not fit")
             )
+    # Fitting with little headroom slows the step (memory pressure): more recomputation may
+    # then be faster.
+    for mode in modes[modes.index(choice.checkpointing) + 1 :]:
+        if not choice.memory.fits or not pressure_slowdown(choice.memory):
+            break
+        roomier = evaluate(spec, degrees, strategy, mode, given=True)
+        assert roomier.estimate is not None and choice.estimate is not None
+        if roomier.estimate.step_seconds < choice.estimate.step_seconds:
+            roomier.reasons.append(
+                f"Activation checkpointing ({mode}) is on: the layout fits with less "
+                f"recomputation ({choice.checkpointing}, {choice.memory.total / GIB:.1f} GiB of "
+                f"{choice.memory.accelerator_bytes / GIB:.0f}), but with too little headroom "
+                "for the allocator to run at speed; recomputing is predicted faster."
+            )
+            choice = roomier
     stronger = CHECKPOINTING[CHECKPOINTING.index(choice.checkpointing) + 1 :]
     if not choice.memory.fits and len(modes) == 1:
         for mode in stronger:
-            if evaluate(spec, degrees, strategy, mode).memory.fits:
+            if evaluate(spec, degrees, strategy, mode, given=True).memory.fits:
                 choice.reasons.append(
                     f"It would fit with spec.training.activationCheckpointing: {mode}."
                 )

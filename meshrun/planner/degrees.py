@@ -100,14 +100,20 @@ def complete_layout(
     tp: int,
     zero_stage: int,
     schedule: tuple[str, int] | None = None,
+    gpipe_below_stages: bool = False,
 ) -> Layout:
     """The full layout for these degrees (micro-batches, virtual stages, gradient accumulation),
     checked by the rules every component shares; ``schedule`` (name, virtual stages) replaces
-    the spec's."""
+    the spec's. With ``gpipe_below_stages`` (degrees the spec gives), 1F1B with fewer
+    micro-batches than stages runs GPipe's order instead of breaking torch's rule."""
     s, t = spec.strategy, spec.training
     passes = max(1, t.global_batch_size // (dp * t.micro_batch_size))
     micro = 1 if pp == 1 else s.micro_batches or passes
     name, virtual = schedule or (s.pipeline_schedule, chunks_per_rank(spec, pp))
+    if gpipe_below_stages and name == "1f1b" and pp > 1 and micro < pp:
+        # With fewer micro-batches than stages every rank's 1F1B warm-up holds all of them:
+        # GPipe's order, the same bubble; torch's Schedule1F1B refuses it, ScheduleGPipe runs it.
+        name = "gpipe"
     layout = Layout(
         dp=dp,
         pp=pp,

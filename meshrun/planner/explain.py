@@ -40,10 +40,16 @@ def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
             f"ZeRO-{layout.zero_stage} shards {ZERO_WHAT[layout.zero_stage]} over the {dp} "
             "data-parallel ranks."
         )
-    if tp > 1:
+    per_pod = spec.resources.num_proc_per_node
+    if 1 < tp <= per_pod:
         lines.append(
             f"Tensor parallel {tp} splits every layer's matrices over {tp} processes of one pod "
             "(an all-reduce per layer, so the group stays on the node's fast links)."
+        )
+    elif tp > per_pod:
+        lines.append(
+            f"Tensor parallel {tp} splits every layer's matrices over {tp // per_pod} whole pods "
+            "(an all-reduce per layer over the network between them)."
         )
     if pp > 1:
         bubble = layout.bubble_fraction()
@@ -58,11 +64,16 @@ def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
                 f"stage works at a time, a (p-1)/p = {(pp - 1) / pp:.0%} bubble; more "
                 "micro-batches shrink it."
             )
+    where = (
+        "a TP group never leaves a pod"
+        if tp <= per_pod
+        else f"each TP group holds {tp // per_pod} whole pods"
+    )
     lines.append(
-        "Ranks run TP innermost, then DP, PP outermost, so a TP group never leaves a pod"
+        f"Ranks run TP innermost, then DP, PP outermost, so {where}"
         + (
             " and each pod holds one pipeline stage."
-            if pp > 1 and (dp * tp) % spec.resources.num_proc_per_node == 0
+            if pp > 1 and (dp * tp) % per_pod == 0
             else "."
         )
     )
@@ -89,9 +100,20 @@ def warn(spec: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
             "Tensor parallelism over PCIe: its per-layer all-reduces are slow without NVLink."
         )
     if layout.pp > 1 and layout.micro_batches < layout.pp:
+        order = (
+            " They run in GPipe's order, which 1F1B reduces to with fewer micro-batches than "
+            "stages."
+            if s.pipeline_schedule == "1f1b"
+            else ""
+        )
         warnings.append(
             f"microBatches {layout.micro_batches} is below pipelineParallel {layout.pp}: "
-            f"stages sit idle {layout.bubble_fraction():.0%} of each step."
+            f"stages sit idle {layout.bubble_fraction():.0%} of each step.{order}"
+        )
+    if layout.tp > res.num_proc_per_node:
+        warnings.append(
+            f"tensorParallel {layout.tp} spans {layout.tp // res.num_proc_per_node} pods: its "
+            "collectives, several per layer, cross the network between them."
         )
     if layout.pp == 1 and s.micro_batches not in (None, 1):
         warnings.append("spec.strategy.microBatches is ignored without pipeline parallelism.")

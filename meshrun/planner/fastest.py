@@ -25,6 +25,8 @@ PART_WORDS = {
     "pipelineTransfer": "stage-to-stage transfers",
     "dataParallel": "data-parallel traffic not hidden behind compute",
     "optimizer": "the optimizer step",
+    "launch": "waiting on the host to launch kernels (small per-layer work)",
+    "memoryPressure": "memory pressure (too little headroom for the allocator)",
 }
 """The breakdown's parts in words, for the explanation."""
 
@@ -152,7 +154,9 @@ def _relative(choice: Choice, best: Choice) -> str:
 
 def _timed(spec: JobSpec, choice: Choice) -> Choice:
     sized = with_micro_batch(spec, choice.micro_batch_size or spec.training.micro_batch_size)
-    estimate = estimate_step(sized, choice.layout, choice.stages, choice.checkpointing)
+    estimate = estimate_step(
+        sized, choice.layout, choice.stages, choice.checkpointing, memory=choice.memory
+    )
     return replace(choice, reasons=[], estimate=estimate)
 
 

@@ -225,9 +225,17 @@ def estimate_memory(
     accumulating = (layout.grad_accumulation > 1 or layout.micro_batches > 1) and not fsdp
     arriving = grad_b * -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
     whole_embedding = grad_b * model.vocab * model.hidden if t > 1 else 0
-    best: MemoryEstimate | None = None
+    layer_parameters = model.layer_parameters()
+    accelerator_bytes = spec.resources.accelerator_bytes
+    best: tuple[int, int, int, int, int] | None = None
+    seen: set[tuple[int, bool, bool]] = set()
     for rank in range(layout.pp):
-        count = layers_on[rank] * model.layer_parameters()
+        # A later rank with the same blocks holds no more micro-batches in flight.
+        shape_of_rank = (layers_on[rank], rank == 0, rank == layout.pp - 1)
+        if shape_of_rank in seen:
+            continue
+        seen.add(shape_of_rank)
+        count = layers_on[rank] * layer_parameters
         if rank == 0:
             count += model.vocab * model.hidden
         if rank == layout.pp - 1:
@@ -257,10 +265,9 @@ def estimate_memory(
             grads += max(0, whole_embedding - freed)
         # The optimizer steps after backward, once activations and gathered units are freed.
         optim += max(0, step_temporaries - activations - gathered)
-        estimate = MemoryEstimate(
-            params, grads, optim, activations, spec.resources.accelerator_bytes, gathered
-        )
-        if best is None or estimate.total > best.total:
-            best = estimate
+        parts = (params, grads, optim, activations, gathered)
+        if best is None or sum(parts) > sum(best):
+            best = parts
     assert best is not None
-    return best
+    params, grads, optim, activations, gathered = best
+    return MemoryEstimate(params, grads, optim, activations, accelerator_bytes, gathered)

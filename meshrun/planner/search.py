@@ -21,7 +21,7 @@ from meshrun.planner.auto import (
 )
 from meshrun.planner.degrees import complete_layout, stage_split, tp_fits_model
 from meshrun.planner.memory import MemoryEstimate, estimate_memory
-from meshrun.planner.steptime import WorkCache, estimate_step
+from meshrun.planner.steptime import WorkCache, estimate_step, pressure_slowdown
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 """Micro-batch sizes the search tries when the spec leaves microBatchSize unset: larger ones
@@ -106,7 +106,9 @@ def _layouts_of(
             zeros: tuple[int, ...] = ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if dp > 1 else (0,)
             for schedule in schedules(spec, pp):
                 # A higher ZeRO stage moves as much or more and recomputing more only costs, so
-                # once a stage fits with a mode, later stages only count with less recompute.
+                # once a stage fits with a mode and room to spare, later stages only count with
+                # less recompute. Without room to spare (memory pressure slows the step) more
+                # sharding or recomputation may still be faster, so they are tried too.
                 allowed = len(modes)
                 for zero in zeros:
                     try:
@@ -124,8 +126,9 @@ def _layouts_of(
                                 smallest = _choice(spec, layout, stages, memory, mode, None)
                             continue
                         fitting.append(_choice(spec, layout, stages, memory, mode, works))
-                        allowed = index
-                        break
+                        if not pressure_slowdown(memory):
+                            allowed = index
+                            break
                     if allowed == 0:
                         break
     return fitting, smallest
@@ -141,7 +144,7 @@ def _choice(
 ) -> Choice:
     """A layout that fits, timed with ``works`` (None: one that does not, untimed)."""
     name = strategy_name(layout.dp, layout.pp, layout.tp, layout.zero_stage)
-    estimate = None if works is None else estimate_step(spec, layout, stages, mode, works)
+    estimate = None if works is None else estimate_step(spec, layout, stages, mode, works, memory)
     size = spec.training.micro_batch_size
     return Choice(name, layout, stages, memory, mode, estimate=estimate, micro_batch_size=size)
 

@@ -14,21 +14,24 @@ The parts, on the busiest rank (the pipeline rank with the most compute):
   bytes rather than multiply (memory bandwidth bound);
 * **tensorParallel**: the sequence-parallel all-gathers and reduce-scatters of every layer (four
   each way per layer, Korthikanti et al. section 4.2.2, and the norms' two all-gathers again in
-  backward unless full recomputation redoes them all) on the intra-node links, not overlapped;
+  backward unless full recomputation redoes them all), not overlapped;
+* **launch**: the time the GPU waits on the host when a block's kernels take less time than
+  eager PyTorch takes to launch them (small micro-batches, narrow TP shards);
 * **pipelineBubble**: (p - 1) micro-batch slots per pipeline step for GPipe and 1F1B,
   (p - 1) / v for interleaved 1F1B (Narayanan et al. 2021, arXiv 2104.04473, section 2.2);
 * **pipelineTransfer**: the activation and its gradient sent between neighbouring stages, once
   per micro-batch and model chunk;
-* **dataParallel**: what of the gradient all-reduce (DDP) or reduce-scatter plus parameter
-  all-gather (ZeRO-1/2, and ZeRO-3 once per step under pipelining) does not hide behind the
-  backward (gradients) and forward (parameters) of a micro-batch; ZeRO-3 without pipelining
-  gathers each micro-batch's parameters twice and reduce-scatters its gradients, hidden behind
-  that micro-batch's compute as FSDP prefetches (Rajbhandari et al. 2020, arXiv 1910.02054;
-  the Ultra-Scale Playbook, "ZeRO" and "Overlapping communication");
-* **optimizer**: fused AdamW reading and writing each local parameter's states (memory bound).
+* **dataParallel**: what of the data-parallel collectives does not hide behind compute
+  (:func:`data_parallel_seconds`; Rajbhandari et al. 2020, arXiv 1910.02054; the Ultra-Scale
+  Playbook, "ZeRO" and "Overlapping communication");
+* **optimizer**: fused AdamW reading and writing each local parameter's states (memory bound);
+* **memoryPressure**: the slowdown of a layout whose memory estimate leaves the caching
+  allocator too little headroom (:func:`pressure_slowdown`).
 
 Collectives follow the ring cost model: each rank moves ``(n - 1) / n`` of the buffer for an
-all-gather or a reduce-scatter, twice that for an all-reduce (NCCL's "bus bandwidth")."""
+all-gather or a reduce-scatter, twice that for an all-reduce (NCCL's "bus bandwidth"), at the
+bandwidth of the group's links (:func:`group_of`), plus a latency per rank and per pod the
+group spans."""
 
 from __future__ import annotations
 
@@ -37,8 +40,8 @@ from dataclasses import dataclass
 from meshrun.api.hardware import AcceleratorProfile
 from meshrun.api.layout import Layout, Stage
 from meshrun.api.presets import ModelShape
-from meshrun.api.spec import CPU, JobSpec
-from meshrun.planner.memory import layer_activation_elements
+from meshrun.api.spec import CPU, JobSpec, Resources
+from meshrun.planner.memory import MemoryEstimate, layer_activation_elements
 
 GEMM_EFFICIENCY = 0.72
 """Share of the dense peak a large bf16 matrix multiply reaches (cuBLAS on H100 and A100 runs
@@ -55,6 +58,40 @@ LINK_EFFICIENCY = 0.8
 """Share of a link's bandwidth NCCL's ring collectives reach (bus bandwidth over line rate)."""
 COLLECTIVE_LATENCY_S = 20e-6
 """Fixed cost of one collective launch and synchronisation."""
+NVLINK_HOP_S = 1e-6
+"""Latency each further rank of a pod adds to a collective."""
+NETWORK_HOP_S = 8e-6
+"""Latency each further pod adds to a collective (a network round of NCCL's ring). With 25 MiB
+buckets it makes DP all-reduces over 32 pods about 0.5 ms each, which is what measured DP-only
+runs lose at that scale beyond their bandwidth (the Ultra-Scale Playbook's sweep: 1B and 3B
+models, 4 to 32 nodes of 8 H100s)."""
+POD_SPREAD_EXPONENT = 0.5
+"""A collective across pods moves at up to its ranks-per-pod times each GPU's network share
+(NCCL crosses each node boundary once per channel, a channel per NIC), divided by the square
+root of the pods it spans (more crossings share the fabric), and never below one share: 2
+pods of 8 ranks move at 5.7 shares (measured: a TP 16 group over 2 H100 nodes all-gathers at
+about 310 GB/s per rank, 6 shares of 50), 32 pods at 1.4, 64 and more at 1 (ZeRO-3 over 192
+A100 nodes reached its GPUs' own 25 GB/s)."""
+DDP_BUCKET_BYTES = 25 * 2**20
+"""DDP all-reduces gradients in 25 MiB buckets (torch's ``bucket_cap_mb`` default): one
+collective, and its latency, per bucket."""
+HOST_LAYER_S = 0.4e-3
+"""Host time to launch one block's kernels, forward and backward, for one micro-batch (eager
+PyTorch): the GPU waits when the block's own work is shorter."""
+HOST_TP_LAYER_S = 5e-3
+"""The same for a tensor-parallel block, whose collectives make the host wait for the GPU every
+few kernels, so the GPU cannot run ahead: measured, a TP block at one sequence of 4,096 tokens
+takes 4.4-4.6 ms forward and backward at TP 2, 4 and 8, for a 1B and an 8B model alike, however
+little work each rank's shard holds (the Ultra-Scale Playbook's sweep on H100s)."""
+PRESSURE_START = 0.8
+"""Share of accelerator memory (by the estimate, which leaves out the CUDA context, the
+communication library's buffers and fragmentation) above which a step slows down: the caching
+allocator runs out of free blocks, releases its cache and retries, synchronising the device."""
+PRESSURE_SLOWDOWN = 0.5
+"""How much slower a step whose estimate fills the accelerator is (linear from
+``PRESSURE_START``): measured runs within a few GiB of an H100's 80 GiB ran at 0.1-0.6 of the
+speed of their neighbours (the Ultra-Scale Playbook's sweep; its authors name memory pressure
+as the cause)."""
 MEMORY_EFFICIENCY = 0.8
 """Share of the memory bandwidth element-wise kernels reach."""
 ELEMENTWISE_ACCESSES = 4.0
@@ -139,11 +176,53 @@ def layer_compute_seconds(
     return total + attention, forward + attention_forward / attention_rate
 
 
-def ring_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
-    """An all-gather or reduce-scatter of a ``bytes_`` buffer over ``ranks`` ranks."""
-    if ranks <= 1:
+@dataclass(frozen=True)
+class Group:
+    """A communication group as its collectives see it."""
+
+    size: int
+    """Ranks in the group."""
+    per_pod: int
+    """Of them on one pod."""
+    bandwidth: float
+    """Bytes/s each rank's share of a collective moves at: the intra-node link inside a pod;
+    across pods, the network of the group's ranks on a pod together (NCCL's rings and trees
+    cross each node boundary once per channel, a channel per NIC), at most the intra-node
+    link."""
+
+    @property
+    def pods(self) -> int:
+        return -(-self.size // self.per_pod)
+
+
+def group_of(res: Resources, size: int, stride: int) -> Group:
+    """The group of ``size`` ranks ``stride`` apart (TP: 1, DP: the TP degree), with the
+    rank order TP innermost, then DP, PP outermost."""
+    per_pod_ranks = res.num_proc_per_node
+    per_pod = max(1, min(size, per_pod_ranks // stride))
+    if size <= per_pod:
+        return Group(size, size, res.intra_node_bytes_per_second)
+    pods = -(-size // per_pod)
+    spread = max(1.0, per_pod / pods**POD_SPREAD_EXPONENT)
+    bandwidth = min(res.intra_node_bytes_per_second, spread * res.inter_node_bytes_per_second)
+    return Group(size, per_pod, bandwidth)
+
+
+def collective_seconds(bytes_: float, group: Group, rounds: int = 1) -> float:
+    """An all-gather or reduce-scatter (``rounds`` 1) or all-reduce (2) of a ``bytes_`` buffer:
+    each rank moves ``(n - 1) / n`` of it per round, and each round waits on a hop per rank in
+    a pod and per pod."""
+    n = group.size
+    if n <= 1:
         return 0.0
-    return bytes_ * (ranks - 1) / ranks / (bandwidth * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S
+    transfer = bytes_ * (n - 1) / n / (group.bandwidth * LINK_EFFICIENCY)
+    hops = (group.per_pod - 1) * NVLINK_HOP_S + (group.pods - 1) * NETWORK_HOP_S
+    return rounds * (transfer + hops) + COLLECTIVE_LATENCY_S
+
+
+def ring_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
+    """An all-gather or reduce-scatter of ``bytes_`` over ``ranks`` ranks of one pod."""
+    return collective_seconds(bytes_, Group(ranks, ranks, bandwidth))
 
 
 @dataclass(frozen=True)
@@ -158,6 +237,8 @@ class RankWork:
     """Seconds by part for one micro-batch."""
     parameters: int
     """Parameters the rank holds (before ZeRO sharding)."""
+    units: int
+    """Blocks, embedding and head the rank holds: FSDP2's units, one collective each."""
 
 
 def rank_work(
@@ -177,14 +258,9 @@ def rank_work(
     kept = layer_activation_elements(shape, t, "none")
     elementwise = tokens * kept * act_bytes * ELEMENTWISE_ACCESSES / memory_rate
     # Sequence parallelism: 2 all-gathers and 2 reduce-scatters of the s*b*h activation each
-    # way per layer (Korthikanti et al. 2022, section 4.2.2).
-    # A TP group wider than a pod (only expressible by hand) talks over the network.
-    tp_link = (
-        res.intra_node_bytes_per_second
-        if t <= res.num_proc_per_node
-        else res.inter_node_bytes_per_second
-    )
-    collective = ring_seconds(tokens * shape.hidden * act_bytes, t, tp_link)
+    # way per layer (Korthikanti et al. 2022, section 4.2.2); a TP group wider than a pod
+    # spans whole pods and crosses the network.
+    collective = collective_seconds(tokens * shape.hidden * act_bytes, group_of(res, t, 1))
     tp_forward = 4 * collective
     recompute = 0.0
     tp_recompute = 0.0
@@ -211,24 +287,80 @@ def rank_work(
             / (peak * gemm_efficiency(tokens, shape.vocab / t, shape.hidden))
         )
         head += tokens * shape.vocab / t * LOSS_BYTES_PER_LOGIT / memory_rate
+    tp_layer = 2 * tp_forward + tp_recompute
+    # A block whose GPU work is shorter than the host's launching of it waits on the host.
+    busy = layer + elementwise + recompute + tp_layer
+    host = 0.0 if res.accelerator == CPU else (HOST_TP_LAYER_S if t > 1 else HOST_LAYER_S)
     parts = {
         "compute": layers * layer + head,
         "recompute": layers * recompute,
         "elementwise": layers * elementwise,
-        "tensorParallel": layers * (2 * tp_forward + tp_recompute),
+        "tensorParallel": layers * tp_layer,
+        "launch": layers * max(0.0, host - busy),
     }
-    forward = layers * (layer_forward + elementwise / 2 + tp_forward) + head_forward
+    # The host launches a forward's kernels in about a third of a block's time.
+    forward = (
+        layers * (layer_forward + elementwise / 2 + tp_forward) + parts["launch"] / 3 + head_forward
+    )
     total = sum(parts.values())
     parameters = layers * shape.layer_parameters()
     if first:
         parameters += shape.vocab * shape.hidden
     if last:
         parameters += shape.vocab * shape.hidden + shape.hidden
-    return RankWork(forward, total - forward, parts, -(-parameters // t))
+    units = layers + int(first) + int(last)
+    return RankWork(forward, total - forward, parts, -(-parameters // t), units)
 
 
 WorkCache = dict[tuple[int, bool, bool, int, str], "RankWork"]
 """A pipeline rank's work by (blocks, first, last, tp, checkpointing), for one job."""
+
+
+def data_parallel_seconds(spec: JobSpec, layout: Layout, busiest: RankWork, passes: int) -> float:
+    """What of one step's data-parallel traffic does not hide behind compute.
+
+    Gradients are reduced in fp32 (the trainer and Megatron do), parameters gathered in 16
+    bits, all during the last micro-batch (earlier ones accumulate locally). Plain data
+    parallelism (DDP) all-reduces in buckets while backward runs; beside TP or PP, FSDP2
+    all-reduces (ZeRO-0) or reduce-scatters (ZeRO-1 and 2) one unit at a time, and ZeRO-1 and
+    2 gather the updated parameters again unit by unit in the next forward, each behind the
+    previous unit's compute. ZeRO-1 without TP or PP is DDP with ZeroRedundancyOptimizer,
+    which broadcasts the updated shards after the optimizer step, with nothing to hide behind.
+    ZeRO-3 without pipelining gathers each micro-batch's parameters twice (forward and
+    backward) and reduce-scatters its gradients, each hidden behind that micro-batch's compute
+    as FSDP prefetches.
+    """
+    n = layout.dp
+    if n <= 1:
+        return 0.0
+    act_bytes = 2 if spec.training.precision == "bf16" else 4
+    group = group_of(spec.resources, n, layout.tp)
+    grad_bytes = busiest.parameters * 4
+    param_bytes = busiest.parameters * act_bytes
+    forward, backward = busiest.forward, busiest.backward
+    fsdp = layout.tp > 1 or layout.pp > 1 or layout.zero_stage >= 2
+    # One collective per DDP bucket, or per FSDP2 unit (a block, the embedding, the head).
+    pieces = busiest.units if fsdp else max(1, -(-grad_bytes // DDP_BUCKET_BYTES))
+    rounds = 2 if layout.zero_stage == 0 or not fsdp else 1  # all-reduce or reduce-scatter
+    reduce = pieces * collective_seconds(grad_bytes / pieces, group, rounds)
+    gather = busiest.units * collective_seconds(param_bytes / busiest.units, group)
+    if layout.zero_stage == 0:
+        return max(0.0, reduce - backward)
+    if not fsdp:  # ZeRO-1 as DDP + ZeroRedundancyOptimizer
+        return max(0.0, reduce - backward) + gather
+    if layout.zero_stage < 3 or layout.pp > 1:
+        return max(0.0, reduce - backward) + max(0.0, gather - forward)
+    per_pass = max(0.0, gather - forward) + max(0.0, gather + reduce - backward)
+    return per_pass * passes
+
+
+def pressure_slowdown(memory: MemoryEstimate | None) -> float:
+    """The share a step slows by when the memory estimate leaves the caching allocator too
+    little headroom."""
+    if memory is None or not memory.accelerator_bytes:
+        return 0.0
+    used = min(1.0, memory.total / memory.accelerator_bytes)
+    return PRESSURE_SLOWDOWN * max(0.0, (used - PRESSURE_START) / (1 - PRESSURE_START))
 
 
 def estimate_step(
@@ -237,6 +369,7 @@ def estimate_step(
     stages: list[Stage],
     checkpointing: str = "none",
     cache: WorkCache | None = None,
+    memory: MemoryEstimate | None = None,
 ) -> StepEstimate:
     """The predicted optimizer step of ``layout`` (see the module docstring); ``cache`` keeps
     the ranks' work between calls for the same job (the search times hundreds of layouts)."""
@@ -258,7 +391,6 @@ def estimate_step(
     breakdown = {part: seconds * passes for part, seconds in busiest.parts.items()}
 
     act_bytes = 2 if training.precision == "bf16" else 4
-    intra, inter = res.intra_node_bytes_per_second, res.inter_node_bytes_per_second
     bubble = transfer = 0.0
     if p > 1:
         chunks = v if layout.schedule == "interleaved-1f1b" else 1
@@ -267,44 +399,24 @@ def estimate_step(
         slots = max((p - 1) / chunks, p + (m - 1) / chunks - m)
         bubble = slots * slot * layout.grad_accumulation
         # Sequence-parallel stages send each rank's 1/t of the activation (Megatron's
-        # scatter-gather), forward and backward, for each of the rank's v chunks.
+        # scatter-gather), forward and backward, for each of the rank's v chunks, point to
+        # point: over one rank's own network share when neighbouring stages sit on different
+        # pods.
         apart = n * t >= res.num_proc_per_node and res.num_nodes > 1
-        link = inter if apart else intra
+        link = res.inter_node_bytes_per_second if apart else res.intra_node_bytes_per_second
+        hop = NETWORK_HOP_S if apart else NVLINK_HOP_S
         message = training.micro_batch_size * shape.seq_len * shape.hidden * act_bytes / t
-        per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S)
+        per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S + hop)
         transfer = per_slot * (passes + slots * layout.grad_accumulation)
     breakdown["pipelineBubble"] = bubble
     breakdown["pipelineTransfer"] = transfer
-
-    # Data-parallel traffic: fp32 gradients (the trainer and Megatron reduce in fp32), 16-bit
-    # parameters gathered.
-    # A data-parallel group spans n * t consecutive ranks (TP innermost, then DP).
-    dp_link = inter if n * t > res.num_proc_per_node else intra
+    breakdown["dataParallel"] = data_parallel_seconds(spec, layout, busiest, passes)
     local = busiest.parameters
-    grad_bytes, param_bytes = local * 4, local * act_bytes
-    forward_window = busiest.forward
-    backward_window = busiest.backward
-    exposed = 0.0
-    if n > 1:
-        if layout.zero_stage == 0:
-            reduce = 2 * ring_seconds(grad_bytes, n, dp_link)
-            exposed = max(0.0, reduce - backward_window)
-        elif layout.zero_stage < 3 or p > 1:
-            reduce = ring_seconds(grad_bytes, n, dp_link)
-            gather = ring_seconds(param_bytes, n, dp_link)
-            exposed = max(0.0, reduce - backward_window) + max(0.0, gather - forward_window)
-        else:
-            gather = ring_seconds(param_bytes, n, dp_link)
-            reduce = ring_seconds(grad_bytes, n, dp_link)
-            per_pass = max(0.0, gather - forward_window) + max(
-                0.0, gather + reduce - backward_window
-            )
-            exposed = per_pass * passes
-    breakdown["dataParallel"] = exposed
     sharded = local / n if layout.zero_stage >= 1 else local
     breakdown["optimizer"] = (
         sharded * ADAM_BYTES_PER_PARAMETER / (profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY)
     )
+    breakdown["memoryPressure"] = sum(breakdown.values()) * pressure_slowdown(memory)
     step = sum(breakdown.values())
     tokens = training.global_batch_size * shape.seq_len
     gpus = res.world_size

@@ -76,15 +76,16 @@ INTERLEAVED_VIRTUAL = Rule(
 )
 ONE_F_ONE_B = Rule(
     f"{STRATEGY}.microBatches",
-    f"{STRATEGY}.microBatches must be at least {STRATEGY}.pipelineParallel for pipelineSchedule "
-    "1f1b; use "
-    "gpipe for fewer (microBatches 1 is plain model parallelism)",
+    f"{STRATEGY}.microBatches must be at least {STRATEGY}.pipelineParallel for a layout run with "
+    "torch's 1F1B schedule (the planner gives fewer micro-batches GPipe's order, which 1F1B "
+    "reduces to)",
 )
+"""Not a CEL rule: the planner never hands the trainer such a layout (see
+:func:`meshrun.planner.degrees.complete_layout`); the trainer checks it of what it reads."""
 TP_PROCS = Rule(
     f"{STRATEGY}.tensorParallel",
-    f"{STRATEGY}.tensorParallel must divide {RESOURCES}.numProcPerNode (a tensor-parallel group "
-    "stays inside "
-    "one pod)",
+    f"{STRATEGY}.tensorParallel must divide {RESOURCES}.numProcPerNode or be a multiple of it (a "
+    "tensor-parallel group stays inside one pod or spans whole pods)",
 )
 DEGREES_WORLD = Rule(
     STRATEGY,
@@ -136,7 +137,6 @@ ALL_RULES = (
     TENSOR_PP,
     VIRTUAL_STAGES,
     INTERLEAVED_VIRTUAL,
-    ONE_F_ONE_B,
     TP_PROCS,
     DEGREES_WORLD,
     BATCH,
@@ -181,8 +181,10 @@ def check_spec(spec: JobSpec) -> None:
         raise VIRTUAL_STAGES.error()
     if s.pipeline_schedule == "interleaved-1f1b" and s.virtual_stages == 1:
         raise INTERLEAVED_VIRTUAL.error()
-    if tp is not None and res.num_proc_per_node % tp:
-        raise TP_PROCS.error(f"{tp} does not divide numProcPerNode={res.num_proc_per_node}")
+    if tp is not None and not tp_fits_pods(tp, res.num_proc_per_node):
+        raise TP_PROCS.error(
+            f"{tp} neither divides nor is a multiple of numProcPerNode={res.num_proc_per_node}"
+        )
     if dp is not None and pp is not None and tp is not None and dp * pp * tp != res.world_size:
         raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {res.world_size}")
     if res.accelerator_product is not None and res.accelerator != "nvidia.com/gpu":
@@ -231,6 +233,11 @@ def check_data(dataset: str, shape: ModelShape) -> None:
         )
 
 
+def tp_fits_pods(tp: int, num_proc_per_node: int) -> bool:
+    """Whether a TP group of ``tp`` consecutive ranks lies inside one pod or over whole pods."""
+    return num_proc_per_node % tp == 0 or tp % num_proc_per_node == 0
+
+
 def check_layout(
     layout: Layout,
     shape: ModelShape,
@@ -244,8 +251,10 @@ def check_layout(
     dp, pp, tp = layout.dp, layout.pp, layout.tp
     if world_size is not None and dp * pp * tp != world_size:
         raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {world_size}")
-    if num_proc_per_node is not None and num_proc_per_node % tp:
-        raise TP_PROCS.error(f"{tp} does not divide numProcPerNode={num_proc_per_node}")
+    if num_proc_per_node is not None and not tp_fits_pods(tp, num_proc_per_node):
+        raise TP_PROCS.error(
+            f"{tp} neither divides nor is a multiple of numProcPerNode={num_proc_per_node}"
+        )
     for name, size in (
         ("heads", shape.heads),
         ("kvHeads", shape.kv_heads),

@@ -107,8 +107,9 @@ def test_invalid_spec_exits_2_with_the_field_on_stderr(
     captured = capsys.readouterr()
     assert captured.out == ""
     assert (
-        "spec.strategy.tensorParallel: must divide spec.resources.numProcPerNode (a "
-        "tensor-parallel group stays inside one pod) (3 does not divide numProcPerNode=8)"
+        "spec.strategy.tensorParallel: must divide spec.resources.numProcPerNode or be a "
+        "multiple of it (a tensor-parallel group stays inside one pod or spans whole pods) (3 "
+        "neither divides nor is a multiple of numProcPerNode=8)"
     ) in captured.err
 
 

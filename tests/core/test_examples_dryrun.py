@@ -153,7 +153,6 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
         strategy.INTERLEAVED_VIRTUAL,
         {"strategy": {"pipelineSchedule": "interleaved-1f1b", "virtualStages": 1}},
     ),
-    (strategy.ONE_F_ONE_B, {"strategy": {"microBatches": 1}}),
     (strategy.TP_PROCS, {"strategy": {"tensorParallel": 3, "dataParallel": None}}),
     (strategy.DEGREES_WORLD, {"strategy": {"dataParallel": 4}}),
     (strategy.BATCH, {"training": {"globalBatchSize": 9}}),

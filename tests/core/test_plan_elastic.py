@@ -79,7 +79,11 @@ def test_a_degree_that_does_not_fit_is_not_allowed() -> None:
             resources={**gpus, "acceleratorMemoryGiB": 24},
             strategy={"type": "zero", "zeroStage": 3},
             model={"preset": "7b"},
-            training={"globalBatchSize": 16, "microBatchSize": 1},
+            training={
+                "globalBatchSize": 16,
+                "microBatchSize": 1,
+                "activationCheckpointing": "selective",
+            },
         )
     )
     plan = plan_job(job, "z")

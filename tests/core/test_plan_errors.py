@@ -19,12 +19,16 @@ pytestmark = pytest.mark.unit
         (
             {"strategy": {"type": "tensor", "tensorParallel": 3}},
             "spec.strategy.tensorParallel",
-            "3 does not divide numProcPerNode=4",
+            "3 neither divides nor is a multiple of numProcPerNode=4",
         ),
         (
-            {"strategy": {"type": "tensor", "tensorParallel": 8}},
+            {
+                "resources": {"numNodes": 3, "numProcPerNode": 4},
+                "strategy": {"type": "tensor", "tensorParallel": 6},
+                "model": {"preset": "tiny", "heads": 6, "kvHeads": 6, "hidden": 72},
+            },
             "spec.strategy.tensorParallel",
-            "8 does not divide numProcPerNode=4",
+            "6 neither divides nor is a multiple of numProcPerNode=4",
         ),
         (
             {"strategy": {"type": "pipeline", "pipelineParallel": 8}},
@@ -97,11 +101,6 @@ pytestmark = pytest.mark.unit
             },
             "spec.strategy.microBatches",
             "multiple of max(1, microBatches // pipelineParallel) = 2",
-        ),
-        (
-            {"strategy": {"type": "pipeline", "microBatches": 1}},
-            "spec.strategy.microBatches",
-            "at least spec.strategy.pipelineParallel for pipelineSchedule 1f1b; use gpipe",
         ),
         (
             {"training": {"globalBatchSize": 6}},
@@ -177,3 +176,23 @@ def test_bad_specs_name_field_and_rule(
         plan_job(spec)
     assert caught.value.field == field
     assert words in caught.value.rule
+
+
+def test_1f1b_with_fewer_micro_batches_than_stages_runs_in_gpipe_order() -> None:
+    """With fewer micro-batches than stages every rank's 1F1B warm-up holds all of them, which
+    is GPipe's order (torch's Schedule1F1B refuses it): the plan says so instead of refusing."""
+    plan = plan_job(make_spec(strategy={"type": "pipeline", "microBatches": 1}))
+    assert plan.layout.pp > 1 and plan.layout.micro_batches == 1
+    assert plan.layout.schedule == "gpipe"
+    assert any("GPipe's order, which 1F1B reduces to" in w for w in plan.warnings)
+
+
+def test_tensor_parallel_over_whole_pods_is_planned_and_warned() -> None:
+    spec = make_spec(
+        resources={"numNodes": 2, "numProcPerNode": 2},
+        strategy={"type": "tensor", "tensorParallel": 4},
+    )
+    plan = plan_job(spec)
+    assert plan.layout.tp == 4 and plan.layout.dp == 1
+    assert any("tensorParallel 4 spans 2 pods" in w for w in plan.warnings)
+    assert "each TP group holds 2 whole pods" in plan.explanation

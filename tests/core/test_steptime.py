@@ -123,11 +123,22 @@ def test_full_recomputation_costs_about_one_more_forward() -> None:
     assert 0.25 < full["recompute"] / full["compute"] < 0.4
 
 
-def test_zero3_moves_more_than_zero1_on_the_same_machines() -> None:
-    z1 = parts(plan_job(make_spec({"type": "zero", "zeroStage": 1}, nodes=16, batch=128)))
-    z3 = parts(plan_job(make_spec({"type": "zero", "zeroStage": 3}, nodes=16, batch=128)))
-    assert z3["dataParallel"] > z1["dataParallel"]
-    assert z3["optimizer"] == pytest.approx(z1["optimizer"])
+def test_zero3_gathers_again_for_every_micro_batch() -> None:
+    """ZeRO-1 moves its gradients and parameters once per step, whatever the accumulation;
+    ZeRO-3 gathers the parameters again for each micro-batch, so with enough micro-batches it
+    moves more on the same machines."""
+
+    def data_parallel(stage: int, batch: int) -> dict[str, float]:
+        return parts(
+            plan_job(make_spec({"type": "zero", "zeroStage": stage}, nodes=16, batch=batch))
+        )
+
+    z1 = [data_parallel(1, batch) for batch in (128, 1024)]
+    z3 = [data_parallel(3, batch) for batch in (128, 1024)]
+    assert z1[0]["dataParallel"] == pytest.approx(z1[1]["dataParallel"])
+    assert z3[1]["dataParallel"] == pytest.approx(8 * z3[0]["dataParallel"])
+    assert z3[1]["dataParallel"] > z1[1]["dataParallel"]
+    assert z3[0]["optimizer"] == pytest.approx(z1[0]["optimizer"])
 
 
 def test_mfu_matches_tokens_per_second() -> None:
