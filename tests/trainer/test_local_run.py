@@ -87,3 +87,43 @@ def test_bad_input_exits_2_with_a_clear_message(
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def _losses(tmp_path: Path, name: str, resources: str, strategy: str) -> list[float]:
+    job = tmp_path / f"{name}.yaml"
+    job.write_text(
+        JOB.replace("name: local-pp", f"name: {name}")
+        .replace("{numNodes: 2, numProcPerNode: 1, accelerator: cpu}", resources)
+        .replace(
+            "{type: pipeline, pipelineParallel: 2, pipelineSchedule: gpipe, microBatches: 2}",
+            strategy,
+        )
+    )
+    summary = tmp_path / f"{name}.json"
+    proc = meshrun("run", str(job), "--local", "--quiet", "--summary-json", str(summary))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    losses: list[float] = json.loads(summary.read_text())["losses"]
+    return losses
+
+
+@pytest.mark.timeout(600)
+def test_tp_over_whole_pods_and_1f1b_below_a_micro_batch_per_stage_train_as_one_process(
+    tmp_path: Path,
+) -> None:
+    """A TP group spanning two pods, and 1F1B with one micro-batch over two stages (run in
+    GPipe's order), give the losses of one process with the same batch."""
+    one = _losses(
+        tmp_path, "one", "{numNodes: 1, numProcPerNode: 1, accelerator: cpu}", "{type: ddp}"
+    )
+    assert one[-1] < one[0] - 1e-3  # it trains, or equal losses would prove nothing
+    two_pods = "{numNodes: 2, numProcPerNode: 1, accelerator: cpu}"
+    tensor = _losses(tmp_path, "tp-pods", two_pods, "{type: tensor, tensorParallel: 2}")
+    pipeline = _losses(
+        tmp_path,
+        "few-micro",
+        two_pods,
+        "{type: pipeline, pipelineParallel: 2, pipelineSchedule: 1f1b, microBatches: 1}",
+    )
+    for losses in (tensor, pipeline):
+        assert len(losses) == len(one)
+        assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses, one, strict=True))
