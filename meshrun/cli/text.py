@@ -105,10 +105,12 @@ PART_NAMES = {
     "recompute": "activation recomputation",
     "elementwise": "element-wise (memory bound)",
     "tensorParallel": "tensor-parallel collectives",
+    "launch": "waiting on kernel launches",
     "pipelineBubble": "pipeline bubble",
     "pipelineTransfer": "stage-to-stage transfers",
     "dataParallel": "data-parallel traffic (exposed)",
     "optimizer": "optimizer step",
+    "memoryPressure": "memory pressure (little headroom)",
 }
 
 
