@@ -220,11 +220,6 @@ def collective_seconds(bytes_: float, group: Group, rounds: int = 1) -> float:
     return rounds * (transfer + hops) + COLLECTIVE_LATENCY_S
 
 
-def ring_seconds(bytes_: float, ranks: int, bandwidth: float) -> float:
-    """An all-gather or reduce-scatter of ``bytes_`` over ``ranks`` ranks of one pod."""
-    return collective_seconds(bytes_, Group(ranks, ranks, bandwidth))
-
-
 @dataclass(frozen=True)
 class RankWork:
     """One pipeline rank's share of one micro-batch."""
