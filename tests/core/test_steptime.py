@@ -15,8 +15,15 @@ from meshrun.api.hardware import PROFILES
 from meshrun.api.presets import PRESETS
 from meshrun.api.read import read_spec
 from meshrun.api.spec import GIB
+from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.plan import Plan, plan_job
-from meshrun.planner.steptime import gemm_efficiency, layer_compute_seconds
+from meshrun.planner.steptime import (
+    collective_seconds,
+    gemm_efficiency,
+    group_of,
+    layer_compute_seconds,
+    pressure_slowdown,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -184,3 +191,57 @@ def test_faster_links_never_slow_a_layout(
     assert slow is not None and fast is not None
     assert fast.step_seconds <= slow.step_seconds * (1 + 1e-9)
     assert fast.breakdown["compute"] == pytest.approx(slow.breakdown["compute"])
+
+
+def test_a_group_across_pods_shares_its_pods_network_and_more_pods_share_less() -> None:
+    """Across pods a group's ranks on one pod share that pod's NICs: a TP 16 group over two H100
+    pods moves near NVLink speed, a DP group of one rank per pod at one GPU's network share, and
+    the more pods a group spans the closer it comes to one share."""
+    res = read_spec(make_spec({"type": "ddp"}, nodes=64)).resources
+    share, nvlink = res.inter_node_bytes_per_second, res.intra_node_bytes_per_second
+    inside = group_of(res, 8, 1)
+    assert inside.bandwidth == nvlink and inside.pods == 1
+    two_pods = group_of(res, 16, 1)
+    assert two_pods.pods == 2 and 5 * share < two_pods.bandwidth < nvlink
+    one_per_pod = group_of(res, 64, 8)  # DP beside TP 8: one rank on each pod
+    assert one_per_pod.per_pod == 1 and one_per_pod.bandwidth == share
+    spans = [group_of(res, 8 * pods, 1).bandwidth for pods in (2, 4, 16, 64)]
+    assert spans == sorted(spans, reverse=True) and spans[-1] == share
+    # Each further pod adds a network hop: a small collective's time grows with the span.
+    times = [collective_seconds(1e6, group_of(res, 8 * pods, 1)) for pods in (2, 8, 32)]
+    assert times == sorted(times)
+
+
+def test_a_tp_block_with_little_work_waits_on_its_launches() -> None:
+    """At one short sequence per micro-batch a TP block's shards hold less work than eager
+    PyTorch takes to launch them; a whole block with a large micro-batch does not wait."""
+    tensor = {"type": "tensor", "tensorParallel": 8}
+    small = parts(plan_job(make_spec(tensor, nodes=1, preset="1b", batch=16)))
+    assert small["launch"] > small["compute"]
+    big = make_spec({"type": "ddp"}, nodes=1, preset="7b", batch=64)
+    big["training"]["microBatchSize"] = 4
+    assert parts(plan_job(big))["launch"] == 0
+
+
+def test_memory_pressure_starts_at_80_percent_and_reaches_half_a_step() -> None:
+    def at(share: float) -> float:
+        return pressure_slowdown(MemoryEstimate(int(share * GIB), 0, 0, 0, GIB))
+
+    assert at(0.5) == at(0.8) == 0
+    assert at(0.9) == pytest.approx(0.25)
+    assert at(1.0) == at(1.5) == pytest.approx(0.5)
+    assert pressure_slowdown(None) == 0
+
+
+def test_zero1_without_tp_or_pp_broadcasts_after_the_step() -> None:
+    """DDP's all-reduce hides behind a long backward; ZeRO-1 (ZeroRedundancyOptimizer) then
+    broadcasts the updated shards with nothing to hide behind, while FSDP2's ZeRO-0 beside TP
+    gathers no parameters at all."""
+    spec = make_spec({"type": "ddp"}, nodes=2, batch=64)
+    spec["training"]["microBatchSize"] = 4
+    ddp = parts(plan_job(spec))
+    zero1 = parts(plan_job({**spec, "strategy": {"type": "zero", "zeroStage": 1}}))
+    assert ddp["dataParallel"] == 0 < zero1["dataParallel"]
+    hybrid = {"type": "hybrid", "dataParallel": 4, "pipelineParallel": 1, "tensorParallel": 4}
+    replicated = parts(plan_job({**spec, "strategy": {**hybrid, "zeroStage": 0}}))
+    assert replicated["dataParallel"] == 0
