@@ -139,7 +139,8 @@ def checkpointing_reason(
 
 def fit_degrees(spec: JobSpec, degrees: Degrees, strategy: str) -> Choice:
     """Given degrees (SpecError when they break a rule), with the spec's activation
-    checkpointing, or unset the least that fits; a sentence when more would fit."""
+    checkpointing, or unset the least that fits (more when that fits with too little headroom
+    and recomputing is predicted faster); a sentence when more would fit."""
     modes = checkpointing_modes(spec)
     choice = evaluate(spec, degrees, strategy, modes[0], given=True)
     for mode in modes[1:]:
