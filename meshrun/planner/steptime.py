@@ -69,9 +69,9 @@ POD_SPREAD_EXPONENT = 0.5
 """A collective across pods moves at up to its ranks-per-pod times each GPU's network share
 (NCCL crosses each node boundary once per channel, a channel per NIC), divided by the square
 root of the pods it spans (more crossings share the fabric), and never below one share: 2
-pods of 8 ranks move at 5.7 shares (measured: a TP 16 group over 2 H100 nodes all-gathers at
-about 310 GB/s per rank, 6 shares of 50), 32 pods at 1.4, 64 and more at 1 (ZeRO-3 over 192
-A100 nodes reached its GPUs' own 25 GB/s)."""
+pods of 8 ranks move at 5.7 shares (measured: a TP 16 group over 2 H100 nodes moved about
+310 GB/s per rank, where 80% of 5.7 shares of 50 GB/s is 230), 32 pods at 1.4, 64 and more at 1
+(ZeRO-3 over 192 A100 nodes reached its GPUs' own 25 GB/s)."""
 DDP_BUCKET_BYTES = 25 * 2**20
 """DDP all-reduces gradients in 25 MiB buckets (torch's ``bucket_cap_mb`` default): one
 collective, and its latency, per bucket."""
