@@ -20,7 +20,8 @@ from typing import Any
 
 import torch
 from meshrun_trainer.distributed.blocks import CHECKPOINTING, apply_activation_checkpointing
-from meshrun_trainer.models.llama import Transformer, build_model, cross_entropy
+from meshrun_trainer.models.llama import Transformer, build_model
+from meshrun_trainer.models.loss import cross_entropy
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 

@@ -18,7 +18,8 @@ import time
 import torch
 from meshrun_trainer.components.optim import make_optimizer
 from meshrun_trainer.distributed.blocks import apply_compile
-from meshrun_trainer.models.llama import build_model, cross_entropy
+from meshrun_trainer.models.llama import build_model
+from meshrun_trainer.models.loss import cross_entropy
 
 from meshrun.api.presets import PRESETS
 

@@ -30,7 +30,7 @@ from meshrun_trainer.components.data.synthetic import make_stream, replica_rows 
 from meshrun_trainer.config.read import read_job  # noqa: E402
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.loop.train import build_runner  # noqa: E402
-from meshrun_trainer.models.llama import cross_entropy  # noqa: E402
+from meshrun_trainer.models.loss import cross_entropy  # noqa: E402
 from torch.distributed.optim import ZeroRedundancyOptimizer  # noqa: E402
 from torch.distributed.tensor import DTensor  # noqa: E402
 

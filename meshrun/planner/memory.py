@@ -18,9 +18,10 @@ multiplies and of attention, ``full`` only each layer's input (2*s*b*h bytes in 
 full recomputation) plus, while one layer is recomputed, that layer's full set.
 The pipeline schedule sets how many micro-batches are in flight on a rank: GPipe keeps all m,
 1F1B at most p - i on stage i, interleaving multiplies 1F1B's by 1 + (p-1)/(p*v) (Narayanan et
-al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the fp32 log-probabilities
-s*b*V/t and the final norm's tensors, and at the start of backward the fp32 gradients of the
-log-probabilities and of the logits (2*s*b*V/t).
+al. 2021, arXiv 2104.04473, section 2.2). The last stage also holds the logits s*b*V/t (16-bit
+under bf16), which the trainer's cross-entropy keeps for backward with one fp32 number a row,
+and the final norm's tensors, and at the start of backward the logits' gradient and one slice
+of fp32 scratch (meshrun_trainer.models.loss).
 
 FSDP2 (ZeRO-2 and 3, and ZeRO-1 beside TP or PP: see :func:`sharded_by_fsdp`) keeps fp32
 parameter shards and reduces gradients into fp32 shards (:func:`fsdp_states`). Under pipelining
@@ -80,10 +81,18 @@ class MemoryEstimate:
         return self.accelerator_bytes == 0 or self.total <= self.accelerator_bytes
 
 
+LOSS_SLICE_ELEMENTS = 32 * 2**20
+"""Logits the trainer's cross-entropy turns into fp32 at a time (meshrun_trainer.models.loss): one
+slice of rows is at most 128 MiB of scratch."""
 REDUCE_BYTES = 4
 """FSDP2 reduces gradients in fp32 (the trainer's MixedPrecisionPolicy, and fp32 training)."""
 ADAM_MOMENTS = 8
 """Adam's two fp32 moments per parameter."""
+
+
+def loss_slice_rows(vocab: int) -> int:
+    """Rows of logits (``vocab`` of them per row, on this rank) in one slice of the loss."""
+    return max(1, LOSS_SLICE_ELEMENTS // vocab)
 
 
 def sharded_by_fsdp(layout: Layout) -> bool:
@@ -186,14 +195,20 @@ def estimate_memory(
     recompute = layer_activation_bytes(spec, t, micro_batch) if checkpointing == "full" else 0
     tokens = model.seq_len * micro_batch
     per_element = 2 if spec.training.precision == "bf16" else 4
-    # fp32 log-probabilities over the (vocabulary-sharded) logits; the final norm's input and
-    # normalized input (sequence-sharded) and its gathered output.
+    # The (vocabulary-sharded) logits, which the loss keeps for backward with one fp32 number a
+    # row; the final norm's input and normalized input (sequence-sharded) and its gathered
+    # output.
+    local_vocab = model.vocab // t
     head_act = tokens * (
-        4 * model.vocab // t + per_element * (2 * model.hidden // t + model.hidden)
+        per_element * local_vocab + per_element * (2 * model.hidden // t + model.hidden)
     )
-    # Backward starts with the gradients of the log-probabilities and of the logits (fp32);
-    # they are gone before full recomputation rebuilds the last layer, so the larger counts.
-    head_grads = 2 * 4 * tokens * model.vocab // t
+    # Backward starts with the logits' gradient, built one slice of rows at a time in fp32
+    # scratch; they are gone before full recomputation rebuilds the last layer, so the larger
+    # counts.
+    head_grads = (
+        tokens * per_element * local_vocab
+        + 4 * min(tokens, loss_slice_rows(local_vocab)) * local_vocab
+    )
     fsdp = sharded_by_fsdp(layout)
     gathered_stage = layout.pp > 1  # ZeRO-3 does not reshard between micro-batches
     unit = -(-max(model.layer_parameters(), model.vocab * model.hidden + model.hidden) // t)

@@ -98,9 +98,10 @@ ELEMENTWISE_ACCESSES = 4.0
 """Times each kept activation element is written or read by element-wise kernels over a
 forward and backward pass (written and read forward, its gradient written and read
 backward)."""
-LOSS_BYTES_PER_LOGIT = 20.0
-"""Bytes moved per logit by the fp32 log-softmax, its backward and the casts (about five
-fp32 passes over the logits)."""
+LOSS_BYTES_PER_LOGIT = 30.0
+"""Bytes moved per 16-bit logit by the trainer's cross-entropy (meshrun_trainer.models.loss):
+forward an fp32 copy and its log-sum-exp (2 + 4 + 4), backward the fp32 softmax, its scaling
+and the 16-bit gradient (2 + 4, 4 + 4, 4 + 2)."""
 ADAM_BYTES_PER_PARAMETER = 34.0
 """Fused AdamW per local parameter: read fp32 master, both moments and the fp32 gradient,
 write them back with the bf16 copy, and the gradient norm's read (4*4 + 3*4 + 2 + 4)."""

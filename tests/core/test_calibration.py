@@ -348,9 +348,14 @@ def test_published_layouts_are_predicted_to_fit() -> None:
 
 
 def test_torchtitan_8b_memory_near_its_measured_peak() -> None:
-    """The estimate of meshrun's trainer for torchtitan's 8B row against torchtitan's measured
-    82.4 GiB: within 15%. (torchtitan's selective policy recomputes every second matrix
-    multiply; the trainer keeps all seven, so it counts more.)"""
+    """The estimate of meshrun's trainer for torchtitan's 8B row, with torchtitan's own loss,
+    against torchtitan's measured 82.4 GiB: within 15%. torchtitan's loss is
+    ``F.cross_entropy(logits.float())``, 12 bytes per logit at the start of backward where the
+    trainer's holds 4 (both with the bf16 logits' own 2 beside); its selective policy recomputes
+    every second matrix multiply where the trainer keeps all seven, so with the same loss the
+    trainer counts more."""
     spec = next(spec for name, spec, _ in ROWS if name == "torchtitan llama3 8b fsdp")
-    total = plan_job(spec).memory.total / 2**30
+    tokens = spec["training"]["microBatchSize"] * LLAMA_8B_8K["seqLen"]
+    their_loss = 8 * tokens * LLAMA_8B_8K["vocab"]
+    total = (plan_job(spec).memory.total + their_loss) / 2**30
     assert TORCHTITAN_8B_MEASURED_GIB <= total <= 1.15 * TORCHTITAN_8B_MEASURED_GIB

@@ -168,8 +168,9 @@ def test_checkpointing_shrinks_the_estimate_and_full_adds_one_recomputed_layer()
     )
     assert none == plan.memory.activations  # the default plans without checkpointing
     s, h, vocab = 2048, 1024, 1024
-    head = s * (4 * vocab + 2 * 3 * h)  # fp32 log-probabilities, the final norm's tensors
-    gradients = 2 * 4 * s * vocab  # backward starts with the loss's fp32 gradients
+    head = s * (2 * vocab + 2 * 3 * h)  # the bf16 logits the loss keeps, the final norm's
+    # Backward starts with the logits' bf16 gradient, built a slice of rows at a time in fp32.
+    gradients = 2 * s * vocab + 4 * s * vocab
     one_layer = layer_activation_bytes(job, 1, 1)
     assert none == one_layer + head + gradients
     assert full == layer_activation_bytes(job, 1, 1, "full") + head + max(gradients, one_layer)

@@ -9,7 +9,8 @@ Llama-style with full multi-head attention and an untied 128,256-token vocabular
 parameter counts the playbook's MFU implies: 1.60B, 3.96B, 8.83B and 79.9B).
 
 Within each model and cluster size the planner must rank the layouts as they measured, its
-fastest must be near the measured fastest, and every run that ran must be predicted to fit.
+fastest must be near the measured fastest, and every run that ran must be predicted to fit as
+it ran, without activation recomputation.
 The runs come from one shared cluster and some are far off their neighbours (a layout measured
 at a tenth of the same layout with another micro-batch size), so the checks are on ranks and
 medians over the groups, not on each run.
@@ -51,8 +52,8 @@ def read_sweep() -> list[dict[str, Any]]:
 
 
 def spec_of(run: dict[str, Any]) -> dict[str, Any]:
-    """The run as a ParallelTrainingJob: its degrees, ZeRO stage and micro-batch size, the
-    activation checkpointing left to the planner."""
+    """The run as a ParallelTrainingJob: its degrees, ZeRO stage and micro-batch size, and no
+    activation recomputation (nanotron's default, which the sweep kept)."""
     model = MODELS[run["model"]]
     return {
         "image": "trainer:1",
@@ -74,7 +75,11 @@ def spec_of(run: dict[str, Any]) -> dict[str, Any]:
             "vocab": VOCAB,
             "seqLen": SEQUENCE,
         },
-        "training": {"globalBatchSize": BATCH, "microBatchSize": run["mbs"]},
+        "training": {
+            "globalBatchSize": BATCH,
+            "microBatchSize": run["mbs"],
+            "activationCheckpointing": "none",
+        },
     }
 
 

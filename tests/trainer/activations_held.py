@@ -4,7 +4,7 @@ and as autograd's own saved tensors add up."""
 from __future__ import annotations
 
 import torch
-from meshrun_trainer.models.llama import cross_entropy
+from meshrun_trainer.models.loss import cross_entropy
 from torch import nn
 from torch.distributed._functional_collectives import AsyncCollectiveTensor
 from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType

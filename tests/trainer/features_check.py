@@ -27,7 +27,8 @@ from meshrun_trainer.distributed.parallel import gradient_sync
 from meshrun_trainer.distributed.pipeline import schedule_stages
 from meshrun_trainer.local.env import layout_env
 from meshrun_trainer.loop.train import build_runner
-from meshrun_trainer.models.llama import build_model, cross_entropy
+from meshrun_trainer.models.llama import build_model
+from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.runner import Runner
 from torch import nn
 from torch.distributed.fsdp import FSDPModule

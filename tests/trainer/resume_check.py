@@ -29,7 +29,8 @@ from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.local.env import layout_env
 from meshrun_trainer.loop.train import train
-from meshrun_trainer.models.llama import build_model, cross_entropy
+from meshrun_trainer.models.llama import build_model
+from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.runner import Runner
 
 from meshrun.api.presets import PRESETS

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from meshrun_trainer.models.llama import build_model, cross_entropy
+from meshrun_trainer.models.llama import build_model
+from meshrun_trainer.models.loss import cross_entropy
 
 from meshrun.api.presets import PRESETS
 

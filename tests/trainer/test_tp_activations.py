@@ -11,13 +11,10 @@ every machine."""
 from __future__ import annotations
 
 import dataclasses
-import os
-import socket
+from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from activations_held import held_after_forward, saved_after_forward
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import apply_tensor_parallel, shard_embedding_gradient
@@ -25,6 +22,7 @@ from meshrun_trainer.models.llama import Transformer
 from meshrun_trainer.models.materialize import SeededInit, materialize
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor
+from trainer_launch import gloo_ranks
 
 from meshrun.api.presets import PRESETS, ModelShape
 from meshrun.planner.memory import layer_activation_elements
@@ -65,9 +63,7 @@ def _step(
     return held, grads, arrived
 
 
-def _rank(rank: int, port: int, results: dict[str, float]) -> None:
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=TP)
+def _rank(rank: int, results: dict[str, Any]) -> None:
     device_mesh = init_device_mesh(
         "cpu", (1, 1, 1, TP), mesh_dim_names=("pp", "dp", "dp_shard", "tp")
     )
@@ -87,21 +83,15 @@ def _rank(rank: int, port: int, results: dict[str, float]) -> None:
         results["grad_error"] = max(
             float((grads[True][n] - grads[False][n]).abs().max()) for n in grads[True]
         )
-    dist.destroy_process_group()
 
 
 def test_tensor_parallel_block_keeps_what_the_planner_counts() -> None:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    with mp.Manager() as manager:
-        results = manager.dict()
-        mp.spawn(_rank, args=(port, results), nprocs=TP, join=True)
-        kept, whole = results["kept"], results["whole"]
-        assert kept == layer_activation_elements(TINY, TP, "none")
-        # Autograd alone keeps both norms' gathered outputs whole (2h) instead of their shards.
-        assert whole - kept == 2 * TINY.hidden - 2 * TINY.hidden / TP
-        assert results["grad_error"] < 1e-6
-        # The planner counts the embedding's gradient whole beside its shard under TP: DTensor
-        # computes it so on every rank, the whole vocabulary, before the trainer reshards it.
-        assert list(results["arrived"]) == [TINY.vocab * TINY.hidden]
+    results = gloo_ranks(_rank, TP)
+    kept, whole = results["kept"], results["whole"]
+    assert kept == layer_activation_elements(TINY, TP, "none")
+    # Autograd alone keeps both norms' gathered outputs whole (2h) instead of their shards.
+    assert whole - kept == 2 * TINY.hidden - 2 * TINY.hidden / TP
+    assert results["grad_error"] < 1e-6
+    # The planner counts the embedding's gradient whole beside its shard under TP: DTensor
+    # computes it so on every rank, the whole vocabulary, before the trainer reshards it.
+    assert list(results["arrived"]) == [TINY.vocab * TINY.hidden]

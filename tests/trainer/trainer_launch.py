@@ -5,11 +5,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+import torch.multiprocessing as mp
 
 from meshrun.localnet import free_port
 
-__all__ = ["REPO", "cpu_env", "free_port", "run", "torchrun"]
+__all__ = ["REPO", "cpu_env", "free_port", "gloo_ranks", "run", "torchrun"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,3 +43,28 @@ def run(cmd: list[str], env: dict[str, str], timeout: float) -> subprocess.Compl
     return subprocess.run(
         cmd, env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout, check=False
     )
+
+
+def gloo_ranks(body: Callable[[int, dict[str, Any]], None], world: int) -> dict[str, Any]:
+    """Run ``body(rank, results)`` in ``world`` spawned processes joined in one gloo group;
+    what the ranks put in ``results`` comes back. ``body`` must be a module-level function."""
+    port = free_port()
+    with mp.Manager() as manager:
+        results = manager.dict()
+        mp.spawn(_gloo_rank, args=(body, world, port, results), nprocs=world, join=True)
+        return dict(results)
+
+
+def _gloo_rank(
+    rank: int,
+    body: Callable[[int, dict[str, Any]], None],
+    world: int,
+    port: int,
+    results: dict[str, Any],
+) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        body(rank, results)
+    finally:
+        dist.destroy_process_group()

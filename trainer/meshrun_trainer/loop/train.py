@@ -33,7 +33,7 @@ from meshrun_trainer.distributed.pipeline import (
     stages_of_rank,
 )
 from meshrun_trainer.loop.hooks import UserHooks, weight_source
-from meshrun_trainer.models.llama import cross_entropy
+from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.models.materialize import WeightSource
 from meshrun_trainer.runner import Runner, StepRecord, TrainResult
 

@@ -197,8 +197,3 @@ def build_model(
         model.keep_layers(*layers)
     materialize([model], torch.device("cpu"), SeededInit(seed, shape.tie_embeddings))
     return model
-
-
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in fp32."""
-    return F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(0, 1))
