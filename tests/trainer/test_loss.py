@@ -1,6 +1,7 @@
 """The trainer's cross-entropy equals torch's on whole and on vocabulary-sharded logits (two
-real gloo ranks), in one slice or many, and keeps only the logits and a few numbers per row for
-backward (torch's keeps fp32 log-probabilities: twice the bf16 logits)."""
+real gloo ranks), in one slice or many, with padding (ignored targets) left out, and keeps only
+the logits and a few numbers per row for backward (torch's keeps fp32 log-probabilities: twice
+the bf16 logits)."""
 
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ pytestmark = [pytest.mark.trainer, pytest.mark.timeout(300)]
 
 TP = 2
 ROWS, SEQUENCE, VOCAB = 3, 10, 64
-PER_ROW_SAVED = 8 + 1 + 4
+PER_ROW_SAVED = 8 + 1 + 4 + 4
 """Bytes the loss keeps per row beside the logits: the target's index, whether this rank holds
-it, and the share of the row's exponentials it holds."""
+it, the share of the row's exponentials it holds, and the row's weight in the mean."""
 
 
 def _case(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -30,6 +31,7 @@ def _case(dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor,
     generator = torch.Generator().manual_seed(3)
     logits = (torch.randn(ROWS, SEQUENCE, VOCAB, generator=generator) * 4).to(dtype)
     targets = torch.randint(0, VOCAB, (ROWS, SEQUENCE), generator=generator)
+    targets[-1, SEQUENCE // 2 :] = trainer_loss.IGNORE  # a padded row, as validation pads
     reference = logits.clone().requires_grad_()
     loss = F.cross_entropy(reference.float().flatten(0, 1), targets.flatten(0, 1))
     (loss * 3).backward()

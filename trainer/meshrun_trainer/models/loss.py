@@ -11,6 +11,9 @@ and their gradient (4 bytes per logit in bf16) and one slice of fp32 scratch.
 Logits sharded over the vocabulary (a DTensor from the tensor-parallel output head) are reduced
 across the tensor-parallel group: the ranks' log-sum-exps (their maximum, then the sum of their
 exponentials) and the target's logit, each an all-reduce of one number per row.
+
+Rows whose target is ``IGNORE`` (-100, torch's ``ignore_index``: the padding rows of a
+validation block) count in neither the mean nor the gradient, as in ``F.cross_entropy``.
 """
 
 from __future__ import annotations
@@ -23,9 +26,13 @@ from torch.distributed.tensor import DTensor, Shard
 
 from meshrun.planner.memory import loss_slice_rows
 
+IGNORE = -100
+"""A target that is left out of the mean (``F.cross_entropy``'s default ``ignore_index``)."""
+
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Mean next-token cross-entropy in fp32 of ``logits`` (..., vocab) against ``targets``."""
+    """Mean next-token cross-entropy in fp32 of ``logits`` (..., vocab) against ``targets``,
+    over the targets that are not ``IGNORE``."""
     group: dist.ProcessGroup | None = None
     start = 0
     if isinstance(logits, DTensor):
@@ -60,14 +67,15 @@ class _CrossEntropy(torch.autograd.Function):
         group: dist.ProcessGroup | None,
         start: int,
     ) -> torch.Tensor:
-        count, vocab = logits.shape
+        rows, vocab = logits.shape
+        counted = targets != IGNORE
         local = targets - start
-        held = (local >= 0) & (local < vocab)
+        held = counted & (local >= 0) & (local < vocab)
         index = local.clamp(0, vocab - 1).unsqueeze(1)
-        own = torch.empty(count, dtype=torch.float32, device=logits.device)
+        own = torch.empty(rows, dtype=torch.float32, device=logits.device)
         picked = torch.empty_like(own)
         step = loss_slice_rows(vocab)
-        for first in range(0, count, step):
+        for first in range(0, rows, step):
             part = logits[first : first + step].float()
             span = slice(first, first + part.shape[0])
             own[span] = torch.logsumexp(part, dim=1)
@@ -82,20 +90,22 @@ class _CrossEntropy(torch.autograd.Function):
         picked = torch.where(held, picked, torch.zeros_like(picked))
         if group is not None:
             dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
-        ctx.save_for_backward(logits, index, held, (own - lse).exp())
-        return (lse - picked).mean()
+        weight = counted.float() / counted.sum()  # each counted row's share of the mean
+        ctx.save_for_backward(logits, index, held, (own - lse).exp() * weight, weight)
+        return ((lse - picked) * weight).sum()
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        logits, index, held, share = ctx.saved_tensors
-        count, vocab = logits.shape
-        scale = grad.float() / count
+        logits, index, held, share, weight = ctx.saved_tensors
+        rows, vocab = logits.shape
+        scale = grad.float()
         result = torch.empty_like(logits)
         step = loss_slice_rows(vocab)
-        for first in range(0, count, step):
-            span = slice(first, min(first + step, count))
+        for first in range(0, rows, step):
+            span = slice(first, min(first + step, rows))
             part = torch.softmax(logits[span], dim=1, dtype=torch.float32)
             part.mul_((share[span] * scale).unsqueeze(1))
-            part.scatter_add_(1, index[span], (-scale * held[span]).unsqueeze(1))
+            at_target = -scale * weight[span] * held[span]
+            part.scatter_add_(1, index[span], at_target.unsqueeze(1))
             result[span] = part
         return result, None, None, None
