@@ -224,8 +224,10 @@ def estimate_memory(
         gathered = unit * REDUCE_BYTES  # the gradients accumulate whole until the last backward
     # On CUDA AdamW is fused (no temporaries). On CPUs it updates one parameter at a time and
     # makes two temporaries of it (the square root of the second moment, then its quotient by
-    # the bias correction): two of the largest (local) parameter, in fp32. They count where
-    # they outgrow the step's working set, which is freed before the optimizer step.
+    # the bias correction): two of the largest (local) parameter, in fp32. The step's working
+    # set is freed before the optimizer step, but on CPUs its pages stay in malloc's heaps
+    # while a temporary of 1 MiB or more gets a mapping of its own (hostmemory.py), so there
+    # the temporaries count in full.
     step_temporaries = 0
     on_cpu = spec.resources.accelerator == CPU
     if on_cpu:
@@ -278,8 +280,7 @@ def estimate_memory(
             # of 1 MiB or more gets a mapping of its own (hostmemory.py).
             freed = 0 if on_cpu else int(activations / in_flight(layout, rank))
             grads += max(0, whole_embedding - freed)
-        # The optimizer steps after backward, once activations and gathered units are freed.
-        optim += max(0, step_temporaries - activations - gathered)
+        optim += step_temporaries
         parts = (params, grads, optim, activations, gathered)
         if best is None or sum(parts) > sum(best):
             best = parts
