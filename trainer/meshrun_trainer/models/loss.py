@@ -80,6 +80,7 @@ class _CrossEntropy(torch.autograd.Function):
             span = slice(first, first + part.shape[0])
             own[span] = torch.logsumexp(part, dim=1)
             picked[span] = part.gather(1, index[span]).squeeze(1)
+        picked.masked_fill_(~held, 0.0)  # the target's logit where this rank holds it
         lse = own
         if group is not None:
             top = own.clone()
@@ -87,8 +88,6 @@ class _CrossEntropy(torch.autograd.Function):
             total = (own - top).exp()
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
             lse = top + total.log()
-        picked = torch.where(held, picked, torch.zeros_like(picked))
-        if group is not None:
             dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
         weight = counted.float() / counted.sum()  # each counted row's share of the mean
         ctx.save_for_backward(logits, index, held, (own - lse).exp() * weight, weight)
