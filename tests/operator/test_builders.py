@@ -153,6 +153,83 @@ def test_every_container_and_init_container_gets_the_restricted_defaults() -> No
     assert spec["containers"][2]["securityContext"]["capabilities"]["add"] == ["NET_BIND_SERVICE"]
 
 
+def restricted_gaps(pod: dict[str, Any]) -> list[str]:
+    """What a built pod leaves open of the restricted level, read strictly: only the required
+    value itself closes a field (a null, like a missing key, leaves it open)."""
+    spec = pod["spec"]
+    gaps = [] if spec.get("automountServiceAccountToken") is False else ["automount"]
+    pod_security = spec.get("securityContext") or {}
+    everyone = [*(spec.get("initContainers") or []), *spec["containers"]]
+    securities = [c.get("securityContext") or {} for c in everyone]
+    if pod_security.get("runAsNonRoot") is not True and not all(
+        s.get("runAsNonRoot") is True for s in securities
+    ):
+        gaps.append("runAsNonRoot")
+    confined = ("RuntimeDefault", "Localhost")
+    if (pod_security.get("seccompProfile") or {}).get("type") not in confined and not all(
+        (s.get("seccompProfile") or {}).get("type") in confined for s in securities
+    ):
+        gaps.append("seccompProfile")
+    for one, security in zip(everyone, securities, strict=True):
+        if security.get("allowPrivilegeEscalation") is not False:
+            gaps.append(f"{one['name']}.allowPrivilegeEscalation")
+        if "ALL" not in ((security.get("capabilities") or {}).get("drop") or []):
+            gaps.append(f"{one['name']}.capabilities.drop")
+    return gaps
+
+
+def trainer_security(**security: Any) -> dict[str, Any]:
+    return {"spec": {"containers": [{"name": "trainer", "securityContext": security}]}}
+
+
+NULLS = {
+    "pod runAsNonRoot": {"spec": {"securityContext": {"runAsNonRoot": None}}},
+    "pod seccompProfile": {"spec": {"securityContext": {"seccompProfile": None}}},
+    "automountServiceAccountToken": {"spec": {"automountServiceAccountToken": None}},
+    "allowPrivilegeEscalation": trainer_security(allowPrivilegeEscalation=None),
+    "capabilities.drop": trainer_security(capabilities={"drop": None}),
+    "container runAsNonRoot": trainer_security(runAsNonRoot=None),
+    "container seccompProfile": trainer_security(seccompProfile=None),
+    "init container": {
+        "spec": {
+            "initContainers": [
+                {
+                    "name": "fetch",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": None,
+                        "capabilities": {"drop": None},
+                        "runAsNonRoot": None,
+                    },
+                }
+            ]
+        }
+    },
+    "all at once": {
+        "spec": {
+            "automountServiceAccountToken": None,
+            "securityContext": {"runAsNonRoot": None, "seccompProfile": None},
+            "containers": [
+                {
+                    "name": "trainer",
+                    "securityContext": {
+                        "allowPrivilegeEscalation": None,
+                        "capabilities": {"drop": None},
+                        "privileged": None,
+                    },
+                }
+            ],
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("template", NULLS.values(), ids=NULLS.keys())
+def test_a_null_is_unset_so_the_restricted_defaults_fill_it(template: dict[str, Any]) -> None:
+    for policy in PodPolicy:
+        pod = pod_for(admission=Admission(policy), podTemplate=template)
+        assert restricted_gaps(pod) == [], policy
+
+
 def test_template_labels_and_annotations_cannot_set_the_operators_keys() -> None:
     template = {
         "metadata": {

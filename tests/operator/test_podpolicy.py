@@ -110,6 +110,28 @@ CASES: list[tuple[str, Any, str | None, str | None]] = [
      f"{C0}.securityContext.runAsNonRoot"),
     ("runAsUser 0", container(runAsUser=0), None, f"{C0}.securityContext.runAsUser"),
     ("runAsUser 1000", container(runAsUser=1000), None, None),
+    # A value is set when it is not null; a set value passes only when it is the one required.
+    ("hostNetwork not a bool", pod(hostNetwork="true"), f"{TEMPLATE}.hostNetwork",
+     f"{TEMPLATE}.hostNetwork"),
+    ("privileged 1", container(privileged=1), f"{C0}.securityContext.privileged",
+     f"{C0}.securityContext.privileged"),
+    ("allowPrivilegeEscalation 1", container(allowPrivilegeEscalation=1), None,
+     f"{C0}.securityContext.allowPrivilegeEscalation"),
+    ("runAsNonRoot 0", pod(securityContext={"runAsNonRoot": 0}), None,
+     f"{TEMPLATE}.securityContext.runAsNonRoot"),
+    ("container runAsNonRoot no", container(runAsNonRoot="no"), None,
+     f"{C0}.securityContext.runAsNonRoot"),
+    ("drop not a list", container(capabilities={"drop": "ALL"}), None,
+     f"{C0}.securityContext.capabilities.drop"),
+    ("Windows hostProcess 1", container(windowsOptions={"hostProcess": 1}),
+     f"{C0}.securityContext.windowsOptions.hostProcess",
+     f"{C0}.securityContext.windowsOptions.hostProcess"),
+    ("nulls are unset", pod(automountServiceAccountToken=None,
+                            securityContext={"runAsNonRoot": None, "seccompProfile": None},
+                            containers=[{"name": "trainer", "securityContext": {
+                                "allowPrivilegeEscalation": None, "privileged": None,
+                                "runAsNonRoot": None, "capabilities": {"drop": None}}}]),
+     None, None),
 ]  # fmt: skip
 
 

@@ -22,6 +22,7 @@ from meshrun_operator.children.podtemplate import (
     NCCL_DEFAULTS,
     checkpoint_volume,
     domain_affinity,
+    fill_unset,
     merge_env,
     restricted_security,
     select_product,
@@ -105,12 +106,12 @@ def build_pod(
     pod_spec["restartPolicy"] = "Never"
     pod_spec["hostname"] = name
     pod_spec["subdomain"] = names.service_name(job.name)
-    pod_spec.setdefault("enableServiceLinks", False)
+    fill_unset(pod_spec, "enableServiceLinks", False)
     scheduling = spec.scheduling
     if scheduling.scheduler_name:
         pod_spec["schedulerName"] = scheduling.scheduler_name
     if scheduling.priority_class_name:
-        pod_spec.setdefault("priorityClassName", scheduling.priority_class_name)
+        fill_unset(pod_spec, "priorityClassName", scheduling.priority_class_name)
     kind = gang_scheduler_kind(scheduling)
     if kind == "volcano":
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)
@@ -127,18 +128,18 @@ def build_pod(
     if spec.command:
         container["command"] = list(spec.command)
     else:
-        container.setdefault("command", list(DEFAULT_COMMAND))
+        fill_unset(container, "command", list(DEFAULT_COMMAND))
     if spec.args:
         container["args"] = list(spec.args)
     merge_env(container, env)
     accelerator = spec.resources.accelerator
     if accelerator != CPU:
         merge_env(container, NCCL_DEFAULTS)  # the template's own NCCL settings win
-        resources = container.setdefault("resources", {})
+        resources = fill_unset(container, "resources", {})
         count = str(spec.resources.num_proc_per_node)
-        resources.setdefault("limits", {})[accelerator] = count
-        resources.setdefault("requests", {})[accelerator] = count
-    ports = container.setdefault("ports", [])
+        fill_unset(resources, "limits", {})[accelerator] = count
+        fill_unset(resources, "requests", {})[accelerator] = count
+    ports = fill_unset(container, "ports", [])
     if not any(p.get("name") == "metrics" for p in ports):
         ports.append({"name": "metrics", "containerPort": METRICS_PORT})
     checkpoint_volume(spec.training.checkpoint.volume, pod_spec, container)

@@ -15,7 +15,8 @@ Kubernetes' own (https://kubernetes.io/docs/concepts/security/pod-security-stand
   RuntimeDefault or Localhost.
 
 The operator's own defaults (podtemplate.restricted_security) fill in what the template leaves
-unset, so only what the template sets explicitly can break a level. :func:`template_shape`
+unset (a null is unset), so only what the template sets explicitly can break a level, and a
+field set to anything but the value a level requires breaks it. :func:`template_shape`
 first checks that the template has the shape of a PodTemplateSpec where the operator edits it,
 so a malformed one is refused with its field named rather than failing every reconcile.
 """
@@ -121,6 +122,13 @@ def _l(value: object) -> list[Any]:
     return value if isinstance(value, list) else []
 
 
+def _other_than(value: object, required: bool) -> bool:
+    """Whether ``value`` is set to anything but ``required``. A null is unset, as a missing key
+    is: the operator's defaults fill both in (podtemplate.restricted_security), so a rule that
+    tested for the forbidden value alone would let a null, a number or a string through."""
+    return value is not None and value is not required
+
+
 def template_shape(template: object) -> None:
     """SpecError unless the template is a PodTemplateSpec where the operator reads or edits it:
     ``metadata`` and ``spec`` objects, string labels and annotations, containers a list of
@@ -179,8 +187,8 @@ def violations(template: Mapping[str, Any], policy: PodPolicy) -> Iterator[tuple
     where = f"{TEMPLATE}.spec"
     restricted = policy is PodPolicy.RESTRICTED
     for key in ("hostNetwork", "hostPID", "hostIPC"):
-        if spec.get(key) is True:
-            yield f"{where}.{key}", "host namespaces are not allowed"
+        if _other_than(spec.get(key), False):
+            yield f"{where}.{key}", "host namespaces are not allowed (must be false or unset)"
     pod_security = _m(spec.get("securityContext"))
     yield from _security(pod_security, f"{where}.securityContext", restricted, pod=True)
     for index, sysctl in enumerate(_l(pod_security.get("sysctls"))):
@@ -214,8 +222,8 @@ def violations(template: Mapping[str, Any], policy: PodPolicy) -> Iterator[tuple
     # Restricted: runAsNonRoot true for the pod, or for every container (the operator's own
     # trainer container among them when the template has none).
     containers_say = bool(every) and all(s.get("runAsNonRoot") is True for s in every)
-    if restricted and pod_security.get("runAsNonRoot") is False and not containers_say:
-        yield f"{where}.securityContext.runAsNonRoot", "must not be false under restricted"
+    if restricted and _other_than(pod_security.get("runAsNonRoot"), True) and not containers_say:
+        yield f"{where}.securityContext.runAsNonRoot", "must be true or unset under restricted"
 
 
 def _security(
@@ -223,8 +231,8 @@ def _security(
 ) -> Iterator[tuple[str, str]]:
     """The rules on a pod's or a container's securityContext."""
     if not pod:
-        if security.get("privileged") is True:
-            yield f"{path}.privileged", "privileged containers are not allowed"
+        if _other_than(security.get("privileged"), False):
+            yield f"{path}.privileged", "privileged containers are not allowed (false or unset)"
         if security.get("procMount") not in (None, "Default"):
             yield f"{path}.procMount", "only the Default /proc mount is allowed"
         capabilities = _m(security.get("capabilities"))
@@ -235,10 +243,10 @@ def _security(
         drop = capabilities.get("drop")
         if restricted and drop is not None and "ALL" not in _l(drop):
             yield f"{path}.capabilities.drop", "must drop ALL under restricted"
-        if restricted and security.get("allowPrivilegeEscalation") is True:
-            yield f"{path}.allowPrivilegeEscalation", "must be false under restricted"
-        if restricted and security.get("runAsNonRoot") is False:
-            yield f"{path}.runAsNonRoot", "must not be false under restricted"
+        if restricted and _other_than(security.get("allowPrivilegeEscalation"), False):
+            yield f"{path}.allowPrivilegeEscalation", "must be false or unset under restricted"
+        if restricted and _other_than(security.get("runAsNonRoot"), True):
+            yield f"{path}.runAsNonRoot", "must be true or unset under restricted"
     seccomp = _m(security.get("seccompProfile")).get("type")
     confined = seccomp in (None, "RuntimeDefault", "Localhost")
     if seccomp == "Unconfined" or (restricted and not confined):
@@ -252,7 +260,7 @@ def _security(
     for key in ("user", "role"):
         if selinux.get(key):
             yield f"{path}.seLinuxOptions.{key}", f"a custom SELinux {key} is not allowed"
-    if _m(security.get("windowsOptions")).get("hostProcess") is True:
+    if _other_than(_m(security.get("windowsOptions")).get("hostProcess"), False):
         yield f"{path}.windowsOptions.hostProcess", "Windows host processes are not allowed"
     if restricted and security.get("runAsUser") == 0:
         yield f"{path}.runAsUser", "must not be 0 (root) under restricted"

@@ -15,16 +15,25 @@ CHECKPOINT_MOUNT = "/checkpoints"
 CHECKPOINT_VOLUME = "meshrun-checkpoints"
 
 
+def fill_unset(fields: dict[str, Any], key: str, default: Any) -> Any:
+    """``fields[key]``, set to ``default`` first where the key is missing or null. A null is
+    unset to the API server, so ``setdefault``, which keeps it, would leave the field without
+    the operator's default (a ``runAsNonRoot: null`` pod runs as root)."""
+    if fields.get(key) is None:
+        fields[key] = default
+    return fields[key]
+
+
 def merge_env(container: dict[str, Any], env: Mapping[str, str]) -> None:
     """Add the operator's variables the user did not set; the user's own value wins."""
-    current = container.setdefault("env", [])
+    current = fill_unset(container, "env", [])
     present = {item.get("name") for item in current}
     current.extend({"name": k, "value": v} for k, v in sorted(env.items()) if k not in present)
 
 
 def trainer_container(template_spec: dict[str, Any]) -> dict[str, Any]:
     """The template's container named ``trainer`` (or its first one), or a new one in front."""
-    containers: list[dict[str, Any]] = template_spec.setdefault("containers", [])
+    containers: list[dict[str, Any]] = fill_unset(template_spec, "containers", [])
     for existing in containers:
         if existing.get("name") == names.TRAINER_CONTAINER:
             return existing
@@ -37,7 +46,8 @@ def trainer_container(template_spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def restricted_security(pod_spec: dict[str, Any]) -> None:
-    """Pod Security Standards "restricted" defaults, only where the template set none, on every
+    """Pod Security Standards "restricted" defaults, only where the template set none (a null
+    is none), on every
     container and init container (a sidecar without them fails a restricted namespace's
     admission), and no service account token unless the template asks
     (``automountServiceAccountToken: true``): a trainer has no business with the API server,
@@ -46,23 +56,23 @@ def restricted_security(pod_spec: dict[str, Any]) -> None:
 
     https://kubernetes.io/docs/concepts/security/pod-security-standards/#restricted
     """
-    pod_spec.setdefault("automountServiceAccountToken", False)
-    pod_security = pod_spec.setdefault("securityContext", {})
-    pod_security.setdefault("runAsNonRoot", True)
-    pod_security.setdefault("seccompProfile", {"type": "RuntimeDefault"})
+    fill_unset(pod_spec, "automountServiceAccountToken", False)
+    pod_security = fill_unset(pod_spec, "securityContext", {})
+    fill_unset(pod_security, "runAsNonRoot", True)
+    fill_unset(pod_security, "seccompProfile", {"type": "RuntimeDefault"})
     for key in ("initContainers", "containers"):
         for container in pod_spec.get(key) or []:
-            security = container.setdefault("securityContext", {})
+            security = fill_unset(container, "securityContext", {})
             if security.get("privileged") is not True:  # the API server refuses both together
-                security.setdefault("allowPrivilegeEscalation", False)
-            security.setdefault("capabilities", {}).setdefault("drop", ["ALL"])
+                fill_unset(security, "allowPrivilegeEscalation", False)
+            fill_unset(fill_unset(security, "capabilities", {}), "drop", ["ALL"])
 
 
 def select_product(pod_spec: dict[str, Any], product: str | None) -> None:
     """Only nodes of GPU ``product`` (their nvidia.com/gpu.product label), unless the template
     selects a value of that label itself."""
     if product is not None:
-        pod_spec.setdefault("nodeSelector", {}).setdefault(PRODUCT_LABEL, product)
+        fill_unset(fill_unset(pod_spec, "nodeSelector", {}), PRODUCT_LABEL, product)
 
 
 def domain_affinity(pod_spec: dict[str, Any], topology_key: str, domains: Sequence[str]) -> None:
@@ -71,9 +81,8 @@ def domain_affinity(pod_spec: dict[str, Any], topology_key: str, domains: Sequen
 
     Preferred, never required: a rack that fills up meanwhile must not leave a pod Pending.
     """
-    affinity = pod_spec.setdefault("affinity", {})
-    node_affinity = affinity.setdefault("nodeAffinity", {})
-    preferred = node_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    node_affinity = fill_unset(fill_unset(pod_spec, "affinity", {}), "nodeAffinity", {})
+    preferred = fill_unset(node_affinity, "preferredDuringSchedulingIgnoredDuringExecution", [])
     for term in preferred:
         expressions = (term.get("preference") or {}).get("matchExpressions") or []
         if any(e.get("key") == topology_key for e in expressions):
@@ -89,9 +98,8 @@ def stage_affinity(pod_spec: dict[str, Any], job: str, stage: int, topology_key:
     Preferred, not required: a required self-affinity would let the first pod of a stage pin
     the whole stage to one rack even when that rack is full.
     """
-    affinity = pod_spec.setdefault("affinity", {})
-    pod_affinity = affinity.setdefault("podAffinity", {})
-    preferred = pod_affinity.setdefault("preferredDuringSchedulingIgnoredDuringExecution", [])
+    pod_affinity = fill_unset(fill_unset(pod_spec, "affinity", {}), "podAffinity", {})
+    preferred = fill_unset(pod_affinity, "preferredDuringSchedulingIgnoredDuringExecution", [])
     preferred.append(
         {
             "weight": 100,
@@ -125,13 +133,13 @@ def shared_memory(
 ) -> None:
     """A memory-backed emptyDir on /dev/shm (``size_gib`` its limit), unless the template
     mounts something there itself."""
-    mounts = container.setdefault("volumeMounts", [])
+    mounts = fill_unset(container, "volumeMounts", [])
     if any(m.get("mountPath") == "/dev/shm" for m in mounts):
         return
     source: dict[str, Any] = {"medium": "Memory"}
     if size_gib is not None:
         source["sizeLimit"] = f"{size_gib}Gi"
-    pod_spec.setdefault("volumes", []).append({"name": SHM_VOLUME, "emptyDir": source})
+    fill_unset(pod_spec, "volumes", []).append({"name": SHM_VOLUME, "emptyDir": source})
     mounts.append({"name": SHM_VOLUME, "mountPath": "/dev/shm"})
 
 
@@ -143,9 +151,9 @@ def checkpoint_volume(
     source: dict[str, Any] = (
         {"persistentVolumeClaim": {"claimName": claim}} if claim else {"emptyDir": {}}
     )
-    volumes = pod_spec.setdefault("volumes", [])
+    volumes = fill_unset(pod_spec, "volumes", [])
     if not any(v.get("name") == CHECKPOINT_VOLUME for v in volumes):
         volumes.append({"name": CHECKPOINT_VOLUME, **source})
-    mounts = container.setdefault("volumeMounts", [])
+    mounts = fill_unset(container, "volumeMounts", [])
     if not any(m.get("name") == CHECKPOINT_VOLUME for m in mounts):
         mounts.append({"name": CHECKPOINT_VOLUME, "mountPath": CHECKPOINT_MOUNT})
