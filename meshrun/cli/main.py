@@ -186,7 +186,7 @@ def _print_plans(
     if output == "text":
         from rich.console import Console
 
-        from meshrun.cli.text import elastic_text, render, render_candidates
+        from meshrun.cli.text import render, render_candidates, render_elastic
 
         console = Console()
         for index, result in enumerate(results):
@@ -194,7 +194,7 @@ def _print_plans(
                 continue  # said on stderr
             console.print(render(result))
             if degrees[index]:
-                console.print(elastic_text(result, degrees[index]))
+                console.print(render_elastic(result, degrees[index]))
             if layouts is not None:
                 console.print(render_candidates(layouts[index]))
         return

@@ -33,17 +33,23 @@ PART_WORDS = {
 
 def describe_layout(choice: Choice) -> str:
     """``dp8 x pp1 x tp1 ZeRO-1`` with the schedule and recomputation when they matter."""
+    return " ".join(layout_phrases(choice))
+
+
+def layout_phrases(choice: Choice) -> list[str]:
+    """The parts of ``describe_layout``, each a phrase a line may not break."""
     lay = choice.layout
-    text = f"{lay.text()} ZeRO-{lay.zero_stage}"
+    phrases = [lay.text(), f"ZeRO-{lay.zero_stage}"]
     if choice.micro_batch_size not in (None, 1):
-        text += f" mbs{choice.micro_batch_size}"
+        phrases.append(f"mbs{choice.micro_batch_size}")
     if lay.pp > 1:
-        text += f" {lay.schedule}"
+        schedule = lay.schedule
         if lay.virtual_stages > 1:
-            text += f" v{lay.virtual_stages}"
+            schedule += f" v{lay.virtual_stages}"
+        phrases.append(schedule)
     if choice.checkpointing != "none":
-        text += f" {choice.checkpointing} recompute"
-    return text
+        phrases.append(f"{choice.checkpointing} recompute")
+    return phrases
 
 
 def speed_text(choice: Choice) -> str:

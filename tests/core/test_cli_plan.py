@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import yaml
+from rich.table import Table
 
+from meshrun.api.crd import read_documents
+from meshrun.api.read import read_spec
 from meshrun.cli.main import EXIT_DOES_NOT_FIT, EXIT_INVALID, EXIT_OK, main
+from meshrun.cli.text import render, render_candidates
+from meshrun.planner.plan import plan_job
+from meshrun.planner.search import best_layouts
 
 pytestmark = pytest.mark.unit
 
@@ -295,3 +303,75 @@ def test_plan_of_an_elastic_job_names_the_degrees_it_may_run_at(
     )
     assert main(["plan", str(DEMO), "-o", "json"]) == EXIT_OK
     assert "elasticDataParallel" not in json.loads(capsys.readouterr().out)
+
+
+EXAMPLES = sorted((ROOT / "examples").glob("*.yaml"))
+ONE_LAYER_STAGES = """\
+apiVersion: meshrun.dev/v1alpha1
+kind: ParallelTrainingJob
+metadata:
+  name: one-layer
+spec:
+  image: trainer:1
+  resources: {numNodes: 4, numProcPerNode: 1, accelerator: cpu}
+  strategy: {type: pipeline, pipelineParallel: 4, pipelineSchedule: gpipe, microBatches: 4}
+  model: {preset: tiny}
+  training: {globalBatchSize: 4}
+"""
+
+
+def tables(renderable: object) -> Iterator[Table]:
+    """The tables in a rendering, nested groups included."""
+    if isinstance(renderable, Table):
+        yield renderable
+    for part in getattr(renderable, "renderables", ()):
+        yield from tables(part)
+
+
+def header_words(path: Path) -> set[str]:
+    """Every word of every table header the plan of ``path``'s job has, candidates included."""
+    job = read_documents(str(path))[0]
+    spec = read_spec(job["spec"])
+    plan = plan_job(spec, job["metadata"]["name"])
+    shown = [*tables(render(plan)), *tables(render_candidates(best_layouts(spec, 3)))]
+    return {
+        word for table in shown for column in table.columns for word in str(column.header).split()
+    }
+
+
+@pytest.mark.parametrize("width", [80, 120])
+@pytest.mark.parametrize("example", EXAMPLES, ids=lambda path: path.stem)
+def test_text_fits_the_terminal_with_whole_headers(
+    example: Path, width: int, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", str(width))
+    assert main(["plan", str(example), "--candidates", "3"]) in (EXIT_OK, EXIT_DOES_NOT_FIT)
+    text = capsys.readouterr().out
+    too_wide = [line for line in text.splitlines() if len(line.rstrip()) > width]
+    assert too_wide == [], f"lines wider than {width} columns"
+    assert "…" not in text, "a header or a cell cut short"
+    words = set(text.split())
+    assert header_words(example) - words == set(), "header words cut or broken"
+    # Phrases stay whole: the job's degrees, its machines, the predicted speed.
+    lines = text.splitlines()
+    assert any(re.search(r"on \d+ pod\(s\) x \d+ (GPUs|CPU processes)", line) for line in lines)
+    assert any(re.search(r"[\d,]+ tokens/s per (GPU,|process)", line) for line in lines)
+    if "Elastic:" in text:
+        assert any(re.search(r"the same pp\d+ x tp\d+", line) for line in lines)
+    candidates = text[text.index("Fastest layouts that fit") :]
+    cut = re.search(r"\b(selective|full) *$", candidates, re.MULTILINE)
+    assert cut is None, "'selective recompute' broken over two lines"
+
+
+def test_one_layer_stages_and_one_process_pods_are_single_numbers(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    job = tmp_path / "one-layer.yaml"
+    job.write_text(ONE_LAYER_STAGES)
+    assert main(["plan", str(job)]) == EXIT_OK
+    text = capsys.readouterr().out
+    assert re.search(r"\b(\d+)-\1\b", text) is None, "a range of one number"
+    stages = re.findall(r"^\s+(\d+)\s+0\s+(\d+)\s*$", text, re.MULTILINE)
+    assert stages == [("0", "0"), ("1", "1"), ("2", "2"), ("3", "3")]
+    pods = re.findall(r"^\s+one-layer-(\d+)\s+(\d+)\s", text, re.MULTILINE)
+    assert pods == [("0", "0"), ("1", "1"), ("2", "2"), ("3", "3")]
