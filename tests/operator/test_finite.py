@@ -153,3 +153,42 @@ def test_the_trainers_loss_not_finite_verdict_fails_the_job_with_step_and_value(
     direct = make_pod(0, phase="Failed", exit_code=4)
     _, alone = run(started_job(), observe(direct, make_pod(1)), 5)
     assert condition(alone, "Failed")["reason"] == "LossNotFinite"
+
+
+INT64_MAX = 2**63 - 1
+
+
+@pytest.mark.parametrize(
+    ("reported", "kept"),
+    [
+        ({"step": 2**63, "loss": 1.5}, {"loss": 1.5}),
+        ({"step": INT64_MAX, "totalSteps": -(2**63)}, {"step": INT64_MAX, "totalSteps": -(2**63)}),
+        ({"step": 3, "totalSteps": -(2**63) - 1, "evalStep": 10**30}, {"step": 3}),
+        # An integer too large for a float: no ETA from it, and no OverflowError either.
+        ({"step": 3, "totalSteps": 10**400, "stepTimeSeconds": 0.5},
+         {"step": 3, "stepTimeSeconds": 0.5}),
+        ({"step": 3, "updatedAt": 10**30, "tokensPerSecond": 1e308},
+         {"step": 3, "tokensPerSecond": 1e308}),
+    ],
+)  # fmt: skip
+def test_integers_beyond_int64_are_left_out_of_the_status(
+    reported: dict[str, Any], kept: dict[str, Any]
+) -> None:
+    progress = progress_status(reported)
+    assert progress == kept
+    json.dumps(progress, allow_nan=False)
+
+
+def test_a_final_summary_beyond_int64_keeps_only_what_fits() -> None:
+    summary = {"status": "Succeeded", "steps": 2**64, "finalLoss": 2.0,
+               "eval": [{"step": 10**20, "loss": 2.5}]}  # fmt: skip
+    assert final_progress(summary) == {"loss": 2.0, "etaSeconds": 0.0, "evalLoss": 2.5}
+
+
+def test_a_report_beyond_int64_does_not_freeze_the_jobs_status() -> None:
+    job = running_job()
+    pods = (make_pod(0), make_pod(1))
+    job, first = run(job, observe(*pods, progress={"step": 2**63, "loss": 1.5}), 5)
+    assert "step" not in first.status["progress"] and first.status["progress"]["loss"] == 1.5
+    _, later = run(job, observe(*pods, progress={"step": 7, "loss": 1.25}), 6)
+    assert later.status["progress"]["step"] == 7

@@ -8,7 +8,8 @@ from typing import Any
 import pytest
 from meshrun_operator import names
 from meshrun_operator.lifecycle.failures import FailureClass, classify
-from meshrun_operator.seen.views import node_ready, parse_progress, pod_view
+from meshrun_operator.seen.boundedjson import MAX_CHARS, MAX_DEPTH, Unreadable, read_object
+from meshrun_operator.seen.views import node_ready, parse_progress, parse_summary, pod_view
 
 pytestmark = pytest.mark.unit
 
@@ -116,3 +117,67 @@ def test_the_termination_message_is_read_as_the_summary() -> None:
         )
     )
     assert plain_text.summary is None
+
+
+DEEP = 5_000
+"""Nesting levels past Python's recursion limit (its decoder recurses once per level)."""
+DEEP_TEXTS = {
+    "arrays": "[" * DEEP + "]" * DEEP,
+    "objects": '{"a":' * DEEP + "1" + "}" * DEEP,
+    "inside a report": '{"step": 3, "x": ' + "[" * DEEP + "]" * DEEP + "}",
+    "unclosed": '{"step": 3, "x": ' + "[" * DEEP,
+}
+
+
+@pytest.mark.parametrize("text", DEEP_TEXTS.values(), ids=DEEP_TEXTS.keys())
+def test_a_deep_report_is_refused_by_depth_before_it_is_decoded(text: str) -> None:
+    assert parse_progress(text) is None
+    assert parse_summary(text) is None
+    with pytest.raises(Unreadable, match="nested deeper than"):
+        read_object(text)
+
+
+def test_a_deep_annotation_or_termination_message_leaves_the_pod_in_view() -> None:
+    deep = DEEP_TEXTS["inside a report"]
+    body = pod_body(
+        phase="Failed",
+        containerStatuses=[
+            {"name": "trainer", "state": {"terminated": {"exitCode": 1, "message": deep}}}
+        ],
+    )
+    body["metadata"]["annotations"][names.ANNOTATION_PROGRESS] = deep
+    view = pod_view(body)
+    assert (view.name, view.phase, view.exit_code) == ("job-3", "Failed", 1)
+    assert view.progress is None and view.summary is None
+
+
+def test_brackets_inside_strings_do_not_count_as_depth() -> None:
+    note = '[{\\"' * DEEP
+    assert parse_progress(f'{{"step": 3, "note": "{note}", "loss": 1.5}}') == {
+        "step": 3,
+        "loss": 1.5,
+    }
+    summary = {"status": "Failed", "error": "x" * 3000 + "]]]}}}"}
+    assert parse_summary(json.dumps(summary)) == summary
+
+
+@pytest.mark.parametrize(
+    ("text", "why"),
+    [
+        ("[" * (MAX_DEPTH + 1) + "]" * (MAX_DEPTH + 1), "nested deeper than"),
+        ('{"step": 1, "pad": "' + "x" * MAX_CHARS + '"}', "longer than"),
+        ("[1, 2]", "not an object"),
+        ('{"step": 1', "not JSON"),
+        ("", "not JSON"),
+    ],
+)
+def test_what_the_bounded_reader_refuses_it_says_why(text: str, why: str) -> None:
+    with pytest.raises(Unreadable, match=why):
+        read_object(text)
+
+
+def test_the_bounded_reader_reads_what_the_trainer_writes() -> None:
+    nested = "[" * (MAX_DEPTH - 1) + "]" * (MAX_DEPTH - 1)
+    assert read_object(f'{{"deep": {nested}}}') == json.loads(f'{{"deep": {nested}}}')
+    message = {"status": "Succeeded", "steps": 5, "eval": [{"step": 5, "loss": 1.0}]}
+    assert read_object(json.dumps(message).encode()) == message

@@ -155,3 +155,16 @@ def test_an_ipv6_pod_ip_is_bracketed_in_the_url() -> None:
         assert asyncio.run(read_once(reader, pod0("::1"))) == REPORT
     finally:
         httpd.shutdown()
+
+
+def test_a_deep_answer_is_refused_and_the_pod_left_alone() -> None:
+    deep = b'{"step": 3, "x": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"
+
+    def answer(connection: socket.socket) -> None:
+        head = f"HTTP/1.1 200 OK\r\nContent-Length: {len(deep)}\r\n\r\n".encode()
+        connection.sendall(head + deep)
+
+    port, _ = serve(answer)
+    reader = ProgressReader(enabled=True, timeout=2.0, retry_after=60, port=port)
+    assert asyncio.run(read_once(reader, pod0("127.0.0.1"))) is None
+    assert reader._failed_until.get("127.0.0.1", 0) > time.monotonic()  # not asked again soon

@@ -134,21 +134,13 @@ def last_step_time(seen: StepChange | None, attempt: int) -> datetime | None:
 def progress_status(reported: Mapping[str, Any]) -> dict[str, Any]:
     """status.progress from the trainer's latest report, with an ETA; the names of the fields
     that were NaN or infinite (left out) in ``nonFinite``."""
-    step = reported.get("step")
-    progress: dict[str, Any] = dict(reported)
-    total = reported.get("totalSteps")
-    step_time = reported.get("stepTimeSeconds")
-    finite = isinstance(step_time, int | float) and is_finite(step_time)
-    if isinstance(total, int) and isinstance(step, int) and finite:
-        progress["etaSeconds"] = round(max(total - step, 0) * float(step_time or 0), 1)
-    return _with_non_finite(conform(progress, _progress_schema()), reported)
-
-
-def is_finite(value: object) -> bool:
-    """An int, or a float that is neither NaN nor infinite (JSON knows no others)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return False
-    return math.isfinite(value)
+    progress = conform(reported, _progress_schema())  # the ETA only from what the status takes
+    step, total = progress.get("step"), progress.get("totalSteps")
+    step_time = progress.get("stepTimeSeconds")
+    if isinstance(total, int) and isinstance(step, int) and step_time is not None:
+        eta = round(max(total - step, 0) * float(step_time), 1)
+        progress.update(conform({"etaSeconds": eta}, _progress_schema()))
+    return _with_non_finite(progress, reported)
 
 
 def non_finite(values: Mapping[str, Any]) -> list[str]:
@@ -164,6 +156,9 @@ def _with_non_finite(progress: dict[str, Any], reported: Mapping[str, Any]) -> d
     return progress
 
 
+INT64 = range(-(2**63), 2**63)
+"""The integers the API server stores (a JSON integer beyond int64 makes it refuse the patch)."""
+
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
     "number": (int, float),
@@ -176,8 +171,9 @@ def conform(values: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, A
     """Keep only the fields the schema declares, with the declared JSON type.
 
     The trainer's report is outside the operator's control; one field of the wrong type would
-    make the API server reject the whole status patch (422), so it is dropped instead, and so is
-    a NaN or infinite number (no JSON can carry it: the patch would not be sent).
+    make the API server reject the whole status patch (422), so it is dropped instead, and so
+    are an integer beyond int64 (refused the same way) and a NaN or infinite number (no JSON
+    can carry it: the patch would not be sent).
     """
     properties = schema.get("properties") or {}
     kept: dict[str, Any] = {}
@@ -186,6 +182,8 @@ def conform(values: Mapping[str, Any], schema: Mapping[str, Any]) -> dict[str, A
         if expected is None or isinstance(value, bool) != (bool in expected):
             continue
         if isinstance(value, float) and not math.isfinite(value):
+            continue
+        if isinstance(value, int) and not isinstance(value, bool) and value not in INT64:
             continue
         if isinstance(value, expected):
             kept[key] = value

@@ -5,7 +5,8 @@ On KWOK nodes pods have no real endpoint, so progress may also come from the pod
 
 A trainer is not trusted to answer well: one read is bounded in time (``timeout`` for the whole
 exchange, so a pod that sends a byte now and then cannot hold it open) and in size
-(``max_bytes``). A pod that timed out, or answered too much or nonsense, is not asked again for
+(``max_bytes``), and its answer is decoded only within the bounded reader's depth
+(boundedjson.py). A pod that timed out, or answered too much or nonsense, is not asked again for
 ``retry_after`` seconds, so an unroutable pod IP costs one timeout, not one per resync. A refused
 connection means the trainer has not opened its port yet: asked again at the next resync.
 """
@@ -18,10 +19,11 @@ from typing import Any
 import aiohttp
 
 from meshrun.envcontract import METRICS_PORT
-from meshrun_operator.seen.views import PodView, parse_progress
+from meshrun_operator.seen.boundedjson import MAX_CHARS, read_object
+from meshrun_operator.seen.views import PodView, progress_fields
 from meshrun_operator.vocabulary import PodPhase
 
-PROGRESS_MAX_BYTES = 64 * 1024
+PROGRESS_MAX_BYTES = MAX_CHARS
 """The trainer's report is a few hundred bytes; anything this large is not one."""
 
 
@@ -82,7 +84,7 @@ class ProgressReader:
                 body += chunk
                 if len(body) > self.max_bytes:
                     raise TooLarge(f"more than {self.max_bytes} bytes")
-        return parse_progress(body.decode("utf-8", "replace"))
+        return progress_fields(read_object(bytes(body), max_chars=self.max_bytes))
 
     async def read(self, pod: PodView | None) -> dict[str, Any] | None:
         """Progress of the pod holding rank 0, or None when unknown, unreachable or slow."""
@@ -99,8 +101,9 @@ class ProgressReader:
                 self._leave_alone(pod.pod_ip, now)
             return None
         except (TimeoutError, aiohttp.ClientError, TooLarge, OSError, ValueError):
-            # Too slow (an unroutable KWOK pod IP, a trainer that dribbles), too long, or not
-            # HTTP: leave it alone for a while.
+            # Too slow (an unroutable KWOK pod IP, a trainer that dribbles), too long, not
+            # HTTP, or not a JSON object within the reader's bounds (Unreadable, too deep or
+            # not JSON): leave it alone for a while.
             self._leave_alone(pod.pod_ip, now)
             return None
 

@@ -6,7 +6,6 @@ clusters and the pure decision code never touches a raw API object.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -15,6 +14,7 @@ from typing import Any
 from meshrun_operator import names
 from meshrun_operator.clock import parse_time
 from meshrun_operator.kueue import KueueView
+from meshrun_operator.seen.boundedjson import Unreadable, read_object
 from meshrun_operator.vocabulary import PodPhase
 
 ACCELERATOR = "nvidia.com/gpu"
@@ -83,29 +83,33 @@ class PodView:
 def parse_progress(text: str | None) -> dict[str, Any] | None:
     """The trainer's progress JSON (docs/env-contract.md), keeping only the known keys.
 
-    Malformed text yields None rather than an error: a half-written annotation must not stop
-    the reconcile of the whole job.
+    Malformed text yields None rather than an error: a half-written annotation, or one too
+    long or too deep for the bounded reader, must not stop the reconcile of the whole job.
     """
     if not text:
         return None
     try:
-        data = json.loads(text)
-    except ValueError:
+        return progress_fields(read_object(text))
+    except Unreadable:
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("step"), int):
+
+
+def progress_fields(data: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The known keys of a progress report, or None when it has no whole-number ``step``."""
+    if not isinstance(data.get("step"), int):
         return None
     return {key: data[key] for key in PROGRESS_KEYS if key in data}
 
 
 def parse_summary(text: object) -> dict[str, Any] | None:
-    """The trainer's termination message as a dict, or None when it is not JSON."""
+    """The trainer's termination message as a dict, or None when it is not a JSON object the
+    bounded reader takes."""
     if not isinstance(text, str) or not text.strip().startswith("{"):
         return None
     try:
-        data = json.loads(text)
-    except ValueError:
+        return read_object(text)
+    except Unreadable:
         return None
-    return data if isinstance(data, dict) else None
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int:
