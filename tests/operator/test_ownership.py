@@ -21,11 +21,11 @@ from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.reconcile import reconcile
 from meshrun_operator.seen.children import observe as observe_children
 from meshrun_operator.seen.expectations import Expectations, Tombstones
-from meshrun_operator.seen.views import Refusal
+from meshrun_operator.seen.views import Refusal, pod_view
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import TUNING, advance, condition, failed, run, running_job
 
-from meshrun.api.crd import KIND
+from meshrun.api.crd import API_VERSION, KIND
 
 pytestmark = pytest.mark.unit
 
@@ -246,3 +246,104 @@ def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() ->
     with pytest.raises(StillTerminating):
         restored(orphan)
     assert orphan.deleted == ["Service"]
+
+
+def controller(api_version: str = API_VERSION, kind: str = KIND, name: str = "job",
+               uid: str = "uid-1") -> dict[str, Any]:  # fmt: skip
+    """A controller ownerReference."""
+    return {"apiVersion": api_version, "kind": kind, "name": name, "uid": uid, "controller": True}
+
+
+def pod_object(
+    namespace: str = "ns", job: str = "job", owner: dict[str, Any] | None = None, code: int = 3
+) -> dict[str, Any]:
+    """A pod as the watch shows it: pod 0 of attempt 0 with meshrun's labels, its trainer
+    exited with ``code``."""
+    terminated = {"exitCode": code, "reason": "Error"}
+    return {
+        "metadata": {
+            "name": f"{job}-0",
+            "namespace": namespace,
+            "uid": f"{namespace}/{job}/{owner}",  # one for each pod of these tests
+            "labels": {
+                names.LABEL_JOB: job,
+                names.LABEL_MANAGED_BY: names.MANAGED_BY,
+                names.LABEL_POD_INDEX: "0",
+                names.LABEL_ATTEMPT: "0",
+            },
+            "ownerReferences": [owner or controller()],
+        },
+        "spec": {"nodeName": "node-0"},
+        "status": {
+            "phase": "Failed",
+            "containerStatuses": [{"name": "trainer", "state": {"terminated": terminated}}],
+        },
+    }
+
+
+# Pods that claim the job (namespace ns, name job, uid uid-1) by its uid alone.
+IMPOSTORS = {
+    "another namespace, any kind": pod_object("evil", owner=controller("example.invalid/v1",
+                                                                        "Nope")),
+    "another namespace, the job's kind": pod_object("evil"),
+    "another API group": pod_object(owner=controller("evil.io/v1")),
+    "another kind": pod_object(owner=controller(kind="Deployment")),
+    "another job's name": pod_object(owner=controller(name="other")),
+    "a label of another job": pod_object(job="other"),
+    "not the controller": pod_object(owner={**controller(), "controller": False}),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("impostor", IMPOSTORS.values(), ids=IMPOSTORS.keys())
+def test_a_deleted_pod_counts_for_a_job_only_when_the_job_controls_it(
+    impostor: dict[str, Any],
+) -> None:
+    tombstones = Tombstones()
+    tombstones.record(impostor)
+    tombstones.record(pod_object())  # the job's own
+    body = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"}}
+    seen = observe_children(body, {}, None, Expectations(60), tombstones)
+    assert [p.uid for p in seen.gone] == [pod_object()["metadata"]["uid"]]
+
+
+# The pods index is keyed by the pod's own namespace: these are the ones in the job's.
+NEIGHBOURS = {k: v for k, v in IMPOSTORS.items() if v["metadata"]["namespace"] == "ns"}
+
+
+@pytest.mark.parametrize("impostor", NEIGHBOURS.values(), ids=NEIGHBOURS.keys())
+def test_a_pod_is_the_jobs_own_only_when_the_job_controls_it(impostor: dict[str, Any]) -> None:
+    body = {"metadata": {"name": "job", "namespace": "ns", "uid": "uid-1"}}
+    index = {("ns", "job"): [pod_view(impostor)]}
+    assert observe_children(body, index, None, Expectations(60), Tombstones()).pods == ()
+    own = pod_view(pod_object())
+    index = {("ns", "job"): [own]}
+    assert observe_children(body, index, None, Expectations(60), Tombstones()).pods == (own,)
+
+
+def test_a_pod_in_another_namespace_cannot_fail_a_job_given_its_uid() -> None:
+    job = running_job()
+    job["metadata"]["resourceVersion"] = "1"
+    kube = RecordingKube()
+    ctx = OperatorContext(kube=kube, tuning=TUNING)  # type: ignore[arg-type]
+    # Exit code 3 (NoAccelerator) fails a job at once, with no restart.
+    ctx.tombstones.record(pod_object("evil", owner=controller("example.invalid/v1", "Nope")))
+    ctx.tombstones.record(pod_object("evil"))
+    running = [make_pod(i, owner_uid="uid-1", uid=f"p{i}") for i in (0, 1)]
+    decision = asyncio.run(reconcile(ctx, job, {("ns", "job"): running}, None))
+    assert decision.status["phase"] == "Running" and decision.state.last_failure is None
+    assert not [c for c in kube.calls if c.startswith("delete")]
+    # The job's own pod, deleted after it failed the same way, fails it.
+    ctx.tombstones.record(pod_object())
+    decision = asyncio.run(reconcile(ctx, job, {("ns", "job"): running[1:]}, None))
+    assert decision.status["phase"] == "Failed"
+
+
+def test_a_pod_with_a_controller_of_another_kind_is_waited_for_never_deleted_as_an_orphan() -> None:
+    someones = pod_view(pod_object(owner=controller(kind="Deployment")))
+    orphan_body = pod_object()
+    orphan_body["metadata"]["ownerReferences"] = []
+    orphan = replace(pod_view(orphan_body), name="job-1", index=1)
+    assert someones.other_controller and not orphan.other_controller
+    decision = decide(make_job(), replace(observe(), foreign=(someones, orphan)), at(0), TUNING)
+    assert (*decision.delete_pods, *decision.force_delete_pods) == ("job-1",)
+    assert decision.create_pods == () and decision.status["phase"] == "Pending"

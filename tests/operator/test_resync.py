@@ -155,3 +155,14 @@ def test_only_the_job_itself_missing_counts_as_gone(
     body = json.dumps({"kind": "Status", "code": status, "details": details})
     assert job_is_gone(ApiError(status, "x", body)) is gone
     assert job_is_gone(ApiError(404, "Not Found", "not json")) is False
+
+
+def test_a_child_wakes_only_the_job_of_its_own_namespace_and_name() -> None:
+    loop = Resyncer(OperatorContext(kube=None), None, None)  # type: ignore[arg-type]
+    loop.jobs = {"victim": {"metadata": {"uid": "victim", "name": "train", "namespace": "team-b"}}}
+    loop.poke_owner(("evil", "train", "victim"))  # a pod elsewhere naming the job's uid
+    loop.poke_owner(("team-b", "other", "victim"))
+    loop.poke_owner(None)
+    assert not loop.dirty and not loop.batched
+    loop.poke_owner(("team-b", "train", "victim"), batch=True)
+    assert set(loop.batched) == {"victim"}

@@ -6,9 +6,10 @@ which the watch has not shown yet is in flight (``Observed.expected``), not miss
 is created twice and nothing counts as vanished however long a large job takes to appear. A pod
 missing with no create in flight was never created (the operator died between two creates, or
 the API server refused it) and is created now, without counting a restart; only a pod missing
-after the whole gang ran has vanished. Children are recognized by their controller's uid: pods
-with the job's name label but another owner (an earlier job of the same name) are waited for,
-and orphans (no controller) are deleted and replaced, never adopted silently.
+after the whole gang ran has vanished. Children are recognized by their controller reference
+(the job's API group, kind, name and uid): pods with the job's name label but another owner (an
+earlier job of the same name, or a controller of another kind) are waited for, and orphans (no
+controller) are deleted and replaced, never adopted silently.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ from meshrun_operator.vocabulary import ConditionType, EventType, Reason
 
 def predecessors(draft: Draft, observed: Observed) -> bool:
     """Delete orphans; True (and wait) while pods of another owner hold the job's names."""
-    draft.delete.extend(p.name for p in observed.foreign if p.owner_uid is None and not p.deleting)
+    orphans = (p for p in observed.foreign if p.owner_uid is None and not p.other_controller)
+    draft.delete.extend(p.name for p in orphans if not p.deleting)
     if not observed.foreign:
         return False
     message = words.WAITING_FOR_PREDECESSOR.format(count=len(observed.foreign), job=draft.name)

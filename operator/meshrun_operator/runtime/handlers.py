@@ -25,7 +25,7 @@ from meshrun_operator.runtime.leader import Elector
 from meshrun_operator.runtime.resync import Resyncer
 from meshrun_operator.seen.nodes import NodeWatch
 from meshrun_operator.seen.relist import Auditor, LiveIndex
-from meshrun_operator.seen.views import PodView, pod_view
+from meshrun_operator.seen.views import PodView, job_controller, owning_job, pod_view
 
 LABELLED = (("v1", "pods"), ("v1", "services"), ("networking.k8s.io", "networkpolicies"))
 """kopf's selectors of what the operator watches by the job-name label (server-side): the jobs'
@@ -80,17 +80,13 @@ def register(
     is created again.
     """
 
-    async def owner_of(meta: kopf.Meta, **_: Any) -> str | None:
-        owners = meta.get("ownerReferences") or []
-        return next((str(o.get("uid")) for o in owners if o.get("controller")), None)
-
     def child_index(resource: tuple[str, ...], id: str) -> None:
         @kopf.index(*resource, id=id, labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
         async def children(
             namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, **_: Any
         ) -> dict[tuple[str, str], str]:
-            # (namespace, job name) -> the controller's uid: whose child it is.
-            return {(str(namespace), str(labels[names.LABEL_JOB])): await owner_of(meta) or ""}
+            # (namespace, job name) -> the uid of the job that controls it: whose child it is.
+            return {(str(namespace), str(labels[names.LABEL_JOB])): job_controller(meta) or ""}
 
         @kopf.on.event(
             *resource, id=f"{id}-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
@@ -99,7 +95,7 @@ def register(
             memo: OperatorMemo, meta: kopf.Meta, type: str | None, **_: Any
         ) -> None:
             if type == "DELETED":
-                memo.resync.poke(await owner_of(meta))
+                memo.resync.poke_owner(owning_job(meta))
 
     child_index(("v1", "services"), "meshrun_services")
     if network_policies:
@@ -232,11 +228,9 @@ def register(
         if type == "DELETED":
             # The pods index forgets a deleted pod; its last state decides what its deletion
             # meant (a DisruptionTarget makes it a disruption, not a failure).
-            memo.resync.poke(memo.ctx.tombstones.record(kept(body)), batch=True)
+            memo.resync.poke_owner(memo.ctx.tombstones.record(kept(body)), batch=True)
             return
-        owners = body.get("metadata", {}).get("ownerReferences") or []
-        owner = next((o.get("uid") for o in owners if o.get("controller")), None)
-        memo.resync.poke(owner, batch=True)
+        memo.resync.poke_owner(owning_job(body.get("metadata") or {}), batch=True)
 
     @kopf.on.event(GROUP, VERSION, PLURAL, id="job-changed", registry=registry)
     async def job_changed(

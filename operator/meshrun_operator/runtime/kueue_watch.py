@@ -18,6 +18,7 @@ import kopf
 from meshrun_operator import kueue, names
 from meshrun_operator.bodies import kept
 from meshrun_operator.runtime.handlers import OperatorMemo
+from meshrun_operator.seen.views import owning_job
 
 VERSION = kueue.API_VERSION.split("/")[1]
 
@@ -51,8 +52,7 @@ def register(registry: kopf.OperatorRegistry, with_kueue: bool) -> None:
         )
         async def workload_changed(memo: OperatorMemo, body: kopf.Body, **_: Any) -> None:
             # Kueue admitted, queued or evicted it: the job decides again at once.
-            owners = body.get("metadata", {}).get("ownerReferences") or []
-            memo.resync.poke(next((o.get("uid") for o in owners if o.get("controller")), None))
+            memo.resync.poke_owner(owning_job(body.get("metadata") or {}))
 
     @kopf.on.startup(id="kueue-indexes", registry=registry)
     async def kueue_indexes(memo: OperatorMemo, **kwargs: Any) -> None:

@@ -119,7 +119,7 @@ async def _act(
         observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
         decision = decide(job_body, observed, now, ctx.tuning, ev)
         notes = await execute(ctx, job, ev, decision)
-    ctx.tombstones.drop(job.uid, (p.uid for p in observed.gone))
+    ctx.tombstones.drop(job.namespace, job.name, (p.uid for p in observed.gone))
     return decision, notes, stored
 
 

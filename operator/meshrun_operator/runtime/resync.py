@@ -94,6 +94,17 @@ class Resyncer:
             self.dirty.add(uid)
         self.wake.set()
 
+    def poke_owner(self, owner: tuple[str, str, str] | None, batch: bool = False) -> None:
+        """Reconcile the job that controls a child, ``owner`` being (namespace, job name, uid)
+        from the child (``views.owning_job``), only when the job of that uid has that namespace
+        and name: a child's ownerReference is whatever its maker wrote."""
+        if owner is None:
+            return
+        namespace, name, uid = owner
+        meta = (self.jobs.get(uid) or {}).get("metadata") or {}
+        if (meta.get("namespace"), meta.get("name")) == (namespace, name):
+            self.poke(uid, batch)
+
     def poke_all(self) -> None:
         """Reconcile every job soon."""
         self.dirty.update(self.jobs)

@@ -1,9 +1,10 @@
 """One job's children as the watches show them, with what the operator knows beyond the watch
 (creates and deletes in flight, tombstones of deleted pods), reduced to an Observed.
 
-Children are the job's by its uid alone: the pods index is keyed by the job-name label, which
-an earlier job of the same name (still terminating) or an orphan (``--cascade=orphan``) also
-carries; those come out as ``foreign``, never as the job's own.
+Children are the job's by their controller reference (the job's API group, kind, name and uid,
+``views.job_controller``): the pods index and the tombstones are keyed by namespace and the
+job-name label, which an earlier job of the same name (still terminating) or an orphan
+(``--cascade=orphan``) also carries; those come out as ``foreign``, never as the job's own.
 """
 
 from __future__ import annotations
@@ -49,6 +50,6 @@ def observe(
         products=products() if products is not None else None,
         not_ready_since=since,
         foreign=foreign,
-        gone=tombstones.of(str(uid)),
+        gone=tombstones.of(meta["namespace"], meta["name"], str(uid)),
         expected=creating,
     )

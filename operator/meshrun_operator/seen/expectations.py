@@ -8,18 +8,19 @@ as deleting until the watch shows it so, so it is not deleted twice. An expectat
 never meets (a lost event) expires after ``timeout`` seconds, and the pod is judged by what the
 watch shows.
 
-Tombstones: the watch's last word on a deleted pod (its DELETED event) is kept until its job's
-next reconcile, so a pod of the running attempt that vanished between two passes is still judged
-by its last state (a DisruptionTarget condition makes its deletion a disruption).
+Tombstones: the watch's last word on a deleted pod (its DELETED event) is kept, under its
+namespace and job name and only when that job is its controller, until the job's next
+reconcile, so a pod of the running attempt that vanished between two passes is still judged by
+its last state (a DisruptionTarget condition makes its deletion a disruption).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
-from meshrun_operator.seen.views import PodView, pod_view
+from meshrun_operator.seen.views import PodView, owning_job, pod_view
 
 TOMBSTONE_SECONDS = 600.0
 """A tombstone no reconcile asked for (its job is gone) is dropped after this long."""
@@ -80,36 +81,53 @@ class Expectations:
 
 
 class Tombstones:
-    """The last state of deleted pods, by their controller's uid, until a reconcile takes it."""
+    """The last state of deleted pods, by the namespace and job-name label of each, until a
+    reconcile of that job takes it.
+
+    A tombstone counts for a job only when the pod's controller is that job
+    (``PodView.owner_uid``: a ParallelTrainingJob of meshrun.dev, of the label's name, with the
+    job's uid) in the job's namespace: a pod anywhere else that names the job's uid in an
+    ownerReference of its own making is no pod of the job's, and its exit cannot fail it.
+    """
 
     def __init__(self) -> None:
-        self.by_job: dict[str, dict[str, tuple[PodView, float]]] = {}
+        self.by_job: dict[tuple[str, str], dict[str, tuple[PodView, float]]] = {}
+        """(namespace, job name) -> pod uid -> (its last state, when it was recorded)."""
 
-    def record(self, body: Mapping[str, Any]) -> str | None:
-        """Keep a deleted pod's last state; the uid of its job (its controller), if any."""
-        view, now = pod_view(body), time.monotonic()
-        if view.owner_uid is None:
+    def record(self, body: Mapping[str, Any]) -> tuple[str, str, str] | None:
+        """Keep a deleted pod's last state; (namespace, name, uid) of the job that controls it,
+        or None (and nothing kept) when no job does."""
+        owner = owning_job(body.get("metadata") or {})
+        if owner is None:
             return None
-        self.by_job.setdefault(view.owner_uid, {})[view.uid] = (view, now)
-        for job in list(self.by_job):
-            kept = {k: v for k, v in self.by_job[job].items() if now - v[1] < TOMBSTONE_SECONDS}
-            if kept:
-                self.by_job[job] = kept
-            else:
-                del self.by_job[job]
-        return view.owner_uid
+        view, now = pod_view(body), time.monotonic()
+        self.by_job.setdefault(owner[:2], {})[view.uid] = (view, now)
+        self._keep(lambda _, recorded: now - recorded < TOMBSTONE_SECONDS)
+        return owner
 
-    def of(self, job: str) -> tuple[PodView, ...]:
-        """The tombstones of ``job``'s pods."""
-        return tuple(view for view, _ in (self.by_job.get(job) or {}).values())
+    def of(self, namespace: str, name: str, uid: str) -> tuple[PodView, ...]:
+        """The tombstones of the pods of job ``name`` in ``namespace`` whose controller is the
+        job of ``uid`` (not a predecessor of the same name)."""
+        found = (self.by_job.get((namespace, name)) or {}).values()
+        return tuple(view for view, _ in found if view.owner_uid == uid)
 
-    def drop(self, job: str, uids: Iterable[str]) -> None:
+    def drop(self, namespace: str, name: str, uids: Iterable[str]) -> None:
         """Forget the tombstones a reconcile has decided on."""
-        kept = self.by_job.get(job) or {}
+        kept = self.by_job.get((namespace, name)) or {}
         for uid in uids:
             kept.pop(uid, None)
         if not kept:
-            self.by_job.pop(job, None)
+            self.by_job.pop((namespace, name), None)
 
-    def forget(self, job: str) -> None:
-        self.by_job.pop(job, None)
+    def forget(self, uid: str) -> None:
+        """Forget the tombstones of the pods of the job of ``uid`` (deleted)."""
+        self._keep(lambda view, _: view.owner_uid != uid)
+
+    def _keep(self, wanted: Callable[[PodView, float], bool]) -> None:
+        """Keep the tombstones ``wanted`` (given the view and when it was recorded) says to."""
+        for key in list(self.by_job):
+            kept = {k: v for k, v in self.by_job[key].items() if wanted(*v)}
+            if kept:
+                self.by_job[key] = kept
+            else:
+                del self.by_job[key]

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+from meshrun.api.crd import GROUP, KIND
 from meshrun_operator import names
 from meshrun_operator.clock import parse_time
 from meshrun_operator.kueue import KueueView
@@ -54,8 +55,13 @@ class PodView:
     """The trainer's final JSON summary from its termination message (docs/env-contract.md):
     ``finalLoss``, ``steps``, ``tokensPerSecond`` on success, ``error`` on failure."""
     owner_uid: str | None = None
-    """uid of the controlling owner (a job deleted and re-created under the same name has a
-    new uid, and its predecessor's pods must not count)."""
+    """uid of the ParallelTrainingJob that controls the pod (:func:`job_controller`: its
+    controller reference is of meshrun.dev's kind and names the job of its job-name label);
+    None when it has no controller or another one. A job deleted and re-created under the
+    same name has a new uid, and its predecessor's pods must not count."""
+    other_controller: bool = False
+    """It has a controller reference that is not a ParallelTrainingJob's of its job-name label
+    (another API group, kind or name): never a job's pod, nor an orphan of one."""
     uid: str = ""
     """metadata.uid (deletions are expected and remembered by it)."""
     started_at: datetime | None = None
@@ -110,6 +116,45 @@ def parse_summary(text: object) -> dict[str, Any] | None:
         return read_object(text)
     except Unreadable:
         return None
+
+
+def _controller(metadata: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The object's controller reference (an object has at most one), if any."""
+    owners = metadata.get("ownerReferences") or []
+    return next((o for o in owners if isinstance(o, Mapping) and o.get("controller") is True), None)
+
+
+def job_controller(metadata: Mapping[str, Any]) -> str | None:
+    """The uid of the ParallelTrainingJob that controls an object of the operator's (a pod,
+    Service, NetworkPolicy or Workload), from its ``metadata``; None unless its controller
+    reference is of API group meshrun.dev, kind ParallelTrainingJob, and names the job its
+    job-name label names.
+
+    A uid alone proves nothing: anyone who may create a pod may write any ownerReference, and a
+    job's uid is shown to whoever can read the job, its pods or its Events. Group, kind and name
+    make the reference the job's in the object's own namespace (an ownerReference never leaves
+    it); whoever keys by it (the pods index, the tombstones) keys by that namespace too.
+    """
+    reference = _controller(metadata)
+    if reference is None:
+        return None
+    group, _, version = str(reference.get("apiVersion") or "").partition("/")
+    if group != GROUP or not version or reference.get("kind") != KIND:
+        return None
+    labels = metadata.get("labels") or {}
+    job = labels.get(names.LABEL_JOB) if isinstance(labels, Mapping) else None
+    if not job or reference.get("name") != job or not reference.get("uid"):
+        return None
+    return str(reference["uid"])
+
+
+def owning_job(metadata: Mapping[str, Any]) -> tuple[str, str, str] | None:
+    """(namespace, name, uid) of the job that controls an object (:func:`job_controller`): the
+    object's own namespace, its job-name label and the reference's uid; None when no job does."""
+    uid, namespace = job_controller(metadata), metadata.get("namespace")
+    if uid is None or not namespace:
+        return None
+    return str(namespace), str(metadata["labels"][names.LABEL_JOB]), uid
 
 
 def _int_label(labels: Mapping[str, str], key: str) -> int:
@@ -177,6 +222,7 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
     conditions = status.get("conditions") or []
     exit_code = terminated.get("exitCode") if terminated else None
     annotations = metadata.get("annotations") or {}
+    owner_uid = job_controller(metadata)
     return PodView(
         name=str(metadata.get("name", "")),
         index=_int_label(labels, names.LABEL_POD_INDEX),
@@ -190,10 +236,8 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         pod_ip=status.get("podIP"),
         progress=parse_progress(annotations.get(names.ANNOTATION_PROGRESS)),
         summary=parse_summary(terminated.get("message") if terminated else None),
-        owner_uid=next(
-            (o.get("uid") for o in metadata.get("ownerReferences") or [] if o.get("controller")),
-            None,
-        ),
+        owner_uid=owner_uid,
+        other_controller=owner_uid is None and _controller(metadata) is not None,
         uid=str(metadata.get("uid") or ""),
         started_at=parse_time(status.get("startTime")),
         waiting=_waiting(status),
