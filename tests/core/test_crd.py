@@ -49,13 +49,35 @@ def test_names_scope_and_status_subresource() -> None:
     assert version()["subresources"] == {"status": {}}
 
 
+PRINTER_COLUMNS = [
+    ("Strategy", ".status.strategy", 0),
+    ("Layout", ".status.layout", 0),
+    ("Procs", ".status.worldSize", 0),
+    ("Phase", ".status.phase", 0),
+    ("Restarts", ".status.restarts", 1),
+    ("Step", ".status.display.step", 0),
+    ("Progress", ".status.display.progress", 0),
+    ("Loss", ".status.display.loss", 0),
+    ("Tokens/s", ".status.display.tokensPerSecond", 0),
+    ("Predicted Tokens/s", ".status.display.predictedTokensPerSecond", 1),
+    ("ETA", ".status.display.eta", 0),
+    ("Age", ".metadata.creationTimestamp", 0),
+]
+"""(name, JSONPath, priority) of ``kubectl get ptj``; priority 1 shows with ``-o wide``."""
+
+
 def test_printer_columns() -> None:
-    columns = [c["name"] for c in version()["additionalPrinterColumns"]]
-    assert columns == ["Strategy", "Layout", "GPUs", "Phase", "Age"]
-    status = version()["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    for column in version()["additionalPrinterColumns"][:4]:
-        field = column["jsonPath"].removeprefix(".status.")
-        assert field in status, f"printer column {column['name']} reads unknown status.{field}"
+    columns = version()["additionalPrinterColumns"]
+    shown = [(c["name"], c["jsonPath"], c.get("priority", 0)) for c in columns]
+    assert shown == PRINTER_COLUMNS
+    fields = dict(walk(version()["schema"]["openAPIV3Schema"], ""))
+    for column in columns:
+        assert column.get("description") or column["type"] == "date", column["name"]
+        if column["jsonPath"].startswith(".metadata."):
+            continue
+        field = fields.get(column["jsonPath"])
+        assert field is not None, f"printer column {column['name']} reads an unknown field"
+        assert field["type"] == column["type"], column["name"]
 
 
 def test_every_spec_field_has_a_description() -> None:

@@ -22,6 +22,18 @@ BASE_SPEC: dict[str, Any] = {
 }
 
 
+REPORT_3_OF_10: dict[str, Any] = {
+    "step": 3,
+    "totalSteps": 10,
+    "loss": 2.302585092994046,
+    "tokensPerSecond": 123456.7,
+    "stepTimeSeconds": 30.0,
+    "updatedAt": 1767268800.0,
+}
+"""Rank 0's report of step 3 of 10, a step every 30 s (3m30s left), with numbers that Go would
+print in full."""
+
+
 def at(seconds: float) -> datetime:
     """A moment ``seconds`` after T0."""
     return T0 + timedelta(seconds=seconds)

@@ -61,7 +61,7 @@ def test_unschedulable_pods_shrink_the_job_after_shrink_after_seconds() -> None:
     # The two placed pods prove room for 2 pods: dp4, half the planned degree.
     assert sorted(decision.delete_pods) == ["job-0", "job-1", "job-2", "job-3"]
     assert status["dataParallel"] == 4 and status["layout"] == "dp4 x pp1 x tp1"
-    assert status["gpus"] == 4 and status["plan"]["dp"] == 8
+    assert status["gpus"] == status["worldSize"] == 4 and status["plan"]["dp"] == 8
     assert status["attempt"] == 1 and status["disruptions"] == 1 and status["restarts"] == 0
     (resize,) = status["resizes"]
     assert (resize["fromDataParallel"], resize["toDataParallel"]) == (8, 4)

@@ -24,6 +24,7 @@ from meshrun_operator import vocabulary as words
 from meshrun_operator.kueue import KueueActions, QueueRef
 from meshrun_operator.lifecycle import creation, elastic, specedits, troubles
 from meshrun_operator.lifecycle import queue as kueue_flow
+from meshrun_operator.lifecycle.columns import display, running_size
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate, still_refused
 from meshrun_operator.lifecycle.failurepolicy import judge
 from meshrun_operator.lifecycle.failures import Failure, FailureClass
@@ -98,9 +99,7 @@ def decide(
             summary = ev.plan.status_summary()
             draft.derived["plan"] = summary
             # Printer columns (kubectl get ptj) read these top-level copies.
-            draft.derived.update(
-                strategy=summary["strategy"], layout=summary["layout"], gpus=summary["gpus"]
-            )
+            draft.derived.update(strategy=summary["strategy"], **running_size(ev.plan))
         queue = kueue_flow.queue_of(ev.spec, metadata)
         # An elastic job runs at status.dataParallel; a resize restarts the gang right here.
         ev, resizing = elastic.sized(draft, ev, observed, queued=queue is not None)
@@ -113,8 +112,10 @@ def decide(
     kueue_flow.report(draft, observed)
     draft.announce_phase()
     force = troubles.force_deletes(observed, draft.delete, draft.tuning, draft.now)
+    status = draft.status()
+    status["display"] = display(status)
     return Decision(
-        status=draft.status(),
+        status=status,
         state=draft.state,
         create_pods=tuple(draft.create),
         delete_pods=tuple(n for n in dict.fromkeys(draft.delete) if n not in force),

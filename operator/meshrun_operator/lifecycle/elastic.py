@@ -4,8 +4,9 @@ capacity allows, between ``minDataParallel`` and ``maxDataParallel``.
 Pure decisions on a Draft, used by lifecycle.decide. ``status.dataParallel`` is the degree
 running now; the pods of an attempt are built from the plan at that degree
 (meshrun.planner.elastic.resized: the same TP/PP and global batch, more or less gradient
-accumulation), so the printer column ``Layout`` and ``status.gpus`` follow it while
-``status.plan`` keeps the planned layout.
+accumulation), so the printer columns ``Layout`` and ``Procs`` (``status.layout``,
+``status.gpus`` and ``status.worldSize``) follow it while ``status.plan`` keeps the planned
+layout.
 
 Shrink: pods of the attempt that the scheduler could not place (PodScheduled False: a lost
 node, a cordon, a preemption) for ``shrinkAfterSeconds`` -> the largest allowed degree whose
@@ -28,6 +29,7 @@ from meshrun.api.spec import JobSpec
 from meshrun.planner.elastic import elastic_degrees, largest_fitting, pods_at, resized
 from meshrun.planner.plan import Plan
 from meshrun_operator.clock import format_time, parse_time
+from meshrun_operator.lifecycle.columns import running_size
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.lifecycle.failures import Failure, FailureClass
 from meshrun_operator.lifecycle.phases import Draft
@@ -70,7 +72,7 @@ def sized(
     if target is not None and resizing:
         spec_at, at = _at(spec, plan, target)
     derived["dataParallel"] = at.layout.dp
-    derived.update(layout=at.layout.text(), gpus=at.gpus)
+    derived.update(running_size(at))
     if resizing:
         _resize(draft, spec, current, at, observed, stuck)
     if at is plan:
@@ -91,7 +93,7 @@ def _no_longer_elastic(draft: Draft, ev: Evaluation, observed: Observed) -> Eval
         draft.derived["dataParallel"] = None
         return ev
     spec_at, at = _at(ev.spec, ev.plan, recorded)
-    draft.derived.update(layout=at.layout.text(), gpus=at.gpus)
+    draft.derived.update(running_size(at))
     return Evaluation(raw_spec=ev.raw_spec, spec=spec_at, plan=at)
 
 
