@@ -287,7 +287,8 @@ def test_resources_strategy_model_are_immutable(kubectl: Kubectl, ns: str) -> No
         json.dumps({"spec": {"training": {"steps": 40}}}),
     )
     header = kubectl("get", "ptj", "-n", ns).stdout.splitlines()[0].split()
-    assert header == ["NAME", "STRATEGY", "LAYOUT", "GPUS", "PHASE", "AGE"]
+    progress = ["STEP", "PROGRESS", "LOSS", "TOKENS/S", "ETA"]
+    assert header == ["NAME", "STRATEGY", "LAYOUT", "PROCS", "PHASE", *progress, "AGE"]
 
 
 def test_status_schema_keeps_what_operator_and_trainer_write(kubectl: Kubectl, ns: str) -> None:
@@ -300,7 +301,8 @@ def test_status_schema_keeps_what_operator_and_trainer_write(kubectl: Kubectl, n
         "phase": "Running",
         "strategy": plan.strategy,
         "layout": plan.layout.text(),
-        "gpus": plan.world_size,
+        "gpus": plan.gpus,
+        "worldSize": plan.world_size,
         "plan": {**plan.status_summary(), "extraKeyTheOperatorAdds": "kept"},
         "placement": [
             {"pod": f"{name}-0", "node": "n0", "firstRank": 0, "lastRank": 3, "phase": "Running"}
@@ -327,6 +329,14 @@ def test_status_schema_keeps_what_operator_and_trainer_write(kubectl: Kubectl, n
             "updatedAt": 1764400000.25,
             "etaSeconds": 3.75,
         },
+        # The printer columns' text, as the operator writes it.
+        "display": {
+            "step": "5/20",
+            "progress": "25%",
+            "loss": "4.5",
+            "tokensPerSecond": "1.23k",
+            "eta": "3s",
+        },
         "observedGeneration": 1,
     }
     kubectl(
@@ -344,7 +354,8 @@ def test_status_schema_keeps_what_operator_and_trainer_write(kubectl: Kubectl, n
     stored = json.loads(kubectl("get", "ptj", name, "-n", ns, "-o", "json").stdout)["status"]
     assert stored == status, "the status schema pruned or changed fields"
     row = kubectl("get", "ptj", name, "-n", ns, "--no-headers").stdout.split()
-    assert row[1:9] == ["hybrid", "dp2", "x", "pp2", "x", "tp2", "8", "Running"], row
+    layout = ["hybrid", "dp2", "x", "pp2", "x", "tp2", "8", "Running"]
+    assert row[1:-1] == [*layout, "5/20", "25%", "4.5", "1.23k", "3s"], row
 
 
 def test_elastic_job_without_micro_batch_size_is_accepted(kubectl: Kubectl, ns: str) -> None:
