@@ -40,17 +40,25 @@ LEADER = Gauge(
 
 
 class PhaseBook:
-    """The phase of every known job, so the gauge can be recomputed without a list call."""
+    """The phase of every known job and how many jobs are in each, so the gauge follows each
+    job's change at a constant cost (a pass over thousands of jobs sets it once per job)."""
 
     def __init__(self) -> None:
         self.phases: dict[str, str] = {}
+        """The phase of each job, by uid."""
+        self.counts: dict[str, int] = dict.fromkeys((p.value for p in Phase), 0)
+        """How many jobs are in each phase."""
+        for phase in self.counts:
+            JOBS_BY_PHASE.labels(phase=phase).set(0)
 
     def set(self, uid: str, phase: str | None) -> None:
-        if phase is None:
-            self.phases.pop(uid, None)
-        else:
-            self.phases[uid] = phase
-        for name in Phase:
-            JOBS_BY_PHASE.labels(phase=name.value).set(
-                sum(1 for value in self.phases.values() if value == name)
-            )
+        """Record the phase of job ``uid`` (None: the job is gone)."""
+        old = self.phases.pop(uid, None) if phase is None else self.phases.get(uid)
+        if phase is not None:
+            self.phases[uid] = phase = str(phase)
+        if old == phase:
+            return
+        for name, change in ((old, -1), (phase, 1)):
+            if name is not None:
+                self.counts[name] = self.counts.get(name, 0) + change
+                JOBS_BY_PHASE.labels(phase=name).set(self.counts[name])
