@@ -77,11 +77,13 @@ def test_a_lost_node_force_deletes_its_pods_and_restarts_the_gang(
     else:
         cluster.kubectl("delete", "node", private_node, "--wait=false")
     wait_for(
-        lambda: cluster.status("lost").get("restarts", 0) >= 1,
+        lambda: cluster.status("lost").get("disruptions", 0) >= 1,
         60,
         f"a gang restart after the node was {how}",
     )
     assert cluster.condition("lost", "Restarting")["reason"] == "NodeLost"
+    # The node failed, not the job: a disruption, backoffLimit untouched.
+    assert cluster.status("lost").get("restarts", 0) == 0
     # Force deletion: the old pods vanish although no kubelet confirms it.
     wait_for(
         lambda: all(

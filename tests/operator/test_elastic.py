@@ -175,7 +175,7 @@ def test_a_trainer_that_reports_no_step_grows_once_the_room_lasted() -> None:
     assert job["status"]["dataParallel"] == 8 and len(decision.delete_pods) == 2
 
 
-def test_a_lost_node_restarts_the_gang_once_then_it_shrinks() -> None:
+def test_a_lost_node_is_a_disruption_then_the_job_shrinks_with_no_restart_counted() -> None:
     job, _ = run(make_job(**SPEC), observe(), 0)
     job, _ = run(job, _seen(_pods(0, 4, 4)), 2)
     assert job["status"]["phase"] == "Running"
@@ -185,7 +185,11 @@ def test_a_lost_node_restarts_the_gang_once_then_it_shrinks() -> None:
     job, decision = run(job, down, 39)
     assert job["status"]["restarts"] == 0
     job, decision = run(job, down, 41)
-    assert job["status"]["restarts"] == 1 and job["status"]["lastFailure"]["reason"] == "NodeLost"
+    # The node failed, not the job: a disruption, backoffLimit untouched.
+    status = job["status"]
+    assert (status["restarts"], status["disruptions"]) == (0, 1)
+    assert status["lastFailure"]["reason"] == "NodeLost"
+    assert status["lastFailure"]["class"] == "Ignored"
     # The next attempt: three pods placed, the fourth has no node left.
     job, decision = run(job, _seen([]), 60)
     assert decision.create_pods == (0, 1, 2, 3)
@@ -196,7 +200,7 @@ def test_a_lost_node_restarts_the_gang_once_then_it_shrinks() -> None:
     status = job["status"]
     # Room for 3 pods proven; dp6 does not split the batch: dp4 on 2 pods.
     assert status["dataParallel"] == 4 and len(decision.delete_pods) == 4
-    assert status["restarts"] == 1 and status["disruptions"] == 1
+    assert status["restarts"] == 0 and status["disruptions"] == 2
 
 
 def test_the_shrink_clock_outlives_a_shorter_gang_timeout() -> None:

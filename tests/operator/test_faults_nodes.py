@@ -85,7 +85,7 @@ def test_a_blip_kills_nothing_and_a_lost_node_is_replaced_without_overlap(
         # Old and new pods were never there together (names are unique only per object).
         assert all(len(attempts) <= 1 for attempts in seen), seen
         status = cluster.status("lossy")
-        assert status["restarts"] == 1 and status["attempt"] == 1
+        assert (status["restarts"], status["disruptions"], status["attempt"]) == (0, 1, 1)
         assert cluster.condition("lossy", "Restarting")["reason"] == "NodeLost"
 
         # The node comes back: the new gang runs there.
@@ -93,7 +93,7 @@ def test_a_blip_kills_nothing_and_a_lost_node_is_replaced_without_overlap(
         node.up()
         cluster.wait_running_pods("lossy", 2, attempt=1)
         status = cluster.wait_phase("lossy", "Running")
-        assert status["restarts"] == 1 and status["attempt"] == 1
+        assert (status["restarts"], status["disruptions"], status["attempt"]) == (0, 1, 1)
         one_pod_per_index(cluster, "lossy", 2, attempt=1)
         deleted_leaves_nothing(cluster, "lossy")
     finally:

@@ -147,21 +147,52 @@ def test_decide_follows_the_policy(code: int, phase: str, restarts: int, disrupt
     assert decision.status["lastFailure"]["class"] == expected
 
 
-@pytest.mark.parametrize("how", ["deleting-target", "gone-target", "evicted-failed", "gone-plain"])
+@pytest.mark.parametrize(
+    "how",
+    [
+        "deleting-target",
+        "gone-target",
+        "evicted-failed",
+        "drained-failed",
+        "node-shutdown",
+        "node-deleted",
+        "node-not-ready",
+        "gone-with-its-node",
+        "gone-plain",
+    ],
+)
 def test_disruptions_restart_without_counting_and_deletions_count(how: str) -> None:
+    # Infrastructure losses (preemption, eviction, a node deleted, shut down or NotReady past
+    # the toleration) are disruptions, as the Job controller's DisruptionTarget says; only a
+    # pod deleted by someone for no such reason counts against backoffLimit.
     job = running_job(runPolicy={"backoffLimit": 0})
     target = "EvictionByEvictionAPI: Eviction API: evicting"
     pods = [make_pod(0)]
     gone: tuple[Any, ...] = ()
+    nodes: dict[str, bool] = {}
     if how == "deleting-target":
         pods.append(make_pod(1, deleting=True, disruption=target))
     elif how == "gone-target":
         gone = (make_pod(1, disruption=target),)
     elif how == "evicted-failed":
         pods.append(make_pod(1, phase="Failed", pod_reason="Evicted"))
+    elif how == "drained-failed":  # the drain's SIGTERM ended it before it was deleted
+        pods.append(make_pod(1, phase="Failed", exit_code=143, disruption=target))
+    elif how == "node-shutdown":
+        pods.append(make_pod(1, phase="Failed", exit_code=143, pod_reason="Terminated"))
+    elif how == "node-deleted":
+        pods.append(make_pod(1, node="dead", started_at=at(-60)))
+    elif how == "node-not-ready":
+        pods.append(make_pod(1, node="down", started_at=at(-60)))
+        nodes = {"down": False}
+    elif how == "gone-with-its-node":  # the pod garbage collector removed it with its node
+        gone = (make_pod(1, node="dead"),)
     else:
         gone = (make_pod(1),)
-    _, decision = run(job, replace(observe(*pods), gone=gone), 5)
+    observed = observe(*pods, nodes=nodes)
+    known = {node: ready for node, ready in (observed.nodes or {}).items() if node != "dead"}
+    observed = replace(observed, gone=gone, nodes=known, not_ready_since={"down": at(-40)})
+    _, decision = run(job, observed, 5)
     if how == "gone-plain":
         # Deleted with no DisruptionTarget: counted, and backoffLimit 0 is used up.
         assert decision.status["phase"] == "Failed"
@@ -171,6 +202,8 @@ def test_disruptions_restart_without_counting_and_deletions_count(how: str) -> N
     assert decision.status["restarts"] == 0 and decision.status["disruptions"] == 1
     assert decision.state.last_failure is not None
     assert decision.state.last_failure.kind is FailureClass.IGNORED
+    if how.startswith("node-") or how == "gone-with-its-node":
+        assert decision.state.last_failure.reason in ("NodeLost", "Terminated")
 
 
 def test_a_node_blip_shorter_than_the_toleration_kills_nothing() -> None:
@@ -278,4 +311,4 @@ def test_a_pod_that_came_to_a_not_ready_node_gets_the_whole_toleration() -> None
     _, fresh = run(job, node, 49)
     assert fresh.status["phase"] == "Running" and fresh.status["restarts"] == 0
     _, lost = run(job, node, 50)
-    assert lost.status["restarts"] == 1 and lost.force_delete_pods == ("job-1",)
+    assert lost.status["disruptions"] == 1 and lost.force_delete_pods == ("job-1",)

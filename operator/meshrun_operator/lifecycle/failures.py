@@ -48,18 +48,20 @@ class Failure:
     """One sentence for people."""
 
 
-# Pod-level reasons (pod.status.reason) that mean the cluster took the pod away on purpose:
-# disruptions, not failures of the job.
+# Pod-level reasons (pod.status.reason) that mean the cluster took the pod away, on purpose
+# or with its node: disruptions, not failures of the job. The Job controller marks the same
+# losses with the DisruptionTarget condition (TerminationByKubelet for node pressure and a node's
+# graceful shutdown, DeletionByTaintManager and DeletionByPodGC for a lost or deleted node).
 DISRUPTION_POD_REASONS = {
     "Evicted": "the kubelet evicted the pod (node pressure)",
     "Preempted": "a higher-priority pod preempted it",
-}
-
-# Pod-level reasons (pod.status.reason) that mean the node took the pod away.
-RETRYABLE_POD_REASONS = {
     "Terminated": "the node shut down",
     "Shutdown": "the node shut down",
     "NodeLost": "its node stopped reporting",
+}
+
+# Pod-level reasons (pod.status.reason) that mean the kubelet could not run the pod.
+RETRYABLE_POD_REASONS = {
     "UnexpectedAdmissionError": "the kubelet could not admit it",
 }
 
@@ -152,10 +154,11 @@ def classify(
 
 
 def node_lost(node: str, ready: bool | None, seconds: float = 0) -> Failure:
-    """A pod whose node is NotReady (``ready`` False) for ``seconds`` or gone (``ready`` None)."""
+    """A pod whose node is NotReady (``ready`` False) for ``seconds`` or gone (``ready`` None):
+    the infrastructure failed, not the job, so a disruption (backoffLimit is not charged), as
+    the Job controller's DisruptionTarget (DeletionByTaintManager, DeletionByPodGC) says."""
     state = "was deleted" if ready is None else f"has been NotReady for {seconds:.0f}s"
-    message = Reason.NODE_LOST.message(node=node, state=state)
-    return Failure(FailureClass.RETRYABLE, Reason.NODE_LOST, message)
+    return disruption(Reason.NODE_LOST, Reason.NODE_LOST.message(node=node, state=state))
 
 
 def disruption(reason: str, message: str) -> Failure:

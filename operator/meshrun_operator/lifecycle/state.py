@@ -69,8 +69,8 @@ class JobState:
     restarts: int = 0
     """Whole-gang restarts so far (counted against backoffLimit)."""
     disruptions: int = 0
-    """Whole-gang restarts not counted against backoffLimit (preemption, eviction, drain,
-    podFailurePolicy Ignore)."""
+    """Whole-gang restarts not counted against backoffLimit (preemption, eviction, drain, a
+    lost node, podFailurePolicy Ignore)."""
     attempt_generation: int | None = None
     """The spec generation the current attempt's pods were built from."""
     message: str = ""

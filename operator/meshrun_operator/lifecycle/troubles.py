@@ -26,12 +26,13 @@ from meshrun_operator.lifecycle.failures import (
     cannot_start,
     classify,
     deleted,
+    disruption,
     from_trainer,
     node_lost,
 )
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import PodPhase
+from meshrun_operator.vocabulary import PodPhase, Reason
 
 Found = tuple[Failure, PodView]
 
@@ -46,9 +47,10 @@ def first_failure(
     attempt_start: datetime | None,
 ) -> Found | None:
     """The first thing that ends the attempt, with its pod, judged by the job's policy."""
+    lost = lost_nodes(observed, tuning, now)
     found = (
-        _deleted(attempt, observed)
-        or _lost(current, observed, tuning, now, attempt_start)
+        _deleted(attempt, observed, lost)
+        or _lost(current, observed, lost, tuning, now, attempt_start)
         or _failed(current)
         or _stuck(current, tuning, now, attempt_start)
     )
@@ -58,9 +60,10 @@ def first_failure(
     return judge(failure, pod, policy), pod
 
 
-def _deleted(attempt: int, observed: Observed) -> Found | None:
+def _deleted(attempt: int, observed: Observed, lost: dict[str, Failure]) -> Found | None:
     """A pod of the attempt that someone else deleted (the operator deletes the pods of an
-    attempt only as it ends the attempt), still terminating or already gone."""
+    attempt only as it ends the attempt), still terminating or already gone. One whose node is
+    lost went with its node (the taint manager or the pod garbage collector cleaning up)."""
     pods = [p for p in observed.pods if p.attempt == attempt and p.deleting]
     pods += [p for p in observed.gone if p.attempt == attempt]
     for pod in sorted(pods, key=lambda p: p.index):
@@ -70,17 +73,19 @@ def _deleted(attempt: int, observed: Observed) -> Found | None:
             return _classified(pod), pod
         failure = classify(None, None, pod.pod_reason)
         target = pod.disruption or (failure.reason if failure.kind.value == "Ignored" else None)
+        if target is None and pod.node in lost:
+            return lost[pod.node], pod
         return deleted(target), pod
     return None
 
 
 def lost_nodes(observed: Observed, tuning: Tuning, now: datetime) -> dict[str, Failure]:
-    """Nodes of the job's pods that are given up: deleted, or NotReady for at least
-    ``tuning.node_toleration_seconds`` (a shorter blip kills nothing)."""
+    """Nodes of the job's pods (deleted ones included) that are given up: deleted, or NotReady
+    for at least ``tuning.node_toleration_seconds`` (a shorter blip kills nothing)."""
     if observed.nodes is None:
         return {}
     lost = {}
-    for pod in (*observed.pods, *observed.foreign):
+    for pod in (*observed.pods, *observed.foreign, *observed.gone):
         node = pod.node
         if not node or node in lost:
             continue
@@ -111,14 +116,14 @@ def force_deletes(
 def _lost(
     current: list[PodView],
     observed: Observed,
+    lost: dict[str, Failure],
     tuning: Tuning,
     now: datetime,
     attempt_start: datetime | None,
 ) -> Found | None:
-    """A pod of the attempt on a lost node. A pod that came to a node already NotReady gets the
-    whole toleration from its own start (as the taint manager counts it): the node's return
-    may reach the operator after the pod's binding does."""
-    lost = lost_nodes(observed, tuning, now)
+    """A pod of the attempt on a ``lost`` node. A pod that came to a node already NotReady
+    gets the whole toleration from its own start (as the taint manager counts it): the node's
+    return may reach the operator after the pod's binding does."""
     finished = (PodPhase.SUCCEEDED, PodPhase.FAILED)
     for pod in sorted(current, key=lambda p: p.index):
         if pod.node not in lost or pod.phase in finished:
@@ -138,6 +143,10 @@ def _classified(pod: PodView) -> Failure:
     failure = classify(pod.exit_code, pod.container_reason, pod.pod_reason)
     if failure.kind == FailureClass.RETRYABLE:  # the trainer knows better than exit 1
         failure = from_trainer(pod.summary) or failure
+    if pod.disruption is not None and failure.kind == FailureClass.RETRYABLE:
+        # The cluster was taking the pod away (a drain's SIGTERM, a node shutting down): the
+        # exit it caused is a disruption. A permanent verdict stands: a restart would repeat it.
+        failure = disruption(Reason.DISRUPTED, Reason.DISRUPTED.message(why=pod.disruption))
     error = (pod.summary or {}).get("error")
     if isinstance(error, str) and error:
         # The trainer's own last words (termination message) say more than an exit code.
