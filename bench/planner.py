@@ -73,7 +73,7 @@ def main() -> int:
     speed = f", predicted {est.tokens_per_second_per_gpu:,.0f} tokens/s per GPU" if est else ""
     print(
         f"  auto chose {auto.strategy} {auto.layout.text()} ZeRO-{auto.layout.zero_stage} "
-        f"{auto.layout.schedule} v{auto.layout.virtual_stages} mbs{auto.micro_batch_size} "
+        f"{auto.layout.schedule} v{auto.layout.virtual_stages} mbs{auto.layout.micro_batch_size} "
         f"({auto.activation_checkpointing} recompute){speed}"
     )
     passed = True

@@ -67,12 +67,9 @@ class JobDocument:
 def write_document(document: JobDocument) -> str:
     """The document as compact JSON (refusing NaN: the CRD admits only finite numbers)."""
     spec = replace(document.spec, pod_template=None, command=None, args=None)
-    written = write_section(spec)
-    if not spec.micro_batch_size_set:  # left to auto: the plan's microBatchSize is the one
-        written["training"].pop("microBatchSize", None)
     text = json.dumps(
         {
-            "spec": written,
+            "spec": write_section(spec),
             "plan": write_section(document.plan),
             "pod": write_section(document.pod),
         },
@@ -100,11 +97,7 @@ def read_document(text: str, field: str = JOB_VARIABLE) -> JobDocument:
         pod = read_section(Pod, raw["pod"])
     except (TypeError, ValueError) as error:
         raise SpecError(field, f"holds a malformed plan or pod: {error}") from None
-    full = defaulted(raw["spec"])
-    training = full.setdefault("training", {})
-    given = training.get("microBatchSize") is not None  # as read_spec tells it
-    training.setdefault("microBatchSize", 1)
-    spec = read_section(JobSpec, full, shape=plan.model, micro_batch_size_set=given)
+    spec = read_section(JobSpec, defaulted(raw["spec"]), shape=plan.model)
     return JobDocument(spec=spec, plan=plan, pod=pod)
 
 

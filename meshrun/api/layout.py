@@ -11,7 +11,8 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Layout:
-    """A complete parallel layout: degrees, sharding and pipeline schedule."""
+    """A complete parallel layout: degrees, sharding, pipeline schedule and the batch split
+    (globalBatchSize = dp x micro_batch_size x micro_batches x grad_accumulation)."""
 
     dp: int
     """Data-parallel degree (replicas, or ZeRO shards)."""
@@ -29,6 +30,8 @@ class Layout:
     """Model chunks per pipeline rank (above 1 only for interleaved-1f1b)."""
     grad_accumulation: int
     """Forward/backward passes (or pipeline steps) summed per optimizer step."""
+    micro_batch_size: int
+    """Sequences per forward pass on one rank: the spec's, or the one auto chose."""
 
     @property
     def world_size(self) -> int:

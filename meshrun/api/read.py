@@ -41,13 +41,8 @@ def read_spec(
         return spec
     full = defaulted(spec)
     model = read_section(Model, full["model"])
-    # The one value read_spec fills in: an unset microBatchSize is 1 unless auto chooses it
-    # (the CRD has no default, so the API server's stored spec still says it was unset).
-    training = full.setdefault("training", {})
-    given = training.get("microBatchSize") is not None
-    training.setdefault("microBatchSize", 1)
     shape = resolve_model(model, folder_shape)
-    return read_section(JobSpec, full, shape=shape, micro_batch_size_set=given)
+    return read_section(JobSpec, full, shape=shape)
 
 
 def defaulted(spec: Mapping[str, Any]) -> dict[str, Any]:

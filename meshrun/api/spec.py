@@ -266,10 +266,9 @@ class Training:
     """Optimizer steps."""
     global_batch_size: int
     """Sequences per optimizer step across all data-parallel ranks."""
-    micro_batch_size: int
-    """Sequences per forward pass on one rank. The CRD has no default: unset, it reads as 1
-    and strategy auto chooses it (``JobSpec.micro_batch_size_set`` False; the plan's
-    ``micro_batch_size`` is the one that runs)."""
+    micro_batch_size: int | None
+    """Sequences per forward pass on one rank; None: strategy auto chooses it, every other type
+    runs 1. The plan's ``layout.micro_batch_size`` is the one that runs."""
     precision: Precision
     """bf16 mixed precision (fp32 master weights) or plain fp32."""
     activation_checkpointing: Checkpointing | None
@@ -398,8 +397,6 @@ class JobSpec:
 
     shape: ModelShape = field(metadata=DERIVED)
     """The model's sizes: the preset's, overridden by the explicit ones in ``model``."""
-    micro_batch_size_set: bool = field(metadata=DERIVED)
-    """Whether ``training.microBatchSize`` was given; unset, strategy auto chooses it."""
 
     @property
     def tokens_per_step(self) -> int:

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from meshrun.api.errors import SpecError
 from meshrun.api.layout import Layout, Stage, divisors, split_layers
 from meshrun.api.spec import GIB, JobSpec
-from meshrun.planner.degrees import complete_layout, stage_split
+from meshrun.planner.degrees import complete_layout, micro_batch_size_of, stage_split
 from meshrun.planner.explain import parameter_text
 from meshrun.planner.memory import (
     CHECKPOINTING,
@@ -62,8 +62,6 @@ class Choice:
     """Sentences explaining the choice."""
     estimate: StepEstimate | None = None
     """The predicted step (None when the layout was not timed)."""
-    micro_batch_size: int | None = None
-    """The micro-batch size the search chose; None: the spec's."""
 
 
 def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
@@ -198,12 +196,13 @@ def model_parallel(spec: JobSpec, zero_stage: int, need_both: bool = False) -> l
 def situation(spec: JobSpec) -> tuple[bool, bool, str]:
     """(model fits one GPU, largest layer fits one GPU, a sentence saying so)."""
     res, model = spec.resources, spec.shape
+    size = micro_batch_size_of(spec)
     single = estimate_memory(
-        spec, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1), split_layers(model.layers, 1, 1)
+        spec, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1, size), split_layers(model.layers, 1, 1)
     )
     largest = max(model.layer_parameters(), model.vocab * model.hidden)
     layer_bytes = largest * sum(bytes_per_parameter(spec.training.precision))
-    layer_bytes += layer_activation_bytes(spec, 1, spec.training.micro_batch_size)
+    layer_bytes += layer_activation_bytes(spec, 1, size)
     layer_fits = layer_bytes <= res.accelerator_bytes
     sentence = (
         f"The model ({parameter_text(model.parameters())} parameters) needs about "

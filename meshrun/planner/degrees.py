@@ -93,6 +93,12 @@ def chunks_per_rank(spec: JobSpec, pp: int) -> int:
     return spec.strategy.virtual_stages or 2
 
 
+def micro_batch_size_of(spec: JobSpec) -> int:
+    """The micro-batch size a layout of ``spec`` runs unless a search tries others: the spec's,
+    1 when unset."""
+    return spec.training.micro_batch_size or 1
+
+
 def complete_layout(
     spec: JobSpec,
     dp: int,
@@ -101,13 +107,16 @@ def complete_layout(
     zero_stage: int,
     schedule: tuple[str, int] | None = None,
     gpipe_below_stages: bool = False,
+    micro_batch_size: int | None = None,
 ) -> Layout:
     """The full layout for these degrees (micro-batches, virtual stages, gradient accumulation),
     checked by the rules every component shares; ``schedule`` (name, virtual stages) replaces
-    the spec's. With ``gpipe_below_stages`` (degrees the spec gives), 1F1B with fewer
-    micro-batches than stages runs GPipe's order instead of breaking torch's rule."""
+    the spec's, ``micro_batch_size`` the spec's (:func:`micro_batch_size_of`). With
+    ``gpipe_below_stages`` (degrees the spec gives), 1F1B with fewer micro-batches than stages
+    runs GPipe's order instead of breaking torch's rule."""
     s, t = spec.strategy, spec.training
-    passes = max(1, t.global_batch_size // (dp * t.micro_batch_size))
+    size = micro_batch_size or micro_batch_size_of(spec)
+    passes = max(1, t.global_batch_size // (dp * size))
     micro = 1 if pp == 1 else s.micro_batches or passes
     name, virtual = schedule or (s.pipeline_schedule, chunks_per_rank(spec, pp))
     if gpipe_below_stages and name == "1f1b" and pp > 1 and micro < pp:
@@ -123,12 +132,12 @@ def complete_layout(
         micro_batches=micro,
         virtual_stages=virtual if pp > 1 else 1,
         grad_accumulation=max(1, passes // micro),
+        micro_batch_size=size,
     )
     check_layout(
         layout,
         spec.shape,
         global_batch_size=t.global_batch_size,
-        micro_batch_size=t.micro_batch_size,
         world_size=spec.resources.world_size,
         num_proc_per_node=spec.resources.num_proc_per_node,
     )

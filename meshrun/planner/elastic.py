@@ -58,14 +58,13 @@ def resized(spec: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
     training = replace(
         spec.training,
         activation_checkpointing=checkpointing,
-        micro_batch_size=plan.micro_batch_size,
+        micro_batch_size=lay.micro_batch_size,
     )
     sized = replace(
         spec,
         resources=replace(spec.resources, num_nodes=pods),
         strategy=strategy,
         training=training,
-        micro_batch_size_set=True,
     )
     new = plan_job(sized, plan.name)
     if not new.memory.fits:
@@ -81,7 +80,7 @@ def _candidates(spec: JobSpec, plan: Plan) -> list[int]:
     """The degrees between the bounds that divide globalBatchSize / microBatchSize, ascending
     (through the divisors of that quotient: a huge maxDataParallel costs nothing)."""
     assert spec.elastic is not None
-    passes = spec.training.global_batch_size // plan.micro_batch_size
+    passes = spec.training.global_batch_size // plan.layout.micro_batch_size
     low = spec.elastic.min_data_parallel
     high = spec.elastic.max_data_parallel or plan.layout.dp
     small = [d for d in range(1, isqrt(passes) + 1) if passes % d == 0]

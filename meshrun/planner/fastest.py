@@ -10,7 +10,7 @@ from typing import Any
 
 from meshrun.api.spec import GIB, JobSpec
 from meshrun.planner.auto import Choice, evaluate, situation, table_choice, table_row
-from meshrun.planner.search import MICRO_BATCH_SIZES, enumerate_layouts, with_micro_batch
+from meshrun.planner.search import MICRO_BATCH_SIZES, enumerate_layouts
 from meshrun.planner.steptime import estimate_step
 
 RUNNERS_UP = 3
@@ -40,8 +40,8 @@ def layout_phrases(choice: Choice) -> list[str]:
     """The parts of ``describe_layout``, each a phrase a line may not break."""
     lay = choice.layout
     phrases = [lay.text(), f"ZeRO-{lay.zero_stage}"]
-    if choice.micro_batch_size not in (None, 1):
-        phrases.append(f"mbs{choice.micro_batch_size}")
+    if lay.micro_batch_size != 1:
+        phrases.append(f"mbs{lay.micro_batch_size}")
     if lay.pp > 1:
         schedule = lay.schedule
         if lay.virtual_stages > 1:
@@ -59,11 +59,7 @@ def speed_text(choice: Choice) -> str:
 
 
 def same_layout(a: Choice, b: Choice) -> bool:
-    return (a.layout, a.checkpointing, a.micro_batch_size or 1) == (
-        b.layout,
-        b.checkpointing,
-        b.micro_batch_size or 1,
-    )
+    return (a.layout, a.checkpointing) == (b.layout, b.checkpointing)
 
 
 def choose_fastest(spec: JobSpec) -> Choice:
@@ -111,10 +107,10 @@ def choose_fastest(spec: JobSpec) -> Choice:
             )
             + "."
         )
-    if not spec.micro_batch_size_set:
+    if spec.training.micro_batch_size is None:
         sizes = ", ".join(str(b) for b in MICRO_BATCH_SIZES)
         best.reasons.append(
-            f"spec.training.microBatchSize is unset: of {sizes}, {best.micro_batch_size} is "
+            f"spec.training.microBatchSize is unset: of {sizes}, {best.layout.micro_batch_size} is "
             "the fastest that fits."
         )
     if best.checkpointing != "none" and spec.training.activation_checkpointing is None:
@@ -159,9 +155,8 @@ def _relative(choice: Choice, best: Choice) -> str:
 
 
 def _timed(spec: JobSpec, choice: Choice) -> Choice:
-    sized = with_micro_batch(spec, choice.micro_batch_size or spec.training.micro_batch_size)
     estimate = estimate_step(
-        sized, choice.layout, choice.stages, choice.checkpointing, memory=choice.memory
+        spec, choice.layout, choice.stages, choice.checkpointing, memory=choice.memory
     )
     return replace(choice, reasons=[], estimate=estimate)
 
@@ -180,7 +175,7 @@ def candidate_dict(choice: Choice) -> dict[str, Any]:
         "pipelineSchedule": lay.schedule,
         "virtualStages": lay.virtual_stages,
         "microBatches": lay.micro_batches,
-        "microBatchSize": choice.micro_batch_size,
+        "microBatchSize": lay.micro_batch_size,
         "activationCheckpointing": choice.checkpointing,
         "memoryBytes": choice.memory.total,
         "stepSeconds": round(est.step_seconds, 6),

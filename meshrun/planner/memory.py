@@ -189,7 +189,7 @@ def estimate_memory(
     layers_on = [0] * layout.pp
     for stage in stages:
         layers_on[stage.pp] += stage.last - stage.first + 1
-    micro_batch = spec.training.micro_batch_size
+    micro_batch = layout.micro_batch_size
     per_layer_act = layer_activation_bytes(spec, t, micro_batch, checkpointing)
     # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
     recompute = layer_activation_bytes(spec, t, micro_batch) if checkpointing == "full" else 0

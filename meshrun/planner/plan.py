@@ -16,7 +16,6 @@ from meshrun.planner.explain import describe, warn
 from meshrun.planner.fastest import choose_fastest
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
-from meshrun.planner.search import with_micro_batch
 from meshrun.planner.steptime import StepEstimate
 from meshrun.rules.elastic import check_elastic
 from meshrun.rules.names import check_job_name
@@ -38,7 +37,8 @@ class Plan:
     accelerator: str
     """nvidia.com/gpu or cpu."""
     layout: Layout
-    """Degrees and schedule."""
+    """Degrees, schedule and the batch split: ``layout.micro_batch_size`` is the one that runs
+    (the spec's, or auto's choice when unset)."""
     stages: list[Stage]
     """Layer ranges per pipeline chunk, in model order."""
     memory: MemoryEstimate
@@ -55,8 +55,6 @@ class Plan:
     """Allowed but questionable choices."""
     estimate: StepEstimate | None = None
     """The predicted optimizer step (docs/planner.md, "The step-time model")."""
-    micro_batch_size: int = 1
-    """Sequences per forward pass on one rank: the spec's, or auto's choice when unset."""
 
     @property
     def world_size(self) -> int:
@@ -117,7 +115,7 @@ class Plan:
             "microBatches": lay.micro_batches,
             "virtualStages": lay.virtual_stages,
             "gradAccumulation": lay.grad_accumulation,
-            "microBatchSize": self.micro_batch_size,
+            "microBatchSize": lay.micro_batch_size,
             "bubbleFraction": round(lay.bubble_fraction(), 4),
             "activationCheckpointing": self.activation_checkpointing,
         }
@@ -162,6 +160,7 @@ class Plan:
             "pp": self.layout.pp,
             "tp": self.layout.tp,
             "zeroStage": self.layout.zero_stage,
+            "microBatchSize": self.layout.micro_batch_size,
             "worldSize": self.world_size,
             "gpus": self.gpus,
             "memory": self.memory_dict(),
@@ -189,9 +188,8 @@ def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     check_job_name(name, spec.resources.num_nodes)
     check_spec(spec)
     choice = _choose(spec)
-    micro_batch_size = choice.micro_batch_size or spec.training.micro_batch_size
     # Under auto the micro-batch size is the plan's, so the elastic degrees are checked with it.
-    check_elastic(with_micro_batch(spec, micro_batch_size), choice.layout.dp)
+    check_elastic(spec, choice.layout)
     reasons = [*choice.reasons, *describe(spec, choice.strategy, choice.layout)]
     return Plan(
         name=name,
@@ -208,7 +206,6 @@ def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
         explanation=" ".join(reasons),
         warnings=warn(spec, choice.layout, choice.memory),
         estimate=choice.estimate,
-        micro_batch_size=micro_batch_size,
     )
 
 

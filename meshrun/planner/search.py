@@ -9,8 +9,6 @@ per GPU (:mod:`meshrun.planner.steptime`).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from meshrun.api.errors import SpecError
 from meshrun.api.layout import Layout, Stage, divisors
 from meshrun.api.spec import JobSpec
@@ -50,7 +48,7 @@ def micro_batch_sizes(spec: JobSpec) -> tuple[int, ...]:
     """The micro-batch sizes to try: the spec's, or (unset) those of MICRO_BATCH_SIZES that
     keep every degree spec.elastic allows splitting the global batch (the rule of
     :mod:`meshrun.rules.elastic`, which the API server can only check with a size of 1)."""
-    if spec.micro_batch_size_set:
+    if spec.training.micro_batch_size is not None:
         return (spec.training.micro_batch_size,)
     if spec.elastic is None:
         return MICRO_BATCH_SIZES
@@ -63,13 +61,6 @@ def micro_batch_sizes(spec: JobSpec) -> tuple[int, ...]:
     return kept or (1,)
 
 
-def with_micro_batch(spec: JobSpec, size: int) -> JobSpec:
-    """``spec`` with ``training.microBatchSize`` = ``size``."""
-    if spec.training.micro_batch_size == size:
-        return spec
-    return replace(spec, training=replace(spec.training, micro_batch_size=size))
-
-
 def enumerate_layouts(spec: JobSpec) -> tuple[list[Choice], Choice | None]:
     """(every layout that fits, fastest first; the smallest estimate when none fits)."""
     fitting: list[Choice] = []
@@ -78,7 +69,7 @@ def enumerate_layouts(spec: JobSpec) -> tuple[list[Choice], Choice | None]:
     for size in micro_batch_sizes(spec):
         if spec.training.global_batch_size % size:
             continue
-        found, least = _layouts_of(with_micro_batch(spec, size), splits)
+        found, least = _layouts_of(spec, size, splits)
         fitting += found
         if least is not None and (smallest is None or least.memory.total < smallest.memory.total):
             smallest = least
@@ -87,7 +78,7 @@ def enumerate_layouts(spec: JobSpec) -> tuple[list[Choice], Choice | None]:
 
 
 def _layouts_of(
-    spec: JobSpec, splits: dict[tuple[int, int], list[Stage]]
+    spec: JobSpec, micro_batch_size: int, splits: dict[tuple[int, int], list[Stage]]
 ) -> tuple[list[Choice], Choice | None]:
     """The layouts of one micro-batch size: those that fit, and the smallest that does not."""
     res, world = spec.resources, spec.resources.world_size
@@ -112,7 +103,9 @@ def _layouts_of(
                 allowed = len(modes)
                 for zero in zeros:
                     try:
-                        layout = complete_layout(spec, dp, pp, tp, zero, schedule)
+                        layout = complete_layout(
+                            spec, dp, pp, tp, zero, schedule, micro_batch_size=micro_batch_size
+                        )
                     except SpecError:
                         break  # the degrees or schedule break a rule for every stage
                     key = (pp, layout.virtual_stages)
@@ -145,8 +138,7 @@ def _choice(
     """A layout that fits, timed with ``works`` (None: one that does not, untimed)."""
     name = strategy_name(layout.dp, layout.pp, layout.tp, layout.zero_stage)
     estimate = None if works is None else estimate_step(spec, layout, stages, mode, works, memory)
-    size = spec.training.micro_batch_size
-    return Choice(name, layout, stages, memory, mode, estimate=estimate, micro_batch_size=size)
+    return Choice(name, layout, stages, memory, mode, estimate=estimate)
 
 
 def _speed(choice: Choice) -> float:

@@ -246,7 +246,7 @@ def rank_work(
     profile = res.profile
     peak = profile.peak_tflops * 1e12
     memory_rate = profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY
-    tokens = spec.training.micro_batch_size * shape.seq_len
+    tokens = layout.micro_batch_size * shape.seq_len
     act_bytes = 2 if spec.training.precision == "bf16" else 4
     if spec.training.precision != "bf16":
         peak /= 8  # fp32 matmuls: TF32 off by default in torch, well under the bf16 peak
@@ -401,7 +401,7 @@ def estimate_step(
         apart = n * t >= res.num_proc_per_node and res.num_nodes > 1
         link = res.inter_node_bytes_per_second if apart else res.intra_node_bytes_per_second
         hop = NETWORK_HOP_S if apart else NVLINK_HOP_S
-        message = training.micro_batch_size * shape.seq_len * shape.hidden * act_bytes / t
+        message = layout.micro_batch_size * shape.seq_len * shape.hidden * act_bytes / t
         per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S + hop)
         transfer = per_slot * (passes + slots * layout.grad_accumulation)
     breakdown["pipelineBubble"] = bubble

@@ -9,6 +9,7 @@ known only after planning, so :func:`check_elastic` runs again with it.
 from __future__ import annotations
 
 from meshrun.api.errors import Rule
+from meshrun.api.layout import Layout
 from meshrun.api.spec import JobSpec
 
 ELASTIC = "spec.elastic"
@@ -29,9 +30,10 @@ MAX_MIN = Rule(
 ELASTIC_RULES = (MIN_PLANNED, BOUNDS_BATCH, MAX_MIN)
 
 
-def check_elastic(spec: JobSpec, planned_dp: int | None = None) -> None:
-    """The CEL rules restated; with ``planned_dp`` (the planner's degree), the minimum against
-    it too."""
+def check_elastic(spec: JobSpec, planned: Layout | None = None) -> None:
+    """The CEL rules restated (an unset microBatchSize counts as 1, as there); with the
+    ``planned`` layout, the minimum against its degree and the bounds against its micro-batch
+    size (auto's choice where the spec leaves it unset)."""
     elastic = spec.elastic
     if elastic is None:
         return
@@ -39,11 +41,12 @@ def check_elastic(spec: JobSpec, planned_dp: int | None = None) -> None:
     if high is not None and high < low:
         raise MAX_MIN.error(f"{high} < {low}")
     bound = spec.strategy.data_parallel or spec.resources.world_size
-    if planned_dp is not None:
-        bound = planned_dp
+    micro_batch_size = spec.training.micro_batch_size or 1
+    if planned is not None:
+        bound, micro_batch_size = planned.dp, planned.micro_batch_size
     if low > bound:
         raise MIN_PLANNED.error(f"{low} > {bound}")
-    passes = spec.training.global_batch_size // spec.training.micro_batch_size
+    passes = spec.training.global_batch_size // micro_batch_size
     for degree in (low, high):
         if degree is not None and passes % degree:
             raise BOUNDS_BATCH.error(f"{degree} does not divide {passes}")

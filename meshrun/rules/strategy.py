@@ -189,7 +189,7 @@ def check_spec(spec: JobSpec) -> None:
         raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {res.world_size}")
     if res.accelerator_product is not None and res.accelerator != "nvidia.com/gpu":
         raise PRODUCT_GPU.error(f"accelerator is {res.accelerator}")
-    if t.global_batch_size % t.micro_batch_size:
+    if t.micro_batch_size is not None and t.global_batch_size % t.micro_batch_size:
         raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
     check_model(spec.shape)
     check_files_spec(spec)
@@ -243,7 +243,6 @@ def check_layout(
     shape: ModelShape,
     *,
     global_batch_size: int,
-    micro_batch_size: int,
     world_size: int | None = None,
     num_proc_per_node: int | None = None,
 ) -> None:
@@ -272,16 +271,20 @@ def check_layout(
             f" x {layout.virtual_stages} virtual stages" if layout.virtual_stages > 1 else ""
         )
         raise PP_LAYERS.error(f"{stages} for layers={shape.layers}")
-    check_batch(layout, global_batch_size, micro_batch_size)
+    check_batch(layout, global_batch_size)
     check_schedule(layout)
 
 
-def check_batch(layout: Layout, global_batch_size: int, micro_batch_size: int) -> None:
-    """The global batch splits into dp x micro-batches x accumulation passes of micro_batch."""
-    per_pass = layout.dp * micro_batch_size
+def check_batch(layout: Layout, global_batch_size: int) -> None:
+    """The global batch splits into dp x micro-batches x accumulation passes of the layout's
+    micro-batch size."""
+    size = layout.micro_batch_size
+    if not isinstance(size, int) or size < 1:  # a hand-written job document's plan
+        raise SpecError(f"{TRAINING}.microBatchSize", f"must be at least 1, got {size!r}")
+    per_pass = layout.dp * layout.micro_batch_size
     if global_batch_size % per_pass:
         raise DP_BATCH.error(
-            f"{global_batch_size} against {layout.dp}x{micro_batch_size} = {per_pass}"
+            f"{global_batch_size} against {layout.dp}x{layout.micro_batch_size} = {per_pass}"
         )
     passes = global_batch_size // per_pass
     if passes % layout.micro_batches:

@@ -217,15 +217,16 @@ def test_auto_chooses_the_micro_batch_size_only_when_unset() -> None:
     spec = make_spec({"preset": "7b"}, nodes=4, batch=256)
     del spec["training"]["microBatchSize"]
     plan = plan_job(spec)
-    sizes = {c.micro_batch_size for c in enumerate_layouts(read_spec(spec))[0]}
+    sizes = {c.layout.micro_batch_size for c in enumerate_layouts(read_spec(spec))[0]}
     assert sizes >= {1, 2}, sizes
     assert "spec.training.microBatchSize is unset" in plan.explanation
-    assert plan.to_dict()["layout"]["microBatchSize"] == plan.micro_batch_size
+    assert plan.to_dict()["layout"]["microBatchSize"] == plan.layout.micro_batch_size
     env = pod_env(
         plan, read_spec(spec), job_name="job", namespace="ns", pod_index=0, master_addr="job-0"
     )
     # what trains: the trainer checks and runs the plan's size, not the spec's
-    assert read_job(env).plan.micro_batch_size == plan.micro_batch_size
+    assert read_job(env).plan.layout.micro_batch_size == plan.layout.micro_batch_size
     given_spec = make_spec({"preset": "7b"}, nodes=4, batch=256)
-    assert plan_job(given_spec).micro_batch_size == 1
-    assert {c.micro_batch_size for c in enumerate_layouts(read_spec(given_spec))[0]} == {1}
+    assert plan_job(given_spec).layout.micro_batch_size == 1
+    given = enumerate_layouts(read_spec(given_spec))[0]
+    assert {c.layout.micro_batch_size for c in given} == {1}

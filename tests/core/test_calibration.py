@@ -263,9 +263,10 @@ def layout_speed(
     """Predicted tokens/s per GPU of a layout given by hand (TP may span pods here, which the
     planner itself never proposes)."""
     job_spec = read_spec(spec)
-    passes = job_spec.training.global_batch_size // (dp * job_spec.training.micro_batch_size)
+    size = job_spec.training.micro_batch_size or 1
+    passes = job_spec.training.global_batch_size // (dp * size)
     layout = Layout(
-        dp, pp, tp, zero, schedule, passes if pp > 1 else 1, virtual, 1 if pp > 1 else passes
+        dp, pp, tp, zero, schedule, passes if pp > 1 else 1, virtual, 1 if pp > 1 else passes, size
     )
     stages = stage_split(job_spec.shape, pp, virtual)
     return estimate_step(job_spec, layout, stages, checkpointing).tokens_per_second_per_gpu

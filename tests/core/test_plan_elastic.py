@@ -150,16 +150,16 @@ def _auto_elastic(batch: int, elastic: dict[str, int] | None) -> dict[str, Any]:
 def test_auto_picks_a_micro_batch_size_every_elastic_degree_can_split() -> None:
     # Alone, auto takes 8 sequences per micro-batch (96 = dp12 x 8); at dp 8 that would leave
     # 96 / 8 = 12 micro-batches for 8 replicas, so with minDataParallel 8 it takes 4.
-    assert plan_job(_auto_elastic(96, None), "j").micro_batch_size == 8
+    assert plan_job(_auto_elastic(96, None), "j").layout.micro_batch_size == 8
     job = read_spec(_auto_elastic(96, {"minDataParallel": 8}))
-    assert not job.micro_batch_size_set
+    assert job.training.micro_batch_size is None
     plan = plan_job(job, "j")
-    assert plan.micro_batch_size == 4
+    assert plan.layout.micro_batch_size == 4
     degrees = elastic_degrees(job, plan)
     assert degrees == [8, 12]
     for dp in degrees:
         _, small = resized(job, plan, dp)
         # the resized plan runs the same micro-batch size, the global batch kept
-        assert small.micro_batch_size == plan.micro_batch_size
         lay = small.layout
-        assert lay.dp * small.micro_batch_size * lay.micro_batches * lay.grad_accumulation == 96
+        assert lay.micro_batch_size == plan.layout.micro_batch_size
+        assert lay.dp * lay.micro_batch_size * lay.micro_batches * lay.grad_accumulation == 96

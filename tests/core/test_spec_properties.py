@@ -195,7 +195,7 @@ def test_an_accepted_spec_starts_every_trainer(spec: dict[str, Any]) -> None:
         assert (layout.dp, layout.pp, layout.tp) == (dp, plan.layout.pp, plan.layout.tp)
         assert layout.world_size == at.world_size == sized.resources.world_size
         assert sized.training.global_batch_size == job.training.global_batch_size
-        assert at.micro_batch_size == job.training.micro_batch_size
+        assert at.layout.micro_batch_size == plan.layout.micro_batch_size
 
 
 TP8_SEQ100 = {

@@ -32,7 +32,7 @@ def test_calibrate_times_the_multiplies_the_model_prices_for_the_jobs_layout() -
     result = json.loads(proc.stdout)
     (job,) = load_jobs(JOB)
     plan = plan_job(read_spec(job["spec"]), name="demo-3d-cpu")
-    tokens = plan.micro_batch_size * plan.model.seq_len
+    tokens = plan.layout.micro_batch_size * plan.model.seq_len
     want = [
         (weights, product, [int(x) for x in shape])
         for weights, (m, n, k) in layer_gemms(plan.model, tokens, plan.layout.tp).items()

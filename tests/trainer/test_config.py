@@ -61,9 +61,10 @@ def stages(*ranges: tuple[int, int]) -> list[dict[str, Any]]:
     return [{"pp": i, "virtual": 0, "first": a, "last": b} for i, (a, b) in enumerate(ranges)]
 
 
-PIPELINE = {"dp": 1, "pp": 2, "tp": 1, "microBatches": 2}
+# the trainer takes the plan's micro-batch size (8 = dp1 x 4 x 2 micro-batches)
+PIPELINE = {"dp": 1, "pp": 2, "tp": 1, "microBatches": 2, "microBatchSize": 4}
 MB4 = {"training": {"microBatchSize": 4}}
-PLAN_MB4 = {"layout": PIPELINE, "microBatchSize": 4}  # the trainer takes the plan's size
+PLAN_MB4 = {"layout": PIPELINE}
 
 
 @pytest.mark.parametrize(
@@ -92,6 +93,7 @@ PLAN_MB4 = {"layout": PIPELINE, "microBatchSize": 4}  # the trainer takes the pl
             "needs pp x virtualStages = 2",
         ),
         ({"plan": {"layout": {"dp": 3}}}, "spec.training.globalBatchSize", "(8 against 3x8 = 24)"),
+        ({"plan": {"layout": {"microBatchSize": 0}}}, "spec.training.microBatchSize", "got 0"),
         ({"spec": {"training": {"learningRate": "fast"}}}, "spec.training.learningRate", "number"),
         ({"spec": {"training": {"precision": "fp8"}}}, "spec.training.precision", "bf16"),
         ({"plan": {"model": {"kvHeads": 3}}}, "spec.model.kvHeads", "(3 does not divide heads=4)"),

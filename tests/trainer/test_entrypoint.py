@@ -10,10 +10,37 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshrun_trainer.local.env import edit_document, layout_env
+from meshrun_trainer.local.env import edit_document
 from trainer_launch import REPO, cpu_env
 
+from meshrun.api.read import read_spec
+from meshrun.envcontract import pod_env
+from meshrun.planner.plan import plan_job
+
 pytestmark = pytest.mark.trainer
+
+JOB = {
+    "image": "local",
+    "resources": {
+        "numNodes": 1,
+        "numProcPerNode": 1,
+        "accelerator": "cpu",
+        "acceleratorMemoryGiB": 1,  # so that auto searches the layouts and micro-batch sizes
+    },
+    "strategy": {"type": "auto"},
+    "model": {"preset": "tiny"},
+    "training": {"steps": 3, "globalBatchSize": 8, "dataset": "corpus"},  # microBatchSize unset
+}
+
+
+def job_env() -> dict[str, str]:
+    """The environment of :data:`JOB`, planned by auto (one process, micro-batches of 8)."""
+    spec = read_spec(JOB)
+    plan = plan_job(spec, "local")
+    assert plan.layout.micro_batch_size == 8 and spec.training.micro_batch_size is None
+    return pod_env(
+        plan, spec, job_name="local", namespace="local", pod_index=0, master_addr="127.0.0.1"
+    )
 
 
 def trainer(
@@ -25,14 +52,14 @@ def trainer(
     pod: dict[str, Any] | None = None,
     **env: str,
 ) -> tuple[subprocess.CompletedProcess[str], Path]:
-    """Run the trainer with a one-process tiny job's environment, its document's spec, plan and
-    pod changed as given, ``env`` set and ``drop`` removed."""
+    """Run the trainer with :data:`JOB`'s environment, its document's spec, plan and pod changed
+    as given, ``env`` set and ``drop`` removed."""
     log = tmp_path / "termination-log"
-    base = layout_env({"preset": "tiny"}, {"steps": 3, "globalBatchSize": 8, "dataset": "corpus"})
+    base = job_env()
     parts = {
         "spec": spec or {},
         "plan": plan or {},
-        "pod": {"terminationLog": str(log), **(pod or {})},
+        "pod": {"terminationLog": str(log), "metricsPort": 0, **(pod or {})},
     }
     base = edit_document(base, **parts)
     base.update(**env)
@@ -58,6 +85,8 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
     message = json.loads(log.read_text())
     assert message["status"] == "Succeeded" and message["steps"] == 3
     assert message["layout"]["dataParallel"] == "none"
+    # the plan's micro-batch size, which auto chose: the spec leaves it unset
+    assert message["layout"]["micro_batch_size"] == 8
     assert len(message["peakMemoryBytes"]) == 1
 
 

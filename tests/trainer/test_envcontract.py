@@ -92,6 +92,31 @@ def test_every_field_of_the_spec_round_trips_through_the_document(name: str) -> 
     assert len(env[JOB_VARIABLE]) < 8192, "far below the 128 KiB of one environment string"
 
 
+def test_an_auto_job_without_a_micro_batch_size_trains_with_the_plans() -> None:
+    """Left unset, auto chooses the micro-batch size: the spec the operator and the trainer read
+    keeps it unset, and the plan (status.plan, the trainer's layout) holds the one that runs."""
+    spec = {
+        "image": "x",
+        "resources": {"numNodes": 2, "numProcPerNode": 8},
+        "strategy": {"type": "auto"},
+        "model": {"preset": "1b"},
+        "training": {"globalBatchSize": 64},
+    }
+    ev = evaluate(spec, "auto")  # the operator's reading and plan
+    assert ev.error is None and ev.spec is not None and ev.plan is not None
+    size = ev.plan.layout.micro_batch_size
+    assert size == 4, "auto's choice, not the 1 every other strategy type runs"
+    assert ev.spec.training.micro_batch_size is None
+    assert ev.plan.status_summary()["microBatchSize"] == size
+    env = pod_env(ev.plan, ev.spec, job_name="auto", namespace="ns", pod_index=1, master_addr="m")
+    job = read_job(env)
+    assert job.spec.training.micro_batch_size is None
+    layout = job.plan.layout
+    assert layout.micro_batch_size == size
+    # each replica's rows of a step are passes of the plan's size
+    assert layout.dp * size * layout.micro_batches * layout.grad_accumulation == 64
+
+
 def test_a_document_too_big_for_the_environment_makes_the_job_invalid() -> None:
     job = load_jobs(EXAMPLES / "ddp.yaml")[0]
     # the pod carries args, not the document: the most the CRD admits still runs

@@ -21,6 +21,7 @@ def make_layout(dp: int = 1, pp: int = 1, tp: int = 1, zero: int = 0, virtual: i
         micro_batches=4,
         virtual_stages=virtual,
         grad_accumulation=1,
+        micro_batch_size=1,
     )
 
 

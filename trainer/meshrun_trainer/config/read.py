@@ -38,8 +38,6 @@ def read_job(env: Mapping[str, str] | None = None) -> JobDocument:
         plan.layout,
         plan.model,
         global_batch_size=training.global_batch_size,
-        # the plan's, not the spec's: auto chooses it where the spec leaves it unset
-        micro_batch_size=plan.micro_batch_size,
         world_size=int(world) if world and world.isdigit() else None,
     )
     if training.data is None:

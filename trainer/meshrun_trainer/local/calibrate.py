@@ -129,7 +129,7 @@ def calibrate(args: argparse.Namespace) -> dict[str, Any]:
     profile = spec.resources.profile
     peak_tflops = args.peak_tflops or profile.peak_tflops
     peak = peak_tflops if bf16 else peak_tflops / FP32_PEAK_SHARE
-    tokens = plan.micro_batch_size * plan.model.seq_len
+    tokens = plan.layout.micro_batch_size * plan.model.seq_len
     shapes = [
         (weights, product, (int(a), int(b), int(c)))
         for weights, (m, n, k) in layer_gemms(plan.model, tokens, plan.layout.tp).items()
