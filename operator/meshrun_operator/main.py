@@ -110,6 +110,19 @@ def parse_args(argv: list[str]) -> Options:
         help="longest restart delay (default 300)",
     )
     parser.add_argument(
+        "--error-backoff-base-seconds",
+        type=float,
+        default=2.0,
+        help="how long a job whose reconcile failed waits for the next one, doubled per "
+        "failure in a row, and no less than the API server's Retry-After (default 2)",
+    )
+    parser.add_argument(
+        "--error-backoff-max-seconds",
+        type=float,
+        default=300.0,
+        help="the longest wait after failed reconciles (default 300)",
+    )
+    parser.add_argument(
         "--node-toleration-seconds",
         type=float,
         default=300.0,
@@ -169,7 +182,8 @@ def parse_args(argv: list[str]) -> Options:
         if not 0 <= value <= 65535:
             parser.error(f"--{flag.replace('_', '-')}: {value} must be a port (0-65535)")
     positive = ("resync_seconds", "status_interval_seconds", "backoff_base_seconds",
-                "backoff_max_seconds", "node_toleration_seconds", "start_failure_seconds",
+                "backoff_max_seconds", "error_backoff_base_seconds", "error_backoff_max_seconds",
+                "node_toleration_seconds", "start_failure_seconds",
                 "expectations_timeout_seconds", "workers", "api_timeout_seconds",
                 "stall_seconds")  # fmt: skip
     for flag in positive:
@@ -192,6 +206,8 @@ def parse_args(argv: list[str]) -> Options:
             node_toleration_seconds=args.node_toleration_seconds,
             start_failure_seconds=args.start_failure_seconds,
             expectations_timeout_seconds=args.expectations_timeout_seconds,
+            error_backoff_base_seconds=args.error_backoff_base_seconds,
+            error_backoff_max_seconds=args.error_backoff_max_seconds,
         ),
         watch_nodes=not args.no_watch_nodes,
         progress_http=not args.no_progress_http,

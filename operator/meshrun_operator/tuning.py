@@ -22,8 +22,21 @@ class Tuning:
     start_failure_seconds: float = 120.0
     """How long a container may wait in a reason that needs a change to clear (ErrImagePull,
     CreateContainerConfigError, ...) before the pod counts as failed."""
+    error_backoff_base_seconds: float = 2.0
+    """Delay before a job whose reconcile failed is reconciled again; doubles with every
+    further failure in a row."""
+    error_backoff_max_seconds: float = 300.0
+    """Upper bound of that delay."""
 
     def backoff(self, retries: int) -> float:
         """Exponential backoff: base * 2^(retries-1), capped (retries counts from 1)."""
-        delay = self.backoff_base_seconds * 2 ** max(retries - 1, 0)
-        return float(min(delay, self.backoff_max_seconds))
+        return _doubled(retries, self.backoff_base_seconds, self.backoff_max_seconds)
+
+    def error_backoff(self, failures: int) -> float:
+        """The delay after ``failures`` failed reconciles of a job in a row (from 1)."""
+        return _doubled(failures, self.error_backoff_base_seconds, self.error_backoff_max_seconds)
+
+
+def _doubled(times: int, base: float, cap: float) -> float:
+    """base * 2^(times-1), at most ``cap``."""
+    return float(min(base * 2 ** max(times - 1, 0), cap))

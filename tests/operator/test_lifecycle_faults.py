@@ -272,6 +272,20 @@ def test_refused_creation_says_why_backs_off_and_creates_the_rest_later() -> Non
     assert condition(done, "CreationRefused")["status"] == "False"
 
 
+def test_a_refused_creation_waits_as_long_as_the_api_server_asks() -> None:
+    job, _ = run(make_job(), observe(), 0)
+    # 429 with Retry-After: 45 (priority and fairness throttling): longer than the first delay.
+    throttled = Refusal((0, 1), "TooManyRequests", "too many requests", retry_after=45)
+    refused = decide(job, replace(observe(), refused=throttled), at(0), TUNING)
+    assert refused.status["nextAttemptTime"] == "2026-01-01T12:00:45Z"
+    # ... but never past the longest backoff (60 s here).
+    ages = replace(throttled, retry_after=3600)
+    assert (
+        decide(job, replace(observe(), refused=ages), at(0), TUNING).status["nextAttemptTime"]
+        == "2026-01-01T12:01:00Z"
+    )
+
+
 def test_a_partial_gang_is_released_after_the_gang_timeout() -> None:
     job = started_job(scheduling={"gangTimeoutSeconds": 30})
     job["status"]["nextAttemptTime"] = None

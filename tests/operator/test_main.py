@@ -26,6 +26,7 @@ pytestmark = pytest.mark.unit
         (["--workers", "-1"], "--workers"),
         (["--no-such-flag"], "--no-such-flag"),
         (["--api-timeout-seconds", "0"], "--api-timeout-seconds"),
+        (["--error-backoff-base-seconds", "0"], "--error-backoff-base-seconds"),
         (["--leader-election", "--lease-renew-deadline-seconds", "20"], "--lease-"),
         (["--operator-labels", "app"], "--operator-labels"),
     ],
@@ -35,6 +36,13 @@ def test_bad_options_exit_2_naming_the_flag(
 ) -> None:
     assert main(argv) == 2
     assert flag in capsys.readouterr().err
+
+
+def test_the_error_backoff_flags_reach_the_tuning() -> None:
+    argv = ["--error-backoff-base-seconds", "0.5", "--error-backoff-max-seconds", "4"]
+    tuning = parse_args(argv).tuning
+    assert [tuning.error_backoff(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1, 2, 4, 4]
+    assert parse_args([]).tuning.error_backoff(1) == 2
 
 
 def test_no_cluster_is_a_clear_error(

@@ -4,15 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
+import time
 from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
 from typing import Any
 
 import aiohttp
 import pytest
-from meshrun_operator.client.errors import ApiError
+from aiohttp import web
+from meshrun_operator.client.errors import ApiError, ApiTimeout
+from meshrun_operator.client.kube import Kube
+from meshrun_operator.client.login import Login
+from meshrun_operator.client.rest import Rest
 from meshrun_operator.runtime import resync
 from meshrun_operator.runtime.context import OperatorContext
-from meshrun_operator.runtime.resync import Resyncer, Stalled, job_is_gone
+from meshrun_operator.runtime.resync import Failing, Resyncer, Stalled, job_is_gone
+from meshrun_operator.tuning import Tuning
+from operator_factories import make_job
+from test_login import kubeconfig, serving
 
 from meshrun.api.crd import GROUP, PLURAL
 
@@ -103,7 +114,7 @@ def test_ended_jobs_leave_the_periodic_pass_until_their_ttl_or_a_failed_reconcil
     assert loop._periodic("a", ended("Failed"), now)
     loop.ctx.expectations.settle("a", [])  # the pod is gone
     assert not loop._periodic("a", ended("Failed"), now)
-    loop.failed.add("a")
+    loop.failing["a"] = Failing(1, "ValueError: a bug", 0.0)
     assert loop._periodic("a", ended("Succeeded"), now)  # its cleanup failed: try again
 
 
@@ -166,3 +177,117 @@ def test_a_child_wakes_only_the_job_of_its_own_namespace_and_name() -> None:
     assert not loop.dirty and not loop.batched
     loop.poke_owner(("team-b", "train", "victim"), batch=True)
     assert set(loop.batched) == {"victim"}
+
+
+def failures_logged(caplog: pytest.LogCaptureFixture) -> list[tuple[str, bool]]:
+    """(message, with a traceback) of each failed reconcile the operator logged."""
+    return [
+        (r.getMessage(), r.exc_info is not None)
+        for r in caplog.records
+        if r.getMessage().startswith("reconcile of job")
+    ]
+
+
+def test_a_failing_reconcile_backs_off_doubling_and_logs_its_traceback_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    errors: list[Exception | None] = [ValueError("a bug")] * 5 + [KeyError("other"), None]
+    errors += [ValueError("a bug")]
+
+    async def reconcile(ctx: Any, body: dict[str, Any], pods: Any, nodes: Any) -> None:
+        error = errors.pop(0)
+        if error is not None:
+            raise error
+
+    monkeypatch.setattr(resync, "reconcile", reconcile)
+    tuning = Tuning(error_backoff_base_seconds=2, error_backoff_max_seconds=10)
+
+    async def scenario() -> None:
+        loop = Resyncer(OperatorContext(kube=None, tuning=tuning), None, None)  # type: ignore[arg-type]
+        loop.jobs = {"a": job("a")}
+        delays = []
+        for _ in range(len(errors)):
+            await loop.one("a")
+            failing = loop.failing.get("a")
+            delays.append(None if failing is None else round(failing.retry_at - time.monotonic()))
+        # Doubling from the base to the cap; another error starts no new streak, a success does.
+        assert delays == [2, 4, 8, 10, 10, 10, None, 2]
+
+    with caplog.at_level(logging.INFO, logger="meshrun.operator"):
+        asyncio.run(scenario())
+    logged = failures_logged(caplog)
+    assert [traceback for _, traceback in logged] == [
+        True, False, False, False, False,  # the same error again: one line each
+        True,  # another error: in full
+        False,  # succeeded
+        True,  # failing again after a success: in full
+    ]  # fmt: skip
+    assert "ns/a (a)" in logged[0][0] and "failed again (2 in a row" in logged[1][0]
+    assert "succeeded after 6 failure(s)" in logged[6][0]
+
+
+def test_a_failing_job_is_not_retried_at_every_pass_but_a_new_spec_is_acted_on_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tries: list[float] = []
+
+    async def reconcile(ctx: Any, body: dict[str, Any], pods: Any, nodes: Any) -> None:
+        tries.append(time.monotonic())
+        raise ValueError("the same bug")
+
+    monkeypatch.setattr(resync, "reconcile", reconcile)
+    tuning = Tuning(error_backoff_base_seconds=0.2, error_backoff_max_seconds=0.4)
+
+    async def scenario() -> None:
+        ctx = OperatorContext(kube=None, resync_seconds=0.01, tuning=tuning)  # type: ignore[arg-type]
+        loop = Resyncer(ctx, None, None, batch_seconds=0.01)
+        loop.jobs = {"a": job("a")}
+        task = asyncio.create_task(loop.run())
+        await asyncio.sleep(1.0)
+        # Tried at about 0, 0.2, 0.6 and 1.0 s, not at each of the hundred passes; a pod event
+        # does not cut the wait short.
+        loop.poke("a", batch=True)
+        await asyncio.sleep(0.05)
+        gaps = [b - a for a, b in pairwise(tries)]
+        assert 2 <= len(tries) <= 5, gaps
+        assert gaps[0] >= 0.19 and all(gap >= 0.39 for gap in gaps[1:]), gaps
+        # An edited spec (a new generation) is reconciled at once, backoff or not.
+        before = len(tries)
+        loop.poke("a")
+        await asyncio.sleep(0.05)
+        assert len(tries) == before + 1
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(scenario())
+
+
+def test_a_job_waits_as_long_as_the_api_servers_retry_after(tmp_path: Path) -> None:
+    """Every request answered 429 with Retry-After: 7 (the API server's priority and fairness
+    throttling): the job's next reconcile waits 7 s, not the 2 s of its first backoff."""
+    sent: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        sent.append(f"{request.method} {request.path}")
+        body = {"kind": "Status", "code": 429, "reason": "TooManyRequests", "message": "slow down"}
+        return web.json_response(body, status=429, headers={"Retry-After": "7"})
+
+    async def scenario() -> None:
+        async with serving(handler) as port:
+            config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
+            rest = Rest(Login(str(config)), ApiTimeout.of(5))
+            ctx = OperatorContext(kube=Kube(rest), tuning=Tuning(error_backoff_base_seconds=2))
+            loop = Resyncer(ctx, {}, None)
+            loop.jobs = {"uid-1": make_job()}
+            try:
+                await loop.one("uid-1")
+            finally:
+                await rest.close()
+            # The Service was refused, then the status saying so.
+            assert sent[0].endswith("/services") and sent[-1].endswith("/job/status"), sent
+            failing = loop.failing["uid-1"]
+            assert 6.5 < failing.retry_at - time.monotonic() <= 7
+            assert "TooManyRequests" in failing.said
+
+    asyncio.run(scenario())

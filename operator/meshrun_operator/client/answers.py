@@ -23,9 +23,13 @@ class Refused(Exception):
     """The API server refused to create a child for now: 403 (a ResourceQuota, PodSecurity
     admission), 429, or a 5xx (a failing webhook). The spec may be fine; a retry may pass."""
 
-    def __init__(self, kind: str, name: str, status: int, message: str) -> None:
+    def __init__(
+        self, kind: str, name: str, status: int, message: str, retry_after: float | None = None
+    ) -> None:
         super().__init__(f"{kind} {name} refused by the API server ({status}): {message}")
         self.kind, self.name, self.status, self.message = kind, name, status, message
+        self.retry_after = retry_after
+        """Seconds the API server asked to wait (its Retry-After header), or None."""
 
     @property
     def reason(self) -> str:

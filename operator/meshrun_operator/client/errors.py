@@ -20,10 +20,27 @@ WRITES = frozenset({"create", "delete", "patch", "update"})
 """Verbs that change the cluster: sent only while this operator leads (leader.py)."""
 
 
+RETRY_AFTER_MAX = 3600.0
+"""The longest Retry-After taken from an answer (seconds)."""
+
+
+def retry_after(header: str | None) -> float | None:
+    """The seconds of a Retry-After header (the API server sends it with 429 and 503: its
+    priority and fairness throttling, a server shutting down), at most RETRY_AFTER_MAX; None
+    when absent or not a number of seconds."""
+    try:
+        seconds = float(header) if header is not None else math.nan
+    except ValueError:
+        return None
+    return min(seconds, RETRY_AFTER_MAX) if seconds >= 0 else None
+
+
 class ApiError(Exception):
     """The API server answered with an error status (its own answer, not a lost request)."""
 
-    def __init__(self, status: int, reason: str, body: str = "") -> None:
+    def __init__(
+        self, status: int, reason: str, body: str = "", retry_after: float | None = None
+    ) -> None:
         super().__init__(f"({status}) {reason}: {body[:500]}")
         self.status = status
         """The HTTP status (404, 409, 422, ...)."""
@@ -31,6 +48,9 @@ class ApiError(Exception):
         """The HTTP reason phrase."""
         self.body = body
         """The answer's body: a Status object in JSON, usually."""
+        self.retry_after = retry_after
+        """Seconds the API server asked to wait before the next request (its Retry-After
+        header), or None."""
 
     @property
     def status_object(self) -> dict[str, Any]:

@@ -142,7 +142,7 @@ class Kube:
             if error.status in (400, 422):
                 raise ChildRejected(kind, name, error.message) from error
             if error.status in (403, 429) or error.status >= 500:
-                raise Refused(kind, name, error.status, error.message) from error
+                raise Refused(kind, name, error.status, error.message, error.retry_after) from error
             raise
         return True
 

@@ -28,7 +28,7 @@ from typing import Any
 
 import aiohttp
 
-from meshrun_operator.client.errors import ApiError, ApiTimeout, json_body
+from meshrun_operator.client.errors import ApiError, ApiTimeout, json_body, retry_after
 from meshrun_operator.client.login import Credentials, Login
 
 logger = logging.getLogger("meshrun.operator")
@@ -194,13 +194,14 @@ class Rest:
                 ) as response:
                     data = await response.read()
                     status, reason = response.status, response.reason or ""
+                    wait = retry_after(response.headers.get("Retry-After"))
             finally:
                 self._release(used)
             if status == 401 and attempt == 0:
                 await self._refused(used)
                 continue
             if status >= 400:
-                raise ApiError(status, reason, data.decode(errors="replace"))
+                raise ApiError(status, reason, data.decode(errors="replace"), wait)
             return json.loads(data) if data and read else None
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -222,8 +223,9 @@ class Rest:
                     body = await response.read()
                     if response.status == 401:
                         await self._refused(used)
-                    reason = response.reason or ""
-                    raise ApiError(response.status, reason, body.decode(errors="replace"))
+                    reason, text = response.reason or "", body.decode(errors="replace")
+                    wait = retry_after(response.headers.get("Retry-After"))
+                    raise ApiError(response.status, reason, text, wait)
                 pending = b""
                 # Not readline(): one event (a large object) may be longer than its line limit.
                 async for chunk in response.content.iter_any():

@@ -105,7 +105,8 @@ def _gang_expired(draft: Draft, spec: JobSpec, current: list[PodView]) -> bool:
 def refused(draft: Draft, spec: JobSpec, refusal: Refusal, tried: list[int]) -> None:
     """The API server refused some creates: the created ones are in flight, the job says why in
     CreationRefused and a Warning Event, and the rest is retried after a delay that doubles
-    with the time the refusal has lasted (capped like the restart backoff)."""
+    with the time the refusal has lasted, and no sooner than the API server's Retry-After
+    (capped like the restart backoff)."""
     created = [i for i in tried if i not in refusal.indices]
     state, now = draft.state, draft.now
     if created and state.attempt_start_time is None:
@@ -120,8 +121,10 @@ def refused(draft: Draft, spec: JobSpec, refusal: Refusal, tried: list[int]) -> 
     if old is None or old.get("status") != "True" or since is None:
         since = now
     tuning = draft.tuning
+    lasted = (now - since).total_seconds()
     delay = min(
-        max((now - since).total_seconds(), tuning.backoff_base_seconds), tuning.backoff_max_seconds
+        max(lasted, tuning.backoff_base_seconds, refusal.retry_after or 0.0),
+        tuning.backoff_max_seconds,
     )
     state.next_attempt_time = now + timedelta(seconds=delay)
     _tell_refusal(draft, refusal, what)

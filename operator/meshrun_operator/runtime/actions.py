@@ -145,7 +145,8 @@ def _refusal(refused: Sequence[tuple[int, Refused | Conflict]]) -> Refusal:
     indices = tuple(index for index, _ in refused)
     if isinstance(first, Conflict):
         return Refusal(indices, Reason.NAME_CONFLICT, first.message)
-    return Refusal(indices, first.reason, first.message)
+    waits = [r.retry_after for _, r in refused if isinstance(r, Refused) and r.retry_after]
+    return Refusal(indices, first.reason, first.message, retry_after=max(waits, default=None))
 
 
 async def restore(
@@ -177,7 +178,8 @@ async def _create_service(ctx: OperatorContext, job: JobRef) -> bool:
     try:
         created = await ctx.kube.create(build_service(job))
     except Refused as refused:
-        raise CreationRefused(Refusal((), refused.reason, refused.message)) from refused
+        refusal = Refusal((), refused.reason, refused.message, retry_after=refused.retry_after)
+        raise CreationRefused(refusal) from refused
     if not created:
         await _child_taken(ctx, job, "Service", names.service_name(job.name))
     return created
@@ -195,7 +197,8 @@ async def _create_network_policy(
     try:
         created = await ctx.kube.create(build_network_policy(job, options.operator, egress))
     except Refused as refused:
-        raise CreationRefused(Refusal((), refused.reason, refused.message, what)) from refused
+        refusal = Refusal((), refused.reason, refused.message, what, refused.retry_after)
+        raise CreationRefused(refusal) from refused
     if not created:
         await _child_taken(ctx, job, "NetworkPolicy", name)
     return created

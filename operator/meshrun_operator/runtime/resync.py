@@ -15,6 +15,12 @@ A job that ended (Succeeded or Failed) is left out of the periodic pass: nothing
 changes with time but its TTL, so it is looked at (and its spec read and planned) only when it
 or its pods change, when its TTL runs out, or again after a reconcile of it failed or while a
 delete of its pods is unconfirmed (sent to an API server that did not answer).
+
+A job whose reconcile fails is tried again after a delay of its own that doubles with each
+failure in a row (``--error-backoff-base-seconds`` to ``--error-backoff-max-seconds``, and no
+sooner than the API server's Retry-After), as a controller's rate-limited work queue does; a new
+spec is acted on at once. The first failure is logged with its traceback, the same failure again
+in one line; a success starts over.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -39,6 +46,18 @@ from meshrun_operator.runtime.reconcile import reconcile
 from meshrun_operator.vocabulary import Phase
 
 logger = logging.getLogger("meshrun.operator")
+
+
+@dataclass(frozen=True)
+class Failing:
+    """A job whose reconciles fail: how often in a row, what the last one said, when next."""
+
+    failures: int
+    """Failed reconciles in a row."""
+    said: str
+    """The last failure as logged (its type and words): another one is logged in full."""
+    retry_at: float
+    """When the job is reconciled again at the earliest (monotonic), unless its spec changes."""
 
 
 class Resyncer:
@@ -66,6 +85,9 @@ class Resyncer:
         """The latest body of every job, by uid."""
         self.dirty: set[str] = set()
         """Jobs to reconcile at the next wake-up."""
+        self.urgent: set[str] = set()
+        """Jobs new or with a new spec since the last wake-up: reconciled even while they back
+        off."""
         self.batched: dict[str, float] = {}
         """Jobs to reconcile at a time of their own (monotonic), changes batched until then."""
         self.batch_seconds = batch_seconds
@@ -73,8 +95,9 @@ class Resyncer:
         """The reconcile in flight of each job that has one."""
         self.waiting_since: dict[str, float] = {}
         """When each job became due for a reconcile that has not completed yet (monotonic)."""
-        self.failed: set[str] = set()
-        """Jobs whose last reconcile raised: the periodic pass retries them even if ended."""
+        self.failing: dict[str, Failing] = {}
+        """Jobs whose last reconcile raised, by uid: retried after their backoff, even if
+        ended."""
         self.wake = asyncio.Event()
         self.limit = asyncio.Semaphore(concurrency)
         self.last_pass = time.monotonic()
@@ -92,6 +115,7 @@ class Resyncer:
             self.batched.setdefault(uid, time.monotonic() + self.batch_seconds)
         else:
             self.dirty.add(uid)
+            self.urgent.add(uid)
         self.wake.set()
 
     def poke_owner(self, owner: tuple[str, str, str] | None, batch: bool = False) -> None:
@@ -115,7 +139,8 @@ class Resyncer:
         self.dirty.discard(uid)
         self.batched.pop(uid, None)
         self.waiting_since.pop(uid, None)
-        self.failed.discard(uid)
+        self.failing.pop(uid, None)
+        self.urgent.discard(uid)
         self.ctx.forget(uid)
 
     def leadership_changed(self, leading: bool) -> None:
@@ -179,6 +204,13 @@ class Resyncer:
         else:
             due = self.dirty & set(self.jobs)
         self.dirty.clear()
+        urgent, self.urgent = self.urgent, set()
+        for uid in due - urgent:
+            failing = self.failing.get(uid)
+            if failing is not None and failing.retry_at > now:
+                # Backing off: looked at again when its delay is over, not at every pass.
+                due.discard(uid)
+                self.batched[uid] = failing.retry_at
         for uid in due:
             self.waiting_since.setdefault(uid, now)
             if uid in self.running:
@@ -191,7 +223,7 @@ class Resyncer:
         out, its last reconcile failed, a decided status waits to be written or a create or
         delete of its is unconfirmed."""
         status = body.get("status") or {}
-        if status.get("phase") not in (Phase.SUCCEEDED, Phase.FAILED) or uid in self.failed:
+        if status.get("phase") not in (Phase.SUCCEEDED, Phase.FAILED) or uid in self.failing:
             return True
         if uid in self.ctx.deferred:
             return True  # a decided status still waits to be written
@@ -235,27 +267,72 @@ class Resyncer:
                 logger.info("job %s: %s", uid, standby)
             except ApiError as error:
                 if not job_is_gone(error):
-                    metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
-                    logger.exception("reconcile of job %s failed; retrying at the next resync", uid)
-                    self.failed.add(uid)
+                    self._failed(uid, error, error.retry_after)
                 else:
                     # Deleted while this pass ran: its watch event takes it out of the loop.
                     logger.info("job %s was deleted while it was reconciled", uid)
-                    self.failed.discard(uid)
+                    self.failing.pop(uid, None)
             except NO_ANSWER as error:
                 # The API server did not answer in time: not completed, still waiting.
-                metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
-                logger.warning("reconcile of job %s: no answer from the API server: %s", uid, error)
-                self.failed.add(uid)
+                self._failed(uid, error, traceback=False)
                 return
             except Exception as error:  # one job's trouble must not stop the loop
-                metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
-                logger.exception("reconcile of job %s failed; retrying at the next resync", uid)
-                self.failed.add(uid)
+                self._failed(uid, error)
             else:
-                self.failed.discard(uid)
+                self._succeeded(uid)
         # Completed, or refused by an answer of the API server (restarting would not help).
         self.waiting_since.pop(uid, None)
+
+    def _failed(
+        self,
+        uid: str,
+        error: BaseException,
+        retry_after: float | None = None,
+        traceback: bool = True,
+    ) -> None:
+        """Count the failure and set the job's backoff (no shorter than ``retry_after``); a
+        failure other than the last one is logged in full (with its ``traceback``), the same
+        one again in a line."""
+        metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
+        before = self.failing.get(uid)
+        failures = before.failures + 1 if before is not None else 1
+        delay = max(self.ctx.tuning.error_backoff(failures), retry_after or 0.0)
+        said = f"{type(error).__name__}: {error}"
+        self.failing[uid] = Failing(failures, said, time.monotonic() + delay)
+        job = self._named(uid)
+        if before is not None and before.said == said:
+            logger.warning(
+                "reconcile of job %s failed again (%d in a row, the same error); retrying in "
+                "%.3g s",
+                job,
+                failures,
+                delay,
+            )
+            return
+        level = logging.ERROR if traceback else logging.WARNING
+        logger.log(
+            level,
+            "reconcile of job %s failed: %s; retrying in %.3g s",
+            job,
+            said,
+            delay,
+            exc_info=error if traceback else None,
+        )
+
+    def _succeeded(self, uid: str) -> None:
+        """A reconcile of the job completed: its backoff starts over."""
+        before = self.failing.pop(uid, None)
+        if before is not None:
+            logger.info(
+                "reconcile of job %s succeeded after %d failure(s)",
+                self._named(uid),
+                before.failures,
+            )
+
+    def _named(self, uid: str) -> str:
+        """namespace/name (uid) of a job, for the log."""
+        meta = (self.jobs.get(uid) or {}).get("metadata") or {}
+        return f"{meta.get('namespace')}/{meta.get('name')} ({uid})"
 
     def health(self, stall_seconds: float) -> dict[str, Any]:
         """What /healthz reports; raises Stalled when reconciles stopped completing: the loop

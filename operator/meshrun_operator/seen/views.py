@@ -309,6 +309,8 @@ class Refusal:
     what: str = ""
     """The child refused when it is not a pod ("Service x", "NetworkPolicy x"); empty for
     pods, and for the Service when it was refused by the API server."""
+    retry_after: float | None = None
+    """Seconds the API server asked to wait before trying again (Retry-After), or None."""
 
 
 @dataclass(frozen=True)
