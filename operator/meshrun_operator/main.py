@@ -57,7 +57,8 @@ class Options:
     api_timeout_seconds: float
     """Longest wait for the answer to one API request (kopf's own requests included)."""
     stall_seconds: float
-    """/healthz fails when a job waited this long for a reconcile to complete."""
+    """/healthz fails when a background loop made no progress this long, and reports the jobs
+    that waited this long for a reconcile to complete."""
     tuning: Tuning
     """Backoff and grace periods."""
     watch_nodes: bool
@@ -154,8 +155,8 @@ def parse_args(argv: list[str]) -> Options:
         "--stall-seconds",
         type=float,
         default=300.0,
-        help="/healthz fails once a job waited this long for a reconcile, or the node watch, "
-        "lease loop or resync loop made no progress (default 300)",
+        help="/healthz fails once the node watch, lease loop or resync loop made no progress "
+        "this long, and reports the jobs that waited this long for a reconcile (default 300)",
     )
     parser.add_argument(
         "--no-watch-nodes",

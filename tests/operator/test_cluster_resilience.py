@@ -115,3 +115,5 @@ def test_healthz_and_metrics(cluster: Cluster, operator_process: OperatorProcess
     assert 'meshrun_operator_api_requests_total{resource="pods",verb="create"} 2.0' in text
     health = http_get(f"http://127.0.0.1:{operator_process.health_port}/healthz") or ""
     assert '"resync"' in health, health  # the resync loop reports through kopf's probe
+    # kopf's watch streams are followed too: the jobs' and their pods' are running.
+    assert '"watchers"' in health and "paralleltrainingjobs" in health, health

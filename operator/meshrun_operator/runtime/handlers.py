@@ -23,6 +23,7 @@ from meshrun_operator.children.placer import Placer
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.leader import Elector
 from meshrun_operator.runtime.resync import Resyncer
+from meshrun_operator.runtime.watchers import Watchers
 from meshrun_operator.seen.nodes import NodeWatch
 from meshrun_operator.seen.relist import Auditor, LiveIndex
 from meshrun_operator.seen.views import PodView, job_controller, owning_job, pod_view
@@ -62,6 +63,8 @@ class OperatorMemo(kopf.Memo):
     """The node watch (unless run with --no-watch-nodes)."""
     auditor: Auditor
     """Drops what a watch gap left behind (set by the startup handler)."""
+    watchers: Watchers
+    """The ends of kopf's watch streams, for /healthz (set by the startup handler)."""
 
 
 def register(
@@ -73,8 +76,9 @@ def register(
 ) -> None:
     """Register the indexes and handlers on ``registry`` (an explicit one, not kopf's global).
 
-    /healthz fails when no reconcile completed for ``stall_seconds`` while one was due. After
-    each listing of the served ``namespaces`` (all when empty), jobs and pods deleted while a
+    /healthz fails when the resync loop completed no pass for ``stall_seconds`` or one of
+    kopf's watchers ended, and reports jobs whose reconciles did not complete for that long.
+    After each listing of the served ``namespaces`` (all when empty), jobs and pods deleted while a
     watch was down are dropped (relist.py). The jobs' Services (and, with
     ``network_policies``, their NetworkPolicies) are watched too: one deleted while its job runs
     is created again.
@@ -153,6 +157,9 @@ def register(
         memo.resync = Resyncer(
             memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading, stall_seconds=stall_seconds
         )
+        # Before kopf starts its watchers (after the startup handlers): each one's end is seen.
+        memo.watchers = Watchers()
+        memo.watchers.install()
         memo.task = asyncio.create_task(memo.resync.run(), name="meshrun-resync")
         memo.resync.liveness.task = memo.task
         resync = memo.resync
@@ -174,6 +181,9 @@ def register(
         nodes: NodeWatch | None = memo.get("nodes")
         if nodes is not None:
             nodes.stop()
+        watchers: Watchers | None = memo.get("watchers")
+        if watchers is not None:
+            watchers.uninstall()
         task: asyncio.Task[None] | None = memo.get("task")
         if task is not None:
             task.cancel()
@@ -195,11 +205,22 @@ def register(
 
     @kopf.on.probe(id="resync", registry=registry)
     def resync_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
-        """/healthz fails (HTTP 500) when the resync loop ended or reconciles stopped
-        completing: the operator would silently stop acting. A permanent error, because kopf
-        retries any other error of a probe while the request waits."""
+        """/healthz fails (HTTP 500) when the resync loop ended or completes no pass: the
+        operator would silently stop acting. Jobs whose reconciles do not complete are only
+        reported: a restart would not help them. A permanent error, because kopf retries any
+        other error of a probe while the request waits."""
         try:
             return memo.resync.health(stall_seconds)
+        except Stalled as stalled:
+            raise kopf.PermanentError(str(stalled)) from stalled
+
+    @kopf.on.probe(id="watchers", registry=registry)
+    async def watchers_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
+        """/healthz fails when one of kopf's watch streams ended (watchers.py): the jobs or
+        pods of that stream would change unseen. On the event loop: it reads the loop's
+        tasks."""
+        try:
+            return memo.watchers.check()
         except Stalled as stalled:
             raise kopf.PermanentError(str(stalled)) from stalled
 

@@ -36,7 +36,7 @@ from typing import Any
 
 from meshrun.api.crd import GROUP, PLURAL
 from meshrun_operator import metrics
-from meshrun_operator.background import Liveness, Stalled
+from meshrun_operator.background import Liveness
 from meshrun_operator.client.errors import NO_ANSWER, ApiError, NotLeader
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
@@ -46,6 +46,9 @@ from meshrun_operator.runtime.reconcile import reconcile
 from meshrun_operator.vocabulary import Phase
 
 logger = logging.getLogger("meshrun.operator")
+
+STALLED_SHOWN = 10
+"""Stalled jobs /healthz names (it counts them all)."""
 
 
 @dataclass(frozen=True)
@@ -335,25 +338,26 @@ class Resyncer:
         return f"{meta.get('namespace')}/{meta.get('name')} ({uid})"
 
     def health(self, stall_seconds: float) -> dict[str, Any]:
-        """What /healthz reports; raises Stalled when reconciles stopped completing: the loop
-        ended, has not completed a pass, or a job has waited for a completed reconcile, for
-        ``stall_seconds``."""
+        """What /healthz reports; raises Stalled when the loop ended or has completed no pass
+        for ``stall_seconds``. Jobs that waited that long for a completed reconcile (their API
+        calls time out or hang) are reported, not failed on: a restart would not help one bad
+        job nor an API server in a brownout, and would list everything again from it."""
         self.liveness.deadline = stall_seconds
         self.liveness.check()
         now = time.monotonic()
         since_pass = now - self.last_pass
-        oldest = max((now - t for t in self.waiting_since.values()), default=0.0)
-        if oldest > stall_seconds:
-            raise Stalled(
-                f"a job has waited {oldest:.0f} s for a reconcile to complete "
-                f"(limit {stall_seconds:g} s): API calls time out or hang"
-            )
+        waits = sorted(((now - t, uid) for uid, t in self.waiting_since.items()), reverse=True)
+        stalled = [(wait, uid) for wait, uid in waits if wait > stall_seconds]
         return {
             "leader": self.leading(),
             "jobs": len(self.jobs),
             "inFlight": len(self.running),
             "secondsSincePass": round(since_pass, 1),
-            "longestWaitSeconds": round(oldest, 1),
+            "longestWaitSeconds": round(waits[0][0] if waits else 0.0, 1),
+            "stalledJobs": len(stalled),
+            "stalled": [
+                f"{self._named(uid)}: {wait:.0f} s" for wait, uid in stalled[:STALLED_SHOWN]
+            ],
         }
 
 
