@@ -90,6 +90,14 @@ def split_layers(layers: int, pp: int, virtual: int) -> list[Stage]:
     ]
 
 
+def layers_per_rank(stages: list[Stage], pp: int) -> list[int]:
+    """The transformer blocks each of the ``pp`` pipeline ranks holds, over all its chunks."""
+    layers = [0] * pp
+    for stage in stages:
+        layers[stage.pp] += stage.last - stage.first + 1
+    return layers
+
+
 def divisors(n: int, at_most: int | None = None) -> list[int]:
     """The positive divisors of ``n`` (up to ``at_most``), ascending."""
     limit = n if at_most is None else min(n, at_most)

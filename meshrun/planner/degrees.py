@@ -11,7 +11,7 @@ from meshrun.api.errors import SpecError
 from meshrun.api.layout import Layout, Stage, divisors
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import JobSpec
-from meshrun.rules.strategy import check_layout
+from meshrun.rules.strategy import check_layout, tp_unsplit
 
 STRATEGY = "spec.strategy"
 
@@ -32,7 +32,9 @@ def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
             _quotient(world, s.data_parallel, "dataParallel") if s.data_parallel else None
         )
         tp = tp or max(
-            t for t in divisors(spec.resources.num_proc_per_node) if tp_fits_model(spec, t)
+            t
+            for t in divisors(spec.resources.num_proc_per_node)
+            if tp_unsplit(spec.shape, t) is None
         )
         return _quotient(world, tp, "tensorParallel"), 1, tp
     if s.type == "pipeline":
@@ -66,12 +68,6 @@ def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
                 )
     given[missing[0]] = world // known
     return given["dataParallel"] or 1, given["pipelineParallel"] or 1, given["tensorParallel"] or 1
-
-
-def tp_fits_model(spec: JobSpec, tp: int) -> bool:
-    """Whether TP degree ``tp`` divides every dimension TP splits."""
-    m = spec.shape
-    return all(size % tp == 0 for size in (m.heads, m.kv_heads, m.ffn_hidden, m.vocab, m.seq_len))
 
 
 def _quotient(world: int, degree: int, name: str) -> int:

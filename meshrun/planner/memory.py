@@ -43,7 +43,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from meshrun.api.layout import Layout, Stage
+from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import CPU, JobSpec
 
@@ -124,6 +124,12 @@ def fsdp_states(local: int, n: int, layout: Layout, precision: str) -> tuple[int
     return params, grads, shard * ADAM_MOMENTS
 
 
+def element_bytes(precision: str) -> int:
+    """Bytes of one element in the training precision (an activation, or a weight as the
+    collectives gather it): 2 under bf16, 4 in fp32."""
+    return 2 if precision == "bf16" else 4
+
+
 def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
     """(weights, gradients, optimizer) bytes per parameter for Adam (ZeRO paper, section 3.1)."""
     return (2, 2, 12) if precision == "bf16" else (4, 4, 8)
@@ -162,7 +168,7 @@ def layer_activation_bytes(
 ) -> int:
     """Bytes one transformer layer keeps for backward for one micro-batch (16-bit activations
     in bf16, 32-bit in fp32)."""
-    per_element = 2 if spec.training.precision == "bf16" else 4
+    per_element = element_bytes(spec.training.precision)
     elements = layer_activation_elements(spec.shape, tp, checkpointing)
     return int(spec.shape.seq_len * micro_batch * elements * per_element)
 
@@ -186,15 +192,13 @@ def estimate_memory(
     """The estimate for the pipeline rank with the largest total."""
     model, t, n = spec.shape, layout.tp, layout.dp
     weight_b, grad_b, optim_b = bytes_per_parameter(spec.training.precision)
-    layers_on = [0] * layout.pp
-    for stage in stages:
-        layers_on[stage.pp] += stage.last - stage.first + 1
+    layers_on = layers_per_rank(stages, layout.pp)
     micro_batch = layout.micro_batch_size
     per_layer_act = layer_activation_bytes(spec, t, micro_batch, checkpointing)
     # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
     recompute = layer_activation_bytes(spec, t, micro_batch) if checkpointing == "full" else 0
     tokens = model.seq_len * micro_batch
-    per_element = 2 if spec.training.precision == "bf16" else 4
+    per_element = element_bytes(spec.training.precision)
     # The (vocabulary-sharded) logits, which the loss keeps for backward with one fp32 number a
     # row; the final norm's input and normalized input (sequence-sharded) and its gathered
     # output.

@@ -17,9 +17,10 @@ from meshrun.planner.auto import (
     checkpointing_modes,
     strategy_name,
 )
-from meshrun.planner.degrees import complete_layout, stage_split, tp_fits_model
+from meshrun.planner.degrees import complete_layout, stage_split
 from meshrun.planner.memory import MemoryEstimate, estimate_memory
 from meshrun.planner.steptime import WorkCache, estimate_step, pressure_slowdown
+from meshrun.rules.strategy import tp_unsplit
 
 MICRO_BATCH_SIZES = (1, 2, 4, 8)
 """Micro-batch sizes the search tries when the spec leaves microBatchSize unset: larger ones
@@ -87,7 +88,7 @@ def _layouts_of(
     smallest: Choice | None = None
     works: WorkCache = {}
     for tp in divisors(res.num_proc_per_node):
-        if not tp_fits_model(spec, tp):
+        if tp_unsplit(spec.shape, tp) is not None:
             continue
         for pp in divisors(world // tp, spec.shape.layers):
             dp = world // (tp * pp)

@@ -38,10 +38,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshrun.api.hardware import AcceleratorProfile
-from meshrun.api.layout import Layout, Stage
+from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import CPU, JobSpec, Resources
-from meshrun.planner.memory import MemoryEstimate, layer_activation_elements
+from meshrun.planner.memory import MemoryEstimate, element_bytes, layer_activation_elements
 
 GEMM_EFFICIENCY = 0.72
 """Share of the dense peak a large bf16 matrix multiply reaches (cuBLAS on H100 and A100 runs
@@ -247,7 +247,7 @@ def rank_work(
     peak = profile.peak_tflops * 1e12
     memory_rate = profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY
     tokens = layout.micro_batch_size * shape.seq_len
-    act_bytes = 2 if spec.training.precision == "bf16" else 4
+    act_bytes = element_bytes(spec.training.precision)
     if spec.training.precision != "bf16":
         peak /= 8  # fp32 matmuls: TF32 off by default in torch, well under the bf16 peak
     layer, layer_forward = layer_compute_seconds(shape, tokens, t, peak)
@@ -329,7 +329,7 @@ def data_parallel_seconds(spec: JobSpec, layout: Layout, busiest: RankWork, pass
     n = layout.dp
     if n <= 1:
         return 0.0
-    act_bytes = 2 if spec.training.precision == "bf16" else 4
+    act_bytes = element_bytes(spec.training.precision)
     group = group_of(spec.resources, n, layout.tp)
     grad_bytes = busiest.parameters * 4
     param_bytes = busiest.parameters * act_bytes
@@ -372,9 +372,7 @@ def estimate_step(
     res, shape, training = spec.resources, spec.shape, spec.training
     p, v, m, n, t = layout.pp, layout.virtual_stages, layout.micro_batches, layout.dp, layout.tp
     profile: AcceleratorProfile = res.profile
-    layers_on = [0] * p
-    for stage in stages:
-        layers_on[stage.pp] += stage.last - stage.first + 1
+    layers_on = layers_per_rank(stages, p)
     known: WorkCache = {} if cache is None else cache
     works = []
     for key in {(layers_on[r], r == 0, r == p - 1, t, checkpointing) for r in range(p)}:
@@ -386,7 +384,7 @@ def estimate_step(
     passes = layout.grad_accumulation * (m if p > 1 else 1)
     breakdown = {part: seconds * passes for part, seconds in busiest.parts.items()}
 
-    act_bytes = 2 if training.precision == "bf16" else 4
+    act_bytes = element_bytes(training.precision)
     bubble = transfer = 0.0
     if p > 1:
         chunks = v if layout.schedule == "interleaved-1f1b" else 1

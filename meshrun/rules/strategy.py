@@ -238,6 +238,21 @@ def tp_fits_pods(tp: int, num_proc_per_node: int) -> bool:
     return num_proc_per_node % tp == 0 or tp % num_proc_per_node == 0
 
 
+def tp_unsplit(shape: ModelShape, tp: int) -> str | None:
+    """The first of the sizes tensor parallelism splits that ``tp`` does not divide
+    (``kvHeads=3``), or None when it divides them all."""
+    for name, size in (
+        ("heads", shape.heads),
+        ("kvHeads", shape.kv_heads),
+        ("ffnHidden", shape.ffn_hidden),
+        ("vocab", shape.vocab),
+        ("seqLen", shape.seq_len),  # sequence parallelism shards the sequence
+    ):
+        if size % tp:
+            return f"{name}={size}"
+    return None
+
+
 def check_layout(
     layout: Layout,
     shape: ModelShape,
@@ -254,15 +269,9 @@ def check_layout(
         raise TP_PROCS.error(
             f"{tp} neither divides nor is a multiple of numProcPerNode={num_proc_per_node}"
         )
-    for name, size in (
-        ("heads", shape.heads),
-        ("kvHeads", shape.kv_heads),
-        ("ffnHidden", shape.ffn_hidden),
-        ("vocab", shape.vocab),
-        ("seqLen", shape.seq_len),  # sequence parallelism shards the sequence
-    ):
-        if size % tp:
-            raise TP_MODEL.error(f"{tp} does not divide {name}={size}")
+    unsplit = tp_unsplit(shape, tp)
+    if unsplit is not None:
+        raise TP_MODEL.error(f"{tp} does not divide {unsplit}")
     if not 0 <= layout.zero_stage <= 3:
         raise SpecError(f"{STRATEGY}.zeroStage", f"must be 0, 1, 2 or 3, got {layout.zero_stage}")
     chunks = layout.num_stages
