@@ -42,7 +42,7 @@ from meshrun.api.crd import KIND as JOB_KIND
 from meshrun.api.errors import SpecError
 from meshrun.planner.plan import Plan
 from meshrun_operator import names
-from meshrun_operator.clock import format_time
+from meshrun_operator.conditions import find, find_true, set_condition
 
 GROUP = "kueue.x-k8s.io"
 API_VERSION = f"{GROUP}/v1beta2"
@@ -356,17 +356,17 @@ class WorkloadState:
         return self.phase is WorkloadPhase.EVICTED and self.preempted_by is not None
 
 
+def _conditions(workload: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    return list((workload.get("status") or {}).get("conditions") or [])
+
+
 def condition(workload: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
     """The Workload's condition of type ``kind``, or None."""
-    for item in (workload.get("status") or {}).get("conditions") or []:
-        if item.get("type") == kind:
-            return item  # type: ignore[no-any-return]
-    return None
+    return find(_conditions(workload), kind)
 
 
 def _true(workload: Mapping[str, Any], kind: str) -> Mapping[str, Any] | None:
-    found = condition(workload, kind)
-    return found if found is not None and found.get("status") == "True" else None
+    return find_true(_conditions(workload), kind)
 
 
 def _state(
@@ -406,25 +406,11 @@ def _with_conditions(
     apimachinery's SetStatusCondition does: the transition time moves only when the status
     flips, and the others stay as they are."""
     generation = (workload.get("metadata") or {}).get("generation")
-    result = [dict(c) for c in (workload.get("status") or {}).get("conditions") or []]
+    result = [dict(c) for c in _conditions(workload)]
     for kind, status, reason, message in updates:
-        new = {
-            "type": kind,
-            "status": "True" if status else "False",
-            "reason": reason,
-            "message": message[:MAX_MESSAGE],
-            "lastTransitionTime": format_time(now),
-        }
-        if generation is not None:
-            new["observedGeneration"] = generation
-        for index, old in enumerate(result):
-            if old.get("type") == kind:
-                if old.get("status") == new["status"] and old.get("lastTransitionTime"):
-                    new["lastTransitionTime"] = old["lastTransitionTime"]
-                result[index] = new
-                break
-        else:
-            result.append(new)
+        set_condition(
+            result, kind, status, reason, message[:MAX_MESSAGE], now, generation=generation
+        )
     return result
 
 

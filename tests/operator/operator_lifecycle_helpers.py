@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from meshrun_operator.bodies import without_none
-from meshrun_operator.lifecycle.conditions import find
+from meshrun_operator.conditions import find
 from meshrun_operator.lifecycle.decide import Decision, decide
 from meshrun_operator.seen.views import Observed
 from meshrun_operator.tuning import Tuning

@@ -21,7 +21,7 @@ from meshrun.rules.names import pod_name
 from meshrun_operator import names
 from meshrun_operator import vocabulary as words
 from meshrun_operator.clock import format_time, parse_time
-from meshrun_operator.lifecycle.conditions import find, is_true
+from meshrun_operator.conditions import find, is_true
 from meshrun_operator.lifecycle.failurepolicy import judge
 from meshrun_operator.lifecycle.failures import Failure, FailureClass
 from meshrun_operator.lifecycle.phases import Draft

@@ -16,8 +16,8 @@ from typing import Any
 from meshrun.api.errors import SpecError
 from meshrun.api.spec import JobSpec, RunPolicy
 from meshrun_operator import vocabulary as words
+from meshrun_operator.conditions import JOB_ORDER, clear_condition, is_true, set_condition
 from meshrun_operator.kueue import KueueActions
-from meshrun_operator.lifecycle.conditions import clear_condition, is_true, set_condition
 from meshrun_operator.lifecycle.failures import Failure, FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure
 from meshrun_operator.seen.views import PodView
@@ -81,11 +81,11 @@ class Draft:
         return {**self.derived, **self.state.to_status()}
 
     def condition(self, kind: ConditionType, value: bool, reason: str, message: str) -> None:
-        set_condition(self.conditions, kind, value, reason, message, self.now)
+        set_condition(self.conditions, kind, value, reason, message, self.now, order=JOB_ORDER)
 
     def clear(self, kind: ConditionType, reason: str, message: str) -> None:
         """Turn a condition False if it exists (never adds a False condition out of nowhere)."""
-        clear_condition(self.conditions, kind, reason, message, self.now)
+        clear_condition(self.conditions, kind, reason, message, self.now, order=JOB_ORDER)
 
     def add_event(self, kind: EventType, reason: str, message: str) -> None:
         self.events.append(Event(kind, str(reason), message))

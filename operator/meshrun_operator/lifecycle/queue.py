@@ -17,6 +17,7 @@ from typing import Any
 from meshrun.api.spec import JobSpec
 from meshrun_operator import names
 from meshrun_operator import vocabulary as words
+from meshrun_operator.conditions import find
 from meshrun_operator.kueue import (
     KueueActions,
     QueueRef,
@@ -26,7 +27,6 @@ from meshrun_operator.kueue import (
     read_workload,
     release_patch,
 )
-from meshrun_operator.lifecycle.conditions import find
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed
 from meshrun_operator.vocabulary import ConditionType, EventType, Phase, Reason

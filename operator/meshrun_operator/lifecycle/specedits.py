@@ -19,7 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from meshrun_operator.lifecycle.conditions import is_true
+from meshrun_operator.conditions import is_true
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed
