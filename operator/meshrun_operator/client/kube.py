@@ -182,18 +182,30 @@ class Kube:
             resource_version=str(meta.get("resourceVersion") or ""),
         )
 
+    async def _delete_if(
+        self, resource: str, path: str, preconditions: Mapping[str, str], **options: Any
+    ) -> None:
+        """Delete the object at ``path`` only while it matches ``preconditions`` (its uid, and
+        its resourceVersion where given): gone (404) or no longer that object (409) leaves
+        nothing to do. ``options``: further DeleteOptions."""
+        body = {
+            "apiVersion": "v1",
+            "kind": "DeleteOptions",
+            "preconditions": dict(preconditions),
+            **options,
+        }
+        try:
+            await self.call("delete", resource, "DELETE", path, body=body, read=False)
+        except ApiError as error:
+            if error.status not in (404, 409):
+                raise
+
     async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
         """Delete a Service or NetworkPolicy (an orphan of the job's that holds the name of the
         job's own) only if it is still the object judged: the delete carries its uid and
         resourceVersion as preconditions (409: it changed, judged again next time)."""
-        options: dict[str, Any] = {"apiVersion": "v1", "kind": "DeleteOptions"}
-        options["preconditions"] = {"uid": holder.uid, "resourceVersion": holder.resource_version}
-        path = child_path(kind, namespace, name)
-        try:
-            await self.call("delete", _plural(kind), "DELETE", path, body=options, read=False)
-        except ApiError as error:
-            if error.status not in (404, 409):
-                raise
+        preconditions = {"uid": holder.uid, "resourceVersion": holder.resource_version}
+        await self._delete_if(_plural(kind), child_path(kind, namespace, name), preconditions)
 
     async def delete_pods(
         self,
@@ -208,25 +220,16 @@ class Kube:
         is not known is not deleted."""
 
         async def one(name: str) -> None:
-            options: dict[str, Any] = {
-                "apiVersion": "v1",
-                "kind": "DeleteOptions",
-                "propagationPolicy": "Background",
-            }
-            if force:
-                options["gracePeriodSeconds"] = 0
             uid = (uids or {}).get(name)
             if not uid:
                 # Only a pod seen (and judged the job's, or its orphan) is deleted.
                 logger.warning("pod %s/%s not deleted: its uid is unknown", namespace, name)
                 return
-            options["preconditions"] = {"uid": uid}
+            options: dict[str, Any] = {"propagationPolicy": "Background"}
+            if force:
+                options["gracePeriodSeconds"] = 0
             path = core_path("pods", namespace, name)
-            try:
-                await self.call("delete", "pods", "DELETE", path, body=options, read=False)
-            except ApiError as error:
-                if error.status not in (404, 409):
-                    raise
+            await self._delete_if("pods", path, {"uid": uid}, **options)
 
         await asyncio.gather(*(one(p) for p in pods))
 
@@ -284,13 +287,7 @@ class Kube:
     async def delete_job(self, namespace: str, name: str, uid: str) -> None:
         """Delete the job whose TTL ran out, only if it is still that job (a job re-created under
         the same name meanwhile has another uid: 409, left alone)."""
-        options = {"apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"uid": uid}}
-        path = job_path(namespace, name)
-        try:
-            await self.call("delete", PLURAL, "DELETE", path, body=options, read=False)
-        except ApiError as error:
-            if error.status not in (404, 409):
-                raise
+        await self._delete_if(PLURAL, job_path(namespace, name), {"uid": uid})
 
     async def get_custom(
         self, group: str, version: str, plural: str, name: str, namespace: str | None = None
