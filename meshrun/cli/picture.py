@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from xml.sax.saxutils import escape
 
 from meshrun.api.errors import SpecError
@@ -127,17 +128,13 @@ def write_png(plan: Plan, path: Path) -> None:
     axes.set_xlim(0, width)
     axes.set_ylim(height, 0)
     axes.axis("off")
+
+    def rounded(box: Box, radius: int, **style: Any) -> None:
+        boxstyle = f"round,pad=0,rounding_size={radius}"
+        axes.add_patch(FancyBboxPatch((box.x, box.y), box.w, box.h, boxstyle=boxstyle, **style))
+
     for cell in cells:
-        axes.add_patch(
-            FancyBboxPatch(
-                (cell.x, cell.y),
-                cell.w,
-                cell.h,
-                boxstyle="round,pad=0,rounding_size=4",
-                facecolor=cell.fill,
-                edgecolor="#333",
-            )
-        )
+        rounded(cell, 4, facecolor=cell.fill, edgecolor="#333")
         for i, line in enumerate(cell.lines):
             axes.text(
                 cell.x + cell.w / 2,
@@ -148,18 +145,7 @@ def write_png(plan: Plan, path: Path) -> None:
                 fontsize=8,
             )
     for frame in frames:
-        axes.add_patch(
-            FancyBboxPatch(
-                (frame.x, frame.y),
-                frame.w,
-                frame.h,
-                boxstyle="round,pad=0,rounding_size=6",
-                facecolor="none",
-                edgecolor="black",
-                linewidth=2,
-                linestyle="--",
-            )
-        )
+        rounded(frame, 6, facecolor="none", edgecolor="black", linewidth=2, linestyle="--")
     for x, y, text in labels:
         axes.text(x, y, text, va="bottom", fontsize=9)
     figure.savefig(path, dpi=dpi)

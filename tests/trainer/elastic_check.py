@@ -25,11 +25,11 @@ import torch
 import torch.distributed as dist
 from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
+from meshrun_trainer.local.env import one_pod_env
 from meshrun_trainer.loop.train import train
 from meshrun_trainer.runner import StepRecord
 
 from meshrun.api.read import read_spec
-from meshrun.envcontract import pod_env
 from meshrun.planner.elastic import resized
 from meshrun.planner.plan import plan_job
 
@@ -96,17 +96,7 @@ def _run(name: str, shrink: bool, directory: Path, stop_after: int | None) -> di
     if shrink:
         job, plan = resized(job, plan, plan.layout.dp // 2)
     assert plan.world_size == dist.get_world_size(), (name, plan.world_size)
-    env = pod_env(
-        plan,
-        job,
-        job_name=name,
-        namespace="local",
-        pod_index=0,
-        master_addr="127.0.0.1",
-        checkpoint_dir=str(directory),
-        metrics_port=0,
-        termination_log="/dev/null",
-    )
+    env = one_pod_env(plan, job, str(directory))
     trained = read_job(env)
     records: list[StepRecord] = []
 

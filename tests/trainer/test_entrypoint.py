@@ -10,11 +10,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from meshrun_trainer.local.env import edit_document
+from meshrun_trainer.local.env import edit_document, one_pod_env
 from trainer_launch import REPO, cpu_env
 
 from meshrun.api.read import read_spec
-from meshrun.envcontract import pod_env
 from meshrun.planner.plan import plan_job
 
 pytestmark = pytest.mark.trainer
@@ -38,9 +37,7 @@ def job_env() -> dict[str, str]:
     spec = read_spec(JOB)
     plan = plan_job(spec, "local")
     assert plan.layout.micro_batch_size == 8 and spec.training.micro_batch_size is None
-    return pod_env(
-        plan, spec, job_name="local", namespace="local", pod_index=0, master_addr="127.0.0.1"
-    )
+    return one_pod_env(plan, spec)
 
 
 def trainer(
@@ -59,7 +56,7 @@ def trainer(
     parts = {
         "spec": spec or {},
         "plan": plan or {},
-        "pod": {"terminationLog": str(log), "metricsPort": 0, **(pod or {})},
+        "pod": {"terminationLog": str(log), **(pod or {})},
     }
     base = edit_document(base, **parts)
     base.update(**env)

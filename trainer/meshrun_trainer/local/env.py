@@ -3,7 +3,8 @@
 ``meshrun run --local`` gives each local "pod" exactly the environment the operator would
 (``meshrun.envcontract.pod_env``) with 127.0.0.1 as the master address. Tests and benchmarks
 that launch torchrun themselves take :func:`layout_env`: a one-pod job with the layout they
-want, planned and checked by the planner like any other, never a hand-written environment.
+want, planned and checked by the planner like any other, never a hand-written environment (or
+:func:`one_pod_env` for a one-pod job they planned themselves).
 """
 
 from __future__ import annotations
@@ -131,11 +132,16 @@ def layout_env(
             "training": {**training, "microBatchSize": max(1, batch // per_rank)},
         }
     )
-    plan = plan_job(job, name)
+    return one_pod_env(plan_job(job, name), job, checkpoint_dir)
+
+
+def one_pod_env(plan: Plan, spec: JobSpec, checkpoint_dir: str | None = None) -> dict[str, str]:
+    """The environment of the one pod of the job ``spec`` planned as ``plan``, on this machine:
+    the rendezvous on 127.0.0.1, no metrics served, the summary written nowhere."""
     return pod_env(
         plan,
-        job,
-        job_name=name,
+        spec,
+        job_name=plan.name,
         namespace="local",
         pod_index=0,
         master_addr="127.0.0.1",
