@@ -23,7 +23,9 @@ from meshrun_operator.runtime import resync
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.resync import Failing, Resyncer, job_is_gone
 from meshrun_operator.tuning import Tuning
-from operator_factories import make_job
+from meshrun_operator.vocabulary import Phase
+from operator_factories import make_job, make_pod
+from operator_lifecycle_helpers import TUNING, failed, running_job
 from test_login import kubeconfig, serving
 
 from meshrun.api.crd import GROUP, PLURAL
@@ -293,5 +295,113 @@ def test_a_job_waits_as_long_as_the_api_servers_retry_after(tmp_path: Path) -> N
             failing = loop.failing["uid-1"]
             assert 6.5 < failing.retry_at - time.monotonic() <= 7
             assert "TooManyRequests" in failing.said
+
+    asyncio.run(scenario())
+
+
+def status_answer(code: int, message: str, **details: Any) -> dict[str, Any]:
+    """The Status object of an error answer, as the API server writes it."""
+    reason = {403: "Forbidden", 404: "NotFound"}[code]
+    return {"kind": "Status", "code": code, "reason": reason, "message": message, **details}
+
+
+class GoneJobKube:
+    """The API door of a job deleted meanwhile: its status patch is answered 404 for the job."""
+
+    may_write = staticmethod(lambda: True)
+
+    async def delete_pods(self, namespace: str, pods: Any, force: bool, uids: Any) -> None:
+        return None
+
+    async def patch_status(self, namespace: str, name: str, *_: Any) -> dict[str, Any]:
+        details = {"name": name, "group": GROUP, "kind": PLURAL}
+        status = status_answer(404, f"{name} not found", details=details)
+        raise ApiError(404, "Not Found", json.dumps(status))
+
+    async def post_event(self, *_: Any) -> None:
+        return None
+
+
+def test_a_job_the_api_server_says_is_gone_is_dropped_from_everything_at_once() -> None:
+    """Its DELETED event never came (a namespace deleted with it): the first 404 for the job
+    drops it from the loop, the per-job memory and the gauge, and a late event of it is
+    ignored."""
+    gone, other = running_job(), running_job()
+    other["metadata"] = {**other["metadata"], "uid": "uid-2", "name": "other"}
+    pods = [failed(0, 137, owner_uid="uid-1", uid="p0"), make_pod(1, owner_uid="uid-1", uid="p1")]
+    ctx = OperatorContext(kube=GoneJobKube(), tuning=TUNING)  # type: ignore[arg-type]
+    loop = Resyncer(ctx, {("ns", "job"): pods}, None)
+    loop.jobs = {"uid-1": gone, "uid-2": other}
+    ctx.phases.set("uid-2", Phase.RUNNING)
+
+    asyncio.run(loop.one("uid-1"))  # a restart: its status is written first, and refused 404
+    assert set(loop.jobs) == {"uid-2"} and "uid-1" not in loop.failing
+    assert ctx.phases.phases == {"uid-2": "Running"}  # the gauge counts the live job only
+    for memory in (ctx.locks, ctx.latest, ctx.attempts, ctx.deferred, ctx.unwritten):
+        assert "uid-1" not in memory
+    assert not ctx.expectations.pending("uid-1")
+    # The watch's older news of it does not bring it back; its deletion ends the memory.
+    loop.job_changed("uid-1", gone, deleted=False)
+    assert "uid-1" not in loop.jobs and not loop.dirty and not loop.batched
+    loop.job_changed("uid-1", gone, deleted=True)
+    assert "uid-1" not in loop.dropped
+
+
+TERMINATING = "namespace ns is being terminated"
+NAMESPACE_TERMINATING = status_answer(
+    403,
+    f'services "job" is forbidden: unable to create new content in namespace ns: {TERMINATING}',
+    details={
+        "name": "job",
+        "kind": "services",
+        "causes": [{"reason": "NamespaceTerminating", "message": TERMINATING}],
+    },
+)
+NAMESPACE_NOT_FOUND = status_answer(
+    404, 'namespaces "ns" not found', details={"name": "ns", "kind": "namespaces"}
+)
+QUOTA = status_answer(
+    403,
+    'services "job" is forbidden: exceeded quota: q',
+    details={"name": "job", "kind": "services"},
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "dropped"),
+    [(NAMESPACE_TERMINATING, True), (NAMESPACE_NOT_FOUND, True), (QUOTA, False)],
+    ids=["terminating", "gone", "quota"],
+)
+def test_the_jobs_of_a_namespace_being_deleted_are_dropped_at_the_first_refusal(
+    answer: dict[str, Any], dropped: bool, tmp_path: Path
+) -> None:
+    """A create (the job's Service, an Event) refused because the namespace is being deleted
+    or gone drops every job of that namespace; a quota's 403 is a refusal to wait out."""
+
+    async def handler(request: web.Request) -> web.Response:
+        if request.method == "POST":
+            return web.json_response(answer, status=answer["code"])
+        status = await request.json() if request.method == "PATCH" else {}
+        meta = {"name": "job", "namespace": "ns", "uid": "uid-1", "resourceVersion": "2"}
+        return web.json_response({"metadata": meta, **status})
+
+    async def scenario() -> None:
+        async with serving(handler) as port:
+            config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
+            rest = Rest(Login(str(config)), ApiTimeout.of(5))
+            ctx = OperatorContext(kube=Kube(rest))
+            loop = Resyncer(ctx, {}, None)
+            neighbour, elsewhere = make_job("neighbour"), make_job("elsewhere")
+            neighbour["metadata"]["uid"] = "uid-2"
+            elsewhere["metadata"].update(uid="uid-3", namespace="other")
+            loop.jobs = {"uid-1": make_job(), "uid-2": neighbour, "uid-3": elsewhere}
+            try:
+                await loop.one("uid-1")
+            finally:
+                await rest.close()
+            kept = {"uid-3"} if dropped else {"uid-1", "uid-2", "uid-3"}
+            assert set(loop.jobs) == kept
+            assert set(loop.dropped) == ({"uid-1", "uid-2"} if dropped else set())
+            assert not loop.failing  # not an error to retry either way
 
     asyncio.run(scenario())

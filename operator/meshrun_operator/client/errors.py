@@ -17,7 +17,7 @@ NO_ANSWER = (aiohttp.ClientError, asyncio.TimeoutError, OSError)
 connection), as opposed to an ApiError, which is its answer."""
 
 WRITES = frozenset({"create", "delete", "patch", "update"})
-"""Verbs that change the cluster: sent only while this operator leads (leader.py)."""
+"""Verbs that change the cluster: sent only while this operator leads (runtime/leader.py)."""
 
 
 RETRY_AFTER_MAX = 3600.0
@@ -83,6 +83,35 @@ class ApiTimeout:
     def of(cls, seconds: float) -> ApiTimeout:
         """``seconds`` to read, and at most 10 s of it to connect."""
         return cls(connect=min(10.0, seconds), read=seconds)
+
+
+class NamespaceGone(Exception):
+    """The API server said a namespace is being deleted (403 NamespaceTerminating: it creates
+    nothing there any more) or is gone (404 for the namespace): nothing of it comes back."""
+
+    def __init__(self, namespace: str, message: str) -> None:
+        super().__init__(f"namespace {namespace} is being deleted or gone: {message}")
+        self.namespace = namespace
+        """The namespace."""
+
+
+def says_namespace_gone(error: ApiError, namespace: str) -> bool:
+    """Whether ``error``, answered to a request in ``namespace``, says that namespace is being
+    deleted (the NamespaceLifecycle admission's cause NamespaceTerminating) or does not exist."""
+    details = error.status_object.get("details")
+    if not isinstance(details, dict):
+        return False
+    if error.status == 403:
+        causes = details.get("causes")
+        return isinstance(causes, list) and any(
+            isinstance(cause, dict) and cause.get("reason") == "NamespaceTerminating"
+            for cause in causes
+        )
+    return (
+        error.status == 404
+        and details.get("kind") == "namespaces"
+        and details.get("name") == namespace
+    )
 
 
 class NotLeader(Exception):

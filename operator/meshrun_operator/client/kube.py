@@ -4,13 +4,14 @@ Every call is a coroutine on the operator's own loop (rest.py), so a job's pods 
 one ``asyncio.gather`` instead of one after another (Kubeflow #2361: serial pod creation made large
 jobs slow to launch). Every request is counted for /metrics and the scale benchmark, and every
 request has a timeout (``ApiTimeout``): a stuck API server costs a reconcile one timeout, never a
-task forever. While another operator leads (leader.py), no write is sent.
+task forever. While another operator leads (runtime/leader.py), no write is sent.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 from collections.abc import Callable, Iterable, Mapping
 from datetime import UTC, datetime
 from typing import Any
@@ -23,7 +24,9 @@ from meshrun_operator.client.errors import (
     WRITES,
     ApiError,
     ApiTimeout,
+    NamespaceGone,
     NotLeader,
+    says_namespace_gone,
 )
 from meshrun_operator.client.rest import MERGE_PATCH, Rest
 from meshrun_operator.clock import format_time
@@ -58,6 +61,10 @@ def _plural(kind: str) -> str:
 
 class StaleJob(Exception):
     """A patch lost the race with another write to the job (optimistic concurrency)."""
+
+
+IN_NAMESPACE = re.compile(r"^/apis?/.+?/namespaces/([^/]+)/")
+"""The namespace of a request's path (for an object or a collection in one)."""
 
 
 def core_path(plural: str, namespace: str | None, name: str = "") -> str:
@@ -99,7 +106,8 @@ class Kube:
         no lease, only the request timeouts)."""
 
     async def call(self, verb: str, resource: str, method: str, path: str, **options: Any) -> Any:
-        """One request, counted when sent; NotLeader for a write while another operator leads.
+        """One request, counted when sent; NotLeader for a write while another operator leads,
+        NamespaceGone when the API server says the request's namespace is being deleted or gone.
 
         A write is checked twice: before it waits for anything, and once it holds a connection
         (after the login and the wait for a free connection), right before it is sent; and it
@@ -118,15 +126,23 @@ class Kube:
                 )
             metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
 
-        return await self.rest.request(
-            method,
-            path,
-            timeout=self.timeout,
-            deadline=deadline,
-            before_send=sending,
-            what=f"{verb} {resource}",
-            **options,
-        )
+        try:
+            return await self.rest.request(
+                method,
+                path,
+                timeout=self.timeout,
+                deadline=deadline,
+                before_send=sending,
+                what=f"{verb} {resource}",
+                **options,
+            )
+        except ApiError as error:
+            # A namespace being deleted refuses every create (a child, an Event) with 403: not a
+            # refusal to wait out, nor an error to retry, but the end of its jobs.
+            where = IN_NAMESPACE.match(path)
+            if where is not None and says_namespace_gone(error, where.group(1)):
+                raise NamespaceGone(where.group(1), error.message) from error
+            raise
 
     async def create(self, obj: Mapping[str, Any]) -> bool:
         """Create ``obj``; False when it already exists. ChildRejected when it is invalid."""
@@ -263,7 +279,7 @@ class Kube:
         self, involved: Mapping[str, str], type: str, reason: str, message: str
     ) -> None:
         """Post a core/v1 Event about ``involved``; a failure is logged, never raised (Events
-        help people but must not stop a reconcile)."""
+        help people but must not stop a reconcile), but NamespaceGone: the job goes with it."""
         now, namespace = format_time(datetime.now(UTC)), involved["namespace"]
         body = {
             "apiVersion": "v1",

@@ -257,16 +257,6 @@ def register(
     async def job_changed(
         memo: OperatorMemo, uid: str, type: str | None, body: kopf.Body, **_: Any
     ) -> None:
-        resync = memo.resync
         if type is None:
             memo.auditor.soon()
-        if type == "DELETED" or body.get("metadata", {}).get("deletionTimestamp"):
-            resync.forget(uid)
-            return
-        known = resync.jobs.get(uid)
-        resync.jobs[uid] = kept(body)
-        # A new job or a new spec is acted on at once; the echo of the operator's own status
-        # write (or any other change of status or metadata) joins the batch of its pods.
-        generation = body.get("metadata", {}).get("generation")
-        same = known is not None and known["metadata"].get("generation") == generation
-        resync.poke(uid, batch=same)
+        memo.resync.job_changed(uid, body, deleted=type == "DELETED")

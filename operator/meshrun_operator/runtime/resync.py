@@ -16,6 +16,12 @@ changes with time but its TTL, so it is looked at (and its spec read and planned
 or its pods change, when its TTL runs out, or again after a reconcile of it failed or while a
 delete of its pods is unconfirmed (sent to an API server that did not answer).
 
+A job the API server says is gone (404 for the job itself), or whose namespace is being deleted
+or gone (NamespaceGone), is dropped at once from every index, the gauge and this loop, with every
+other job of that namespace: a watch that never delivers their deletion (a namespace deleted
+with its jobs) no longer keeps them reconciled, counted and posting Events forever. A late
+event of a dropped job does not bring it back.
+
 A job whose reconcile fails is tried again after a delay of its own that doubles with each
 failure in a row (``--error-backoff-base-seconds`` to ``--error-backoff-max-seconds``, and no
 sooner than the API server's Retry-After), as a controller's rate-limited work queue does; a new
@@ -29,7 +35,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -37,7 +43,8 @@ from typing import Any
 from meshrun.api.crd import GROUP, PLURAL
 from meshrun_operator import metrics
 from meshrun_operator.background import Liveness
-from meshrun_operator.client.errors import NO_ANSWER, ApiError, NotLeader
+from meshrun_operator.bodies import kept
+from meshrun_operator.client.errors import NO_ANSWER, ApiError, NamespaceGone, NotLeader
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
 from meshrun_operator.runtime.actions import StillTerminating
@@ -49,6 +56,9 @@ logger = logging.getLogger("meshrun.operator")
 
 STALLED_SHOWN = 10
 """Stalled jobs /healthz names (it counts them all)."""
+
+DROPPED_SECONDS = 600.0
+"""How long a job dropped as gone is not taken back from a late watch event."""
 
 
 @dataclass(frozen=True)
@@ -101,6 +111,9 @@ class Resyncer:
         self.failing: dict[str, Failing] = {}
         """Jobs whose last reconcile raised, by uid: retried after their backoff, even if
         ended."""
+        self.dropped: dict[str, float] = {}
+        """Jobs dropped because the API server said they or their namespace are gone, by uid:
+        when (monotonic). Their watch events are ignored for DROPPED_SECONDS."""
         self.wake = asyncio.Event()
         self.limit = asyncio.Semaphore(concurrency)
         self.last_pass = time.monotonic()
@@ -137,7 +150,43 @@ class Resyncer:
         self.dirty.update(self.jobs)
         self.wake.set()
 
+    def job_changed(self, uid: str, body: Mapping[str, Any], deleted: bool) -> None:
+        """A watch event of a job: keep its body and reconcile it (a new job or a new spec at
+        once, anything else with its pods' batch); forget it when ``deleted``."""
+        meta = body.get("metadata") or {}
+        if deleted or meta.get("deletionTimestamp"):
+            self.forget(uid)
+            self.dropped.pop(uid, None)  # no event follows its deletion
+            return
+        if uid in self.dropped:
+            if time.monotonic() - self.dropped[uid] < DROPPED_SECONDS:
+                return  # the API server said it is gone; this event is older news
+            del self.dropped[uid]
+        known = self.jobs.get(uid)
+        self.jobs[uid] = kept(body)
+        # A new job or a new spec is acted on at once; the echo of the operator's own status
+        # write (or any other change of status or metadata) joins the batch of its pods.
+        same = known is not None and known["metadata"].get("generation") == meta.get("generation")
+        self.poke(uid, batch=same)
+
+    def drop(self, uid: str) -> None:
+        """Forget a job the API server said is gone, and ignore its late watch events."""
+        self.forget(uid)
+        now = time.monotonic()
+        for old in [u for u, at in self.dropped.items() if now - at >= DROPPED_SECONDS]:
+            del self.dropped[old]
+        self.dropped[uid] = now
+
+    def drop_namespace(self, namespace: str) -> list[str]:
+        """Drop every job of a namespace being deleted or gone; their uids."""
+        uids = [u for u, job in self.jobs.items() if job["metadata"].get("namespace") == namespace]
+        for uid in uids:
+            self.drop(uid)
+        return uids
+
     def forget(self, uid: str) -> None:
+        """Drop everything kept about a job: its body, its place in this loop, its per-job
+        memory and its count in the gauge (a reconcile in flight ends on its own)."""
         self.jobs.pop(uid, None)
         self.dirty.discard(uid)
         self.batched.pop(uid, None)
@@ -259,7 +308,7 @@ class Resyncer:
             return
         async with self.limit:
             try:
-                await reconcile(self.ctx, body, self.pods_index, self.nodes_index)
+                await self._reconcile(uid, body)
             except StaleJob as stale:
                 # The watch brings the newer job, which pokes it again: decided then.
                 logger.debug("job %s: %s", uid, stale)
@@ -268,13 +317,16 @@ class Resyncer:
             except NotLeader as standby:
                 # Leadership was lost mid-reconcile: the new leader carries on.
                 logger.info("job %s: %s", uid, standby)
+            except NamespaceGone as gone:
+                dropped = self.drop_namespace(gone.namespace)
+                logger.info("%s: its %d job(s) forgotten", gone, len(dropped))
             except ApiError as error:
                 if not job_is_gone(error):
                     self._failed(uid, error, error.retry_after)
                 else:
-                    # Deleted while this pass ran: its watch event takes it out of the loop.
-                    logger.info("job %s was deleted while it was reconciled", uid)
-                    self.failing.pop(uid, None)
+                    # Deleted: its watch event may never come (a namespace deleted with it).
+                    logger.info("job %s is gone: forgotten", self._named(uid))
+                    self.drop(uid)
             except NO_ANSWER as error:
                 # The API server did not answer in time: not completed, still waiting.
                 self._failed(uid, error, traceback=False)
@@ -285,6 +337,15 @@ class Resyncer:
                 self._succeeded(uid)
         # Completed, or refused by an answer of the API server (restarting would not help).
         self.waiting_since.pop(uid, None)
+
+    async def _reconcile(self, uid: str, body: Mapping[str, Any]) -> None:
+        """One reconcile; a job forgotten meanwhile (deleted, dropped) leaves nothing behind of
+        what the reconcile kept about it (its phase in the gauge, its last write)."""
+        try:
+            await reconcile(self.ctx, body, self.pods_index, self.nodes_index)
+        finally:
+            if uid not in self.jobs:
+                self.ctx.forget(uid)
 
     def _failed(
         self,
