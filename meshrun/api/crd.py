@@ -177,12 +177,6 @@ def load_jobs(path: str | Path) -> list[dict[str, Any]]:
     return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]
 
 
-def parse_jobs(text: str, source: str = "<stdin>") -> list[dict[str, Any]]:
-    """The ParallelTrainingJob objects in YAML ``text``; ``source`` names it in errors."""
-    documents = documents_of(text, source)
-    return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]
-
-
 def documents_of(text: str, source: str = "<stdin>") -> list[Any]:
     """The YAML documents of ``text``, unchecked (SpecError when it does not parse or holds
     none)."""

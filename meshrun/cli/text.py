@@ -226,11 +226,3 @@ def render_elastic(plan: Plan, degrees: list[int]) -> RenderableType:
         "and global batch",
         "(gradient accumulation follows the degree).",
     )
-
-
-def to_text(plan: Plan, width: int = 100) -> str:
-    """The rendering as plain text (no colour), e.g. for tests and logs."""
-    console = Console(width=width, record=True, color_system=None, force_terminal=False)
-    with console.capture():
-        console.print(render(plan))
-    return console.export_text()
