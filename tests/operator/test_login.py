@@ -22,8 +22,9 @@ import yaml
 from aiohttp import web
 from meshrun_operator.client import credentials as credentials_module
 from meshrun_operator.client import login as login_module
+from meshrun_operator.client.credentials import LoginError
 from meshrun_operator.client.errors import ApiError, ApiTimeout
-from meshrun_operator.client.login import Login, LoginError, from_kubeconfig, login
+from meshrun_operator.client.login import Login, from_kubeconfig, login
 from meshrun_operator.client.rest import Rest
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]

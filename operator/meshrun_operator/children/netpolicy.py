@@ -26,7 +26,7 @@ from meshrun.api.spec import Egress
 from meshrun.envcontract import METRICS_PORT
 from meshrun_operator import names
 from meshrun_operator.children.owner import JobRef, child_metadata
-from meshrun_operator.client.login import own_namespace
+from meshrun_operator.client.credentials import own_namespace
 
 
 @dataclass(frozen=True)

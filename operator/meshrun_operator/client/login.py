@@ -25,7 +25,7 @@ from meshrun_operator.client.credentials import (
     stamp,
 )
 
-__all__ = ["Credentials", "Login", "LoginError", "from_kubeconfig", "login", "own_namespace"]
+__all__ = ["Login", "LoginError", "from_kubeconfig", "login", "own_namespace"]
 
 LOGIN_SECONDS = 60.0
 """How long one login may take (a credential program that hangs costs this, not the operator)."""

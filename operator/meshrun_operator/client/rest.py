@@ -28,8 +28,9 @@ from typing import Any
 
 import aiohttp
 
+from meshrun_operator.client.credentials import Credentials
 from meshrun_operator.client.errors import ApiError, ApiTimeout, json_body, retry_after
-from meshrun_operator.client.login import Credentials, Login
+from meshrun_operator.client.login import Login
 
 logger = logging.getLogger("meshrun.operator")
 
