@@ -230,8 +230,8 @@ def estimate_memory(
     # makes two temporaries of it (the square root of the second moment, then its quotient by
     # the bias correction): two of the largest (local) parameter, in fp32. The step's working
     # set is freed before the optimizer step, but on CPUs its pages stay in malloc's heaps
-    # while a temporary of 1 MiB or more gets a mapping of its own (hostmemory.py), so there
-    # the temporaries count in full.
+    # while a temporary of 1 MiB or more gets a mapping of its own
+    # (meshrun_trainer.distributed.hostmemory), so there the temporaries count in full.
     step_temporaries = 0
     on_cpu = spec.resources.accelerator == CPU
     if on_cpu:
@@ -281,7 +281,7 @@ def estimate_memory(
             # by then (the other micro-batches in flight still held), and on an accelerator
             # the caching allocator gives their blocks to the gradient. On CPUs it cannot:
             # they were small tensors, whose pages malloc keeps in its heaps, and a gradient
-            # of 1 MiB or more gets a mapping of its own (hostmemory.py).
+            # of 1 MiB or more gets a mapping of its own (meshrun_trainer.distributed.hostmemory).
             freed = 0 if on_cpu else int(activations / in_flight(layout, rank))
             grads += max(0, whole_embedding - freed)
         optim += step_temporaries

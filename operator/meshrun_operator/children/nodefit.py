@@ -1,4 +1,4 @@
-"""Whether a job's pods may go on a node, as far as the node watch tells (nodewatch.NodeInfo).
+"""Whether a job's pods may go on a node, as far as the node watch tells (seen.nodes.NodeInfo).
 
 A node counts when it is Ready and not cordoned, the pod tolerates its NoSchedule and NoExecute
 taints, and its labels satisfy the pod's ``nodeSelector`` and required node affinity (the

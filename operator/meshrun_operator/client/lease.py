@@ -1,4 +1,5 @@
-"""The three Lease calls leader election makes (leader.py), over connections of their own."""
+"""The three Lease calls leader election makes (runtime/leader.py), over connections of their
+own."""
 
 from __future__ import annotations
 

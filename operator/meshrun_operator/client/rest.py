@@ -153,7 +153,7 @@ class Rest:
     ) -> Any:
         """Send one request; its answer's JSON (None when empty, or when not ``read``: the
         answer is then only drained). ApiError for an error status; a request without an answer
-        raises one of ``apiclient.NO_ANSWER``. ``deadline``: seconds the whole request may
+        raises one of ``errors.NO_ANSWER``. ``deadline``: seconds the whole request may
         take, the waits for a login and a connection included. A body holding NaN or an infinite
         number raises NotJson, naming ``what`` (the method and path unless given) and the field,
         before anything is sent."""

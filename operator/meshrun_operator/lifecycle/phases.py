@@ -68,7 +68,7 @@ class Draft:
         self.delete_job = False
         self.events: list[Event] = []
         self.is_invalid = False
-        # Set while Kueue governs the job (kueue_flow): its Workload's side effects.
+        # Set while Kueue governs the job (queue.py): its Workload's side effects.
         self.kueue: KueueActions | None = None
 
     # -- small helpers ---------------------------------------------------------------------

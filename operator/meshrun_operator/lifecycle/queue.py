@@ -6,7 +6,7 @@ Kueue's reason and words), the gang once it is admitted, placed where the admiss
 Workload outlives the job's attempts: a whole-gang restart keeps the admission, and an eviction
 (a preemption, a PodsReady timeout) deletes the pods and re-queues the job without counting a
 restart. What the operator tells Kueue back (PodsReady, the release after an eviction,
-Finished) is computed here as a status patch of the Workload; actions.py sends it.
+Finished) is computed here as a status patch of the Workload; runtime/actions.py sends it.
 """
 
 from __future__ import annotations

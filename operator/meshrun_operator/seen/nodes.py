@@ -1,6 +1,6 @@
 """The nodes as the operator needs them: whether each is Ready (and since when), its labels (the
 topology domains status.placement shows), and what placing a stage needs (its accelerators and
-whether pods may go there: placer.py), from a list and a watch of the operator's own.
+whether pods may go there: children/placer.py), from a list and a watch of the operator's own.
 
 kopf handles every watch event with its whole machinery (a worker task, a memory and loggers per
 object, every handler in turn): for the operator's pods and jobs that is fine, for every node of
@@ -86,7 +86,8 @@ def node_info(body: Mapping[str, Any]) -> NodeInfo:
 
 
 class NodeLabels:
-    """The nodes' labels as kueue_link reads kopf's index: ``get(node)`` -> its labels, once."""
+    """The nodes' labels in the shape of a kopf index, as runtime/kueue_link.py reads them:
+    ``get(node)`` -> its labels, once."""
 
     def __init__(self, nodes: Mapping[str, NodeInfo]) -> None:
         self.nodes = nodes

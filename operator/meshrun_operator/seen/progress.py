@@ -1,7 +1,7 @@
 """Reading the trainer's ``/progress`` endpoint on rank 0 (docs/env-contract.md).
 
 On KWOK nodes pods have no real endpoint, so progress may also come from the pod annotation
-``meshrun.dev/progress`` (observe.py); the endpoint wins when both exist.
+``meshrun.dev/progress`` (read with the pod, views.py); the endpoint wins when both exist.
 
 A trainer is not trusted to answer well: one read is bounded in time (``timeout`` for the whole
 exchange, so a pod that sends a byte now and then cannot hold it open) and in size
