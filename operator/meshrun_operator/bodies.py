@@ -62,3 +62,30 @@ def with_unwritten(
     if without_none(body.get("status") or {}) != without_none(based_on):
         return body
     return {**body, "status": without_none(meant)}
+
+
+def merged(target: Any, patch: Any) -> Any:
+    """``target`` after a JSON merge patch (RFC 7386, as the API server applies one): dicts
+    merge key by key, None removes a key, anything else replaces."""
+    if not isinstance(patch, dict):
+        return patch
+    result = dict(target) if isinstance(target, dict) else {}
+    for key, value in patch.items():
+        if value is None:
+            result.pop(key, None)
+        else:
+            result[key] = merged(result.get(key), value)
+    return result
+
+
+def replacing(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any]:
+    """The merge patch that turns ``old`` into exactly ``new``: ``new`` with None for every
+    key of ``old`` it lacks, at every depth (a merge patch alone would keep them)."""
+    patch: dict[str, Any] = {key: None for key in old if key not in new}
+    for key, value in new.items():
+        before = old.get(key)
+        if isinstance(value, dict) and isinstance(before, dict):
+            patch[key] = replacing(before, value)
+        else:
+            patch[key] = value
+    return patch

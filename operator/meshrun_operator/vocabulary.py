@@ -189,6 +189,12 @@ class Reason(StrEnum):
         "ChildRestored",
         "{kind} {name} was deleted while the job ran; created it again (the pods keep running)",
     )
+    # A status the operator did not write
+    STATUS_RESTORED = (
+        "StatusRestored",
+        "someone else wrote this job's status ({changes}); the operator acts only on what it "
+        "observed and wrote its own back",
+    )
     # Spec edits while an attempt runs (condition SpecUpdate)
     NEXT_ATTEMPT = (
         "NextAttempt",

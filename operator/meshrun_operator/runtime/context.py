@@ -12,6 +12,7 @@ from meshrun_operator.children.netpolicy import PolicyOptions
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.lifecycle.evaluation import Evaluations
 from meshrun_operator.lifecycle.specedits import Running
+from meshrun_operator.runtime.ownstatus import StatusLedger
 from meshrun_operator.seen.expectations import Expectations, Tombstones
 from meshrun_operator.seen.progress import ProgressReader
 from meshrun_operator.tuning import Tuning
@@ -69,6 +70,9 @@ class OperatorContext:
     often (writes.py)."""
     deferred: dict[str, float] = field(default_factory=dict)
     """By uid, since when (monotonic) a decided status waits to be written."""
+    statuses: StatusLedger = field(default_factory=StatusLedger)
+    """The status the operator last wrote (or first found) of each job: one someone else
+    wrote is not decided on, but restored (ownstatus.py)."""
 
     def __post_init__(self) -> None:
         self.expectations = Expectations(self.tuning.expectations_timeout_seconds)
@@ -93,6 +97,7 @@ class OperatorContext:
         self.unwritten.pop(uid, None)
         self.evaluations.forget(uid)
         self.deferred.pop(uid, None)
+        self.statuses.forget(uid)
         if self.kueue is not None:
             self.kueue.forget(uid)
         if self.placer is not None:

@@ -18,7 +18,7 @@ from typing import Any
 
 from meshrun.api.errors import SpecError
 from meshrun_operator import metrics
-from meshrun_operator.bodies import newest, with_unwritten, without_none
+from meshrun_operator.bodies import newest, replacing, with_unwritten, without_none
 from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.kube import StaleJob
@@ -32,6 +32,7 @@ from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.kueue_link import KueueHold
 from meshrun_operator.runtime.kueue_link import observe as observe_kueue
 from meshrun_operator.seen.children import observe
+from meshrun_operator.vocabulary import EventType, Reason
 
 
 async def reconcile(
@@ -43,6 +44,10 @@ async def reconcile(
     StaleJob and is not retried here: the watch brings the newer job, and the next pass decides
     on it, starting from the status this pass meant to write (``OperatorContext.unwritten``).
     Every side effect is idempotent, so acting again is safe.
+
+    A status someone else wrote is not decided on: the decision starts from the operator's own
+    record of it (ownstatus.py), the status is written back at once, whole, and a Warning Event
+    says so.
     """
     job = JobRef.of(body)
     lock = ctx.locks.setdefault(job.uid, asyncio.Lock())
@@ -50,14 +55,22 @@ async def reconcile(
         started = time.perf_counter()
         # ``body`` is the resync loop's own copy of the job: read, never edited.
         stored = newest(dict(body), ctx.latest.get(job.uid))
-        job_body = with_unwritten(stored, ctx.unwritten.pop(job.uid, None))
-        decision, notes, stored = await _act(ctx, job, stored, job_body, pods_index, nodes_index)
+        foreign = ctx.statuses.check(job.uid, stored)
+        own = stored if foreign is None else {**stored, "status": foreign.own}
+        job_body = with_unwritten(own, ctx.unwritten.pop(job.uid, None))
+        restoring = foreign is not None
+        decision, notes, stored = await _act(
+            ctx, job, stored, job_body, pods_index, nodes_index, restoring
+        )
+        if foreign is not None and foreign.new:
+            message = Reason.STATUS_RESTORED.message(changes=foreign.changes())
+            notes.append(Event(EventType.WARNING, Reason.STATUS_RESTORED, message))
         if decision.state.restarts > JobState.from_job(job_body).restarts:
             reason = decision.state.last_failure.reason if decision.state.last_failure else None
             metrics.RESTARTS.labels(reason=reason or "Unknown").inc()
         ctx.phases.set(job.uid, decision.state.phase)
         try:
-            await _write(ctx, job, stored, decision)
+            await _write(ctx, job, stored, decision, restoring)
         except StaleJob:
             ctx.latest.pop(job.uid, None)
             ctx.unwritten[job.uid] = (stored.get("status") or {}, decision.status)
@@ -76,9 +89,11 @@ async def _act(
     job_body: dict[str, Any],
     pods_index: Any,
     nodes_index: Any,
+    restoring: bool = False,
 ) -> tuple[Decision, list[Event], dict[str, Any]]:
     """One observe-decide-act round on ``job_body``; the decision, Events about the acts, and
-    the job as stored now (after the status write that goes before deletes)."""
+    the job as stored now (after the status write that goes before deletes; ``restoring``:
+    the stored status is someone else's)."""
     observed = observe(job_body, pods_index, nodes_index, ctx.expectations, ctx.tombstones)
     pod0 = next((p for p in observed.pods if p.index == 0), None)
     missing = ctx.missing_children(job.namespace, job.name, job.uid)
@@ -96,7 +111,7 @@ async def _act(
         # in between finds the attempt already ended, with its failure's own reason, instead
         # of pods that vanished (PodDeleted). A write that loses its race deletes nothing.
         try:
-            await _write(ctx, job, stored, decision)
+            await _write(ctx, job, stored, decision, restoring)
         except StaleJob:
             ctx.latest.pop(job.uid, None)
             raise
@@ -124,23 +139,33 @@ async def _act(
 
 
 async def _write(
-    ctx: OperatorContext, job: JobRef, stored: Mapping[str, Any], decision: Decision
+    ctx: OperatorContext,
+    job: JobRef,
+    stored: Mapping[str, Any],
+    decision: Decision,
+    restoring: bool = False,
 ) -> None:
     """Patch the status when it differs from the stored one: at once when the change says
     something new, else once it waited ``status_interval_seconds`` (writes.py); until then the
-    next pass decides on it."""
+    next pass decides on it. ``restoring`` a status someone else wrote: at once, and whole
+    (what they added is removed)."""
     new, old = without_none(decision.status), without_none(stored.get("status") or {})
     if new == old:
         ctx.deferred.pop(job.uid, None)
+        if restoring:  # what was written is what the operator decides: its own now
+            ctx.statuses.wrote(job.uid, stored)
         return
     now = time.monotonic()
     since = ctx.deferred.setdefault(job.uid, now)
-    if not at_once(old, new) and now - since < ctx.status_interval_seconds:
+    if not restoring and not at_once(old, new) and now - since < ctx.status_interval_seconds:
         ctx.unwritten[job.uid] = (old, new)
         return
     version = str(stored["metadata"].get("resourceVersion", ""))
-    latest = await ctx.kube.patch_status(job.namespace, job.name, version, decision.status)
+    patch = replacing(old, new) if restoring else decision.status
+    ctx.statuses.sending(job.uid, patch)
+    latest = await ctx.kube.patch_status(job.namespace, job.name, version, patch)
     ctx.latest[job.uid] = latest
+    ctx.statuses.wrote(job.uid, latest)
     ctx.deferred.pop(job.uid, None)
 
 

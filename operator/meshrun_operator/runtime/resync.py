@@ -196,7 +196,9 @@ class Resyncer:
         self.ctx.forget(uid)
 
     def leadership_changed(self, leading: bool) -> None:
-        """Leader: look at every job at once. Standby: stop whatever is in flight."""
+        """Leader: look at every job at once. Standby: stop whatever is in flight. Either way
+        the statuses the other operator writes meanwhile are its own, not someone else's."""
+        self.ctx.statuses.clear()
         if leading:
             self.poke_all()
         else:
