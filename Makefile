@@ -29,6 +29,10 @@ venv: $(VENV)/.installed ## Create the Python virtualenv with every dependency
 tools: ## Build the cluster binaries from Go modules (cached in ~/.cache/meshrun)
 	hack/build-tools.sh
 
+.PHONY: test-tools
+test-tools: ## The binaries every test needs: the control plane's, Kueue's manager, the real node's kubelet and CoreDNS
+	hack/build-tools.sh etcd kwok helm kube kueue kubelet coredns
+
 .PHONY: cluster-up
 cluster-up: venv tools ## Start (or reuse) the local cluster: NODES fake GPU nodes, plus a real node (REAL_NODE=0 to skip)
 	NODES=$(NODES) hack/cluster.sh up
@@ -57,14 +61,32 @@ verify: venv ## Static checks: lint, types, the arrows between the layers, chart
 	$(VENV)/bin/lint-imports
 	hack/verify.sh
 
+# The suite runs on TEST_WORKERS xdist workers: the tiers that train (trainer, real node) one
+# test at a time on one worker, the tests that wait on the cluster side by side on the others
+# (tests/scheduling.py); it ends with the time per tier and the 20 slowest tests.
+TEST_WORKERS ?= 4
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
+
 .PHONY: test-unit
-test-unit: venv ## Pure unit tests only (no cluster, no process launches)
-	$(PY) -m pytest -m unit $(PYTEST_ARGS)
+test-unit: venv ## The unit tier: pure tests (no cluster, no process launches)
+	$(PY) -m pytest -m unit -n 2 --durations=20 $(PYTEST_ARGS)
+
+.PHONY: test-trainer
+test-trainer: venv ## The trainer tier: real trainer processes over gloo on the CPUs
+	$(PY) -m pytest -m trainer --durations=20 $(PYTEST_ARGS)
+
+.PHONY: test-cluster
+test-cluster: venv test-tools ## The cluster tier without the real node: operator, chart, Kueue (starts the cluster if needed)
+	$(PY) -m pytest -m "cluster and not realnode" $(XDIST) --durations=20 $(PYTEST_ARGS)
+
+.PHONY: test-realnode
+test-realnode: venv test-tools ## The real-node tier: pods that train on the real kubelet node, the examples
+	$(PY) -m pytest -m realnode --durations=20 $(PYTEST_ARGS)
 
 .PHONY: test
-test: venv tools ## Every test: unit, trainer and cluster tests (starts the cluster if needed)
+test: venv test-tools ## Every test: static checks, then all tiers side by side (starts the cluster if needed)
 	$(MAKE) verify
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) --durations=20 $(PYTEST_ARGS)
 
 .PHONY: demo
 demo: cluster-up ## Run the main demo job on the local cluster

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import scheduling
 from namespaces import TEST_RUN_LABEL, delete_abandoned_namespaces, run_label
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -25,19 +26,15 @@ CRD_DIR = ROOT / "crds"
 
 Kubectl = Callable[..., subprocess.CompletedProcess[str]]
 
-TIERS = ("unit", "cluster", "trainer")
-"""The markers that say what a test needs (``slow`` comes on top of one of them)."""
 
-
-@pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """An unmarked test is an error: `-m unit` and the other tiers would skip it silently."""
-    unmarked = [item.nodeid for item in items if not any(item.get_closest_marker(t) for t in TIERS)]
-    if unmarked:
-        raise pytest.UsageError(
-            f"tests without a tier marker ({', '.join(TIERS)}), add one to each: "
-            + ", ".join(unmarked)
-        )
+# The suite's tiers, its groups and order for xdist's workers, and its clock (tests/scheduling.py).
+from scheduling import (  # noqa: E402, F401
+    pytest_collection_modifyitems,
+    pytest_configure,
+    pytest_runtest_logreport,
+    pytest_terminal_summary,
+    pytest_xdist_make_scheduler,
+)
 
 
 def _kubectl_binary() -> str:
@@ -63,15 +60,19 @@ def kubeconfig() -> str:
     own = os.environ.get("MESHRUN_TEST_KUBECONFIG")
     if own:
         return own
-    status = subprocess.run(
-        [str(ROOT / "hack" / "cluster.sh"), "status"], capture_output=True, text=True
-    )
-    if status.returncode != 0:
-        up = subprocess.run(
-            [str(ROOT / "hack" / "cluster.sh"), "up"], capture_output=True, text=True, timeout=900
+    with scheduling.shared_setup("cluster"):
+        status = subprocess.run(
+            [str(ROOT / "hack" / "cluster.sh"), "status"], capture_output=True, text=True
         )
-        if up.returncode != 0:
-            pytest.fail(f"could not start the local cluster:\n{up.stdout}\n{up.stderr}")
+        if status.returncode != 0:
+            up = subprocess.run(
+                [str(ROOT / "hack" / "cluster.sh"), "up"],
+                capture_output=True,
+                text=True,
+                timeout=900,
+            )
+            if up.returncode != 0:
+                pytest.fail(f"could not start the local cluster:\n{up.stdout}\n{up.stderr}")
     return str(LOCAL_KUBECONFIG)
 
 
@@ -136,12 +137,13 @@ TRAINER_IMAGE = "meshrun/trainer:0.1.0"
 
 
 def _realnode_images(*args: str) -> None:
-    proc = subprocess.run(
-        [str(ROOT / "hack" / "realnode" / "images.sh"), *args],
-        capture_output=True,
-        text=True,
-        timeout=2400,
-    )
+    with scheduling.shared_setup("images"):
+        proc = subprocess.run(
+            [str(ROOT / "hack" / "realnode" / "images.sh"), *args],
+            capture_output=True,
+            text=True,
+            timeout=2400,
+        )
     if proc.returncode != 0:
         pytest.fail(
             f"hack/realnode/images.sh {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
@@ -162,6 +164,11 @@ def real_node(kubectl: Kubectl, kubeconfig: str) -> str:
     """Name of a Ready real node, added to the local cluster when there is none; the local real
     node's images (pause, base) imported again when its kubelet has collected them (under disk
     pressure it deletes every unused image, and nothing can be pulled here)."""
+    with scheduling.shared_setup("real-node"):
+        return _a_ready_real_node(kubectl)
+
+
+def _a_ready_real_node(kubectl: Kubectl) -> str:
     ready = _ready_real_nodes(kubectl)
     if ready:
         if LOCAL_REAL_NODE.is_dir():

@@ -20,6 +20,14 @@ def run_label() -> str:
     return f"{host[:40].strip('-.')}.{os.getpid()}"
 
 
+def run_is_alive(label: str) -> bool:
+    """Whether ``label`` names a pytest process of this host that still runs (an xdist worker
+    beside this one, say); a label of another host or of no process is not alive."""
+    owner_host, _, pid = label.rpartition(".")
+    host = run_label().rsplit(".", 1)[0]
+    return owner_host == host and pid.isdigit() and Path(f"/proc/{pid}").exists()
+
+
 def delete_abandoned_namespaces(kubectl: Callable[..., subprocess.CompletedProcess[str]]) -> None:
     """Delete the namespaces an earlier test run on this host left behind when it was killed
     before its teardown (their jobs would keep holding Kueue quota and nodes); a namespace of
@@ -29,8 +37,7 @@ def delete_abandoned_namespaces(kubectl: Callable[..., subprocess.CompletedProce
         return
     host = run_label().rsplit(".", 1)[0]
     for item in json.loads(found.stdout)["items"]:
-        run = item["metadata"]["labels"][TEST_RUN_LABEL]
-        owner_host, _, pid = run.rpartition(".")
-        if owner_host != host or not pid.isdigit() or Path(f"/proc/{pid}").exists():
+        owner_host = item["metadata"]["labels"][TEST_RUN_LABEL].rpartition(".")[0]
+        if owner_host != host or run_is_alive(item["metadata"]["labels"][TEST_RUN_LABEL]):
             continue
         kubectl("delete", "namespace", item["metadata"]["name"], "--wait=false", check=False)

@@ -22,6 +22,8 @@ from pathlib import Path
 import kueue_objects as ko
 import pytest
 from kueue_support import Kubectl, KueueEnv
+from namespaces import TEST_RUN_LABEL, run_is_alive, run_label
+from scheduling import shared_setup
 from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -43,9 +45,10 @@ def kueue(kubeconfig: str, kubectl: Kubectl) -> float:
             pytest.fail("the cluster of MESHRUN_TEST_KUBECONFIG has no Kueue (install v0.17)")
         return 0.0
     started = time.monotonic()
-    up = subprocess.run(
-        [str(ROOT / "hack" / "kueue" / "up.sh")], capture_output=True, text=True, timeout=1800
-    )
+    with shared_setup("kueue"):
+        up = subprocess.run(
+            [str(ROOT / "hack" / "kueue" / "up.sh")], capture_output=True, text=True, timeout=1800
+        )
     if up.returncode != 0:
         pytest.fail(f"hack/kueue/up.sh failed ({up.returncode}):\n{up.stdout}\n{up.stderr}")
     return time.monotonic() - started
@@ -75,7 +78,8 @@ def _remove_stale_namespaces(kubectl: Kubectl) -> None:
         created = datetime.fromisoformat(
             item["metadata"]["creationTimestamp"].replace("Z", "+00:00")
         )
-        if now - created > STALE_AFTER:
+        run = item["metadata"]["labels"].get(TEST_RUN_LABEL, "")
+        if now - created > STALE_AFTER and not run_is_alive(run):
             kubectl("delete", "namespace", item["metadata"]["name"], "--wait=false", check=False)
 
 
@@ -89,6 +93,7 @@ def kueue_env(kueue: float, kubectl: Kubectl) -> Iterator[KueueEnv]:
     for team, namespace in namespaces.items():
         kubectl("create", "namespace", namespace)
         kubectl("label", "namespace", namespace, f"{TEST_LABEL}=true")
+        kubectl("label", "namespace", namespace, f"{TEST_RUN_LABEL}={run_label()}")
         _apply(kubectl, ko.local_queue(team, namespace))
 
     def active(kind: str, name: str, namespace: str | None = None) -> bool:
