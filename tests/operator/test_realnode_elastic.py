@@ -15,8 +15,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ import yaml
 from hostvolumes import host_path_claim
 from meshrun_operator import names
 from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
+from references import LocalReference
 from waiting import wait_for
 
 from meshrun.jobdoc import JOB_VARIABLE, read_document
@@ -143,12 +142,7 @@ def _local_losses(job: dict[str, Any], tmp: Path) -> list[float]:
     del spec["training"]["checkpoint"]["volume"]
     path = tmp / "reference.yaml"
     path.write_text(yaml.safe_dump({**job, "spec": spec}))
-    summary = tmp / "reference-summary.json"
-    cmd = [sys.executable, "-m", "meshrun", "run", str(path), "--local", "--quiet"]
-    cmd += ["--summary-json", str(summary)]
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp)
-    assert proc.returncode == 0, f"meshrun run --local failed:\n{proc.stdout}\n{proc.stderr}"
-    losses: list[float] = json.loads(summary.read_text())["losses"]
+    losses: list[float] = LocalReference(path, timeout=600).summary()["losses"]
     return losses
 
 

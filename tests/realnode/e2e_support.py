@@ -9,6 +9,8 @@ import sys
 from pathlib import Path
 
 from realnode_support import ROOT, Kubectl
+from references import LocalReference
+from scheduling import shared_setup
 
 OPERATOR_IMAGE = "meshrun/operator:0.1.0"
 TRAINER_IMAGE = "meshrun/trainer:0.1.0"
@@ -18,12 +20,13 @@ DEMO_JOB = ROOT / "examples" / "demo-3d-cpu.yaml"
 def build_images() -> None:
     """The Dockerfile's operator and trainer targets, imported into the node (cached by Docker)."""
     for target, tag in (("operator", OPERATOR_IMAGE), ("trainer", TRAINER_IMAGE)):
-        proc = subprocess.run(
-            [str(ROOT / "hack" / "realnode" / "images.sh"), "build", target, tag],
-            capture_output=True,
-            text=True,
-            timeout=2400,
-        )
+        with shared_setup("images"):
+            proc = subprocess.run(
+                [str(ROOT / "hack" / "realnode" / "images.sh"), "build", target, tag],
+                capture_output=True,
+                text=True,
+                timeout=2400,
+            )
         assert proc.returncode == 0, f"building {tag} failed:\n{proc.stdout}\n{proc.stderr}"
 
 
@@ -60,23 +63,9 @@ def apply_demo_job(kubectl: Kubectl, namespace: str, checkpoint_dir: Path) -> tu
 
 
 def local_final_loss(tmp: Path) -> float:
-    """``meshrun run examples/demo-3d-cpu.yaml --local``: the reference final loss."""
-    summary = tmp / "local-summary.json"
-    proc = subprocess.run(
-        [
-            str(ROOT / ".venv" / "bin" / "meshrun"),
-            "run",
-            str(DEMO_JOB),
-            "--local",
-            "--quiet",
-            "--summary-json",
-            str(summary),
-        ],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp,
-    )
-    assert proc.returncode == 0, f"meshrun run --local failed:\n{proc.stdout}\n{proc.stderr}"
-    loss: float = json.loads(summary.read_text())["finalLoss"]
+    """``meshrun run examples/demo-3d-cpu.yaml --local``: the reference final loss (trained, or
+    from the cache of references)."""
+    job_file = tmp / "demo.yaml"
+    job_file.write_bytes(DEMO_JOB.read_bytes())
+    loss: float = LocalReference(job_file, timeout=600).summary()["finalLoss"]
     return loss

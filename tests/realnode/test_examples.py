@@ -4,7 +4,7 @@ e2e-kind` runs) to phase Succeeded, and each final loss equals `meshrun run --lo
 shrunk job: the same layout, seed and data on the same CPU kernels.
 
 One chart install and one image build serve every example; the local reference of a job trains
-while the cluster trains it."""
+while the cluster trains it, or comes from the cache of references (tests/references.py)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ import pytest
 import yaml
 from e2e_support import TRAINER_IMAGE, build_images, helm_install
 from kind_jobs import shrinker
+from namespaces import TEST_RUN_LABEL, run_label
 from realnode_support import REAL_NODE_LABEL, ROOT, Kubectl
+from references import LocalReference
 from waiting import wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(3600)]
@@ -41,26 +43,6 @@ def on_real_node(job: dict[str, Any], namespace: str) -> dict[str, Any]:
     return job
 
 
-class LocalRun:
-    """`meshrun run JOB --local` in the background; ``summary()`` waits for its result."""
-
-    def __init__(self, job: dict[str, Any], tmp: Path) -> None:
-        tmp.mkdir(parents=True, exist_ok=True)
-        self.job_file, self.summary_file = tmp / "job.yaml", tmp / "summary.json"
-        self.job_file.write_text(yaml.safe_dump(job))
-        cmd = [str(ROOT / ".venv" / "bin" / "meshrun"), "run", str(self.job_file), "--local"]
-        cmd += ["--quiet", "--summary-json", str(self.summary_file)]
-        self.proc = subprocess.Popen(
-            cmd, cwd=tmp, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-
-    def summary(self) -> dict[str, Any]:
-        out, _ = self.proc.communicate(timeout=900)
-        assert self.proc.returncode == 0, f"meshrun run --local failed:\n{out}"
-        result: dict[str, Any] = json.loads(self.summary_file.read_text())
-        return result
-
-
 @pytest.fixture(scope="module")
 def jobs() -> dict[str, dict[str, Any]]:
     shrunk = shrinker().shrink_files(EXAMPLES, TRAINER_IMAGE)
@@ -75,6 +57,8 @@ def installed(real_node: str, kubectl: Kubectl, kubeconfig: str) -> Iterator[str
     build_images()
     namespace = f"t-examples-{uuid.uuid4().hex[:6]}"
     kubectl("create", "namespace", namespace)
+    # A run killed before its teardown leaves this namespace to the next run (tests/namespaces.py).
+    kubectl("label", "namespace", namespace, f"{TEST_RUN_LABEL}={run_label()}")
     wait_for(
         lambda: kubectl("get", "sa", "default", "-n", namespace, check=False).returncode == 0,
         60,
@@ -87,13 +71,12 @@ def installed(real_node: str, kubectl: Kubectl, kubeconfig: str) -> Iterator[str
 
 
 @pytest.fixture
-def local_run(tmp_path: Path) -> Iterator[list[LocalRun]]:
+def local_run() -> Iterator[list[LocalReference]]:
     """The local reference run of a test, stopped if the test ends first."""
-    runs: list[LocalRun] = []
+    runs: list[LocalReference] = []
     yield runs
     for run in runs:
-        if run.proc.poll() is None:
-            run.proc.kill()
+        run.stop()
 
 
 def job_status(kubectl: Kubectl, namespace: str, name: str) -> dict[str, Any]:
@@ -107,14 +90,18 @@ def test_example_trains_on_the_real_node_with_the_local_final_loss(
     name: str,
     jobs: dict[str, dict[str, Any]],
     installed: str,
-    local_run: list[LocalRun],
+    local_run: list[LocalReference],
     tmp_path: Path,
     kubectl: Kubectl,
     real_node: str,
 ) -> None:
     namespace = installed
-    # The local reference trains while the cluster trains the same job.
-    local = LocalRun(jobs[name], tmp_path / "local")
+    # The local reference trains while the cluster trains the same job (or comes from the cache
+    # of references, tests/references.py).
+    job_file = tmp_path / "local" / "job.yaml"
+    job_file.parent.mkdir()
+    job_file.write_text(yaml.safe_dump(jobs[name]))
+    local = LocalReference(job_file)
     local_run.append(local)
     job = on_real_node(jobs[name], namespace)
     kubectl("apply", "-f", "-", input=json.dumps(job))
