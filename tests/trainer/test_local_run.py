@@ -54,41 +54,6 @@ def test_two_pods_train_and_write_summary_and_plot(tmp_path: Path) -> None:
     assert "local-pp: 6 steps, final loss" in proc.stdout
 
 
-@pytest.mark.parametrize(
-    ("args", "message"),
-    [
-        (["missing.yaml", "--local"], "missing.yaml"),
-        (["JOB"], "only --local is supported"),
-        (["JOB", "--local", "--plot", "x.txt"], "--plot: x.txt must end in"),
-        (["BAD", "--local"], "spec.strategy.tensorParallel"),
-        # Refused by the planner's rules before any process starts, not by every trainer.
-        (["SEQ", "--local"], "(2 does not divide seqLen=63)"),
-        (["JOB", "--local", "--job", "nope"], "--job: no ParallelTrainingJob named 'nope'"),
-    ],
-)
-def test_bad_input_exits_2_with_a_clear_message(
-    args: list[str], message: str, tmp_path: Path
-) -> None:
-    files = {name: tmp_path / f"{name.lower()}.yaml" for name in ("JOB", "BAD", "SEQ")}
-    files["JOB"].write_text(JOB)
-    files["BAD"].write_text(
-        JOB.replace("pipelineParallel: 2", "pipelineParallel: 2, tensorParallel: 3")
-    )
-    files["SEQ"].write_text(
-        JOB.replace("numNodes: 2, numProcPerNode: 1", "numNodes: 1, numProcPerNode: 2")
-        .replace(
-            "{type: pipeline, pipelineParallel: 2, pipelineSchedule: gpipe, microBatches: 2}",
-            "{type: tensor, tensorParallel: 2}",
-        )
-        .replace("{preset: tiny}", "{preset: tiny, seqLen: 63}")
-    )
-    argv = [str(files[a]) if a in files else a for a in args]
-    proc = meshrun("run", *argv, timeout=60)
-    assert proc.returncode == 2, proc.stderr
-    assert message in proc.stderr
-    assert "Traceback" not in proc.stderr
-
-
 def _losses(tmp_path: Path, name: str, resources: str, strategy: str) -> list[float]:
     job = tmp_path / f"{name}.yaml"
     job.write_text(
