@@ -63,8 +63,9 @@ def bystanders(namespace: str) -> list[dict[str, Any]]:
                 "labels": {names.LABEL_JOB: BYSTANDER_POD_JOB},
             },
             "spec": {
-                # never scheduled, so it stays exactly as made
-                "nodeSelector": {"meshrun.dev/no-such-node": "true"},
+                # no scheduler has this name, so none touches it and it stays exactly as made
+                # (an unschedulable pod's condition is rewritten whenever the nodes change)
+                "schedulerName": "no-such-scheduler",
                 "containers": [{"name": "app", "image": "example.invalid/app:1"}],
             },
         },

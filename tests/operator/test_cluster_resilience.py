@@ -113,7 +113,15 @@ def test_healthz_and_metrics(cluster: Cluster, operator_process: OperatorProcess
     assert created is not None and float(created.group(1)) == 2.0
     assert "meshrun_operator_reconcile_seconds_count" in text
     assert 'meshrun_operator_api_requests_total{resource="pods",verb="create"} 2.0' in text
-    health = http_get(f"http://127.0.0.1:{operator_process.health_port}/healthz") or ""
-    assert '"resync"' in health, health  # the resync loop reports through kopf's probe
-    # kopf's watch streams are followed too: the jobs' and their pods' are running.
-    assert '"watchers"' in health and "paralleltrainingjobs" in health, health
+    # kopf's watch streams are followed too: the jobs' and their pods' are running. (kopf keeps
+    # the probes' answer for 10 s, so the idle one above may still be served for a while.)
+    health = wait_for(
+        lambda: (
+            (h := http_get(f"http://127.0.0.1:{operator_process.health_port}/healthz"))
+            and "paralleltrainingjobs" in h
+            and h
+        ),
+        30,
+        "/healthz listing the jobs' watcher",
+    )
+    assert '"resync"' in health and '"watchers"' in health, health

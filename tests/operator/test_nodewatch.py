@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 
 import pytest
@@ -14,7 +14,7 @@ from meshrun_operator.client.errors import ApiTimeout
 from meshrun_operator.client.login import Login
 from meshrun_operator.client.rest import Rest
 from meshrun_operator.seen import nodes
-from meshrun_operator.seen.nodes import NodeWatch
+from meshrun_operator.seen.nodes import NodeInfo, NodeWatch
 from operator_harness import Kubectl
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -60,9 +60,19 @@ def test_the_node_watch_follows_readiness_labels_and_deletion(
     listed = kubectl("get", "nodes", "-o", "name").stdout.split()
 
     async def scenario() -> None:
+        # The jobs are told of any node's change, and tests beside this one add and remove
+        # nodes of their own: only the changes that concern this test's node count here.
+        concerned: list[str] = []
         changes: list[float] = []
         rest = Rest(Login(kubeconfig), ApiTimeout.of(10))
-        watch = NodeWatch(rest, lambda: changes.append(1.0))
+        watch = NodeWatch(rest, lambda: changes.extend([1.0] * (name in concerned)))
+        apply = watch._apply
+
+        def noting(changed: Mapping[str, NodeInfo], gone: list[str]) -> None:
+            concerned[:] = [*changed, *gone]
+            apply(changed, gone)
+
+        watch._apply = noting  # type: ignore[method-assign]
         watch.start()
         try:
             await asyncio.wait_for(watch.listed.wait(), 30)
