@@ -26,12 +26,7 @@ from meshrun_trainer.distributed.parallel import (
     gradients_in_buckets,
     plain,
 )
-from meshrun_trainer.distributed.pipeline import (
-    build_schedule,
-    loss_scale,
-    schedule_stages,
-    stages_of_rank,
-)
+from meshrun_trainer.distributed.stagemap import loss_scale, stages_of_rank
 from meshrun_trainer.loop.hooks import UserHooks, weight_source
 from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.models.materialize import WeightSource
@@ -69,6 +64,9 @@ def build_runner(
     ]
     schedule = None
     if layout.pp > 1:
+        # imported here: torch.distributed.pipelining costs every process 0.65 s (stagemap.py)
+        from meshrun_trainer.distributed.pipeline import build_schedule
+
         scale = loss_scale(layout)
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -94,7 +92,7 @@ def forward_backward(
     """
     accumulation = layout.grad_accumulation
     total = torch.zeros((), device=inputs.device)
-    stages = schedule_stages(runner.schedule) if runner.schedule is not None else []
+    stages = runner.pipeline_stages()
     chunks = zip(inputs.chunk(accumulation), targets.chunk(accumulation), strict=True)
     for index, (x, y) in enumerate(chunks):
         last = index == accumulation - 1
