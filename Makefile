@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== python venv ($(VENV)): torch, kopf, kubernetes, test tools"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[operator,trainer,plot,dev]'
+	$(VENV)/bin/pip install -q -e '.[operator,client,trainer,plot,dev]'
 	@touch $@
 
 .PHONY: venv
