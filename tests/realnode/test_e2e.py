@@ -1,7 +1,8 @@
 """True end to end on the real node: the chart's operator, running in the
 cluster as a pod, trains examples/demo-3d-cpu.yaml (2 pods x 4 CPU processes, dp2 x pp2 x tp2)
-with torchrun over gloo between pod IPs; the final loss equals `meshrun run --local` on the same
-file, also after one trainer pod is killed mid-run and the gang resumes from its checkpoint."""
+with torchrun over gloo between pod IPs; one trainer pod is killed mid-run, the gang resumes
+from its checkpoint, and the final loss equals `meshrun run --local` on the same file. (The
+demo's uninterrupted run in pods is tests/realnode/test_examples.py's demo-3d-cpu case.)"""
 
 from __future__ import annotations
 
@@ -80,27 +81,14 @@ def termination_summary(pod: dict[str, Any]) -> dict[str, Any]:
     return summary
 
 
-def test_demo_job_trains_on_the_real_node_with_the_local_final_loss(
+def test_demo_trains_on_the_real_node_and_a_killed_pod_resumes_to_the_local_final_loss(
     kubectl: Kubectl, namespace: str, real_node: str, local_loss: float, demo: str
 ) -> None:
-    status = wait_phase(kubectl, namespace, demo, "Succeeded")
+    """One demo run checks both: the gang trains in containerd pods on the real node, and a
+    trainer pod deleted after the step-5 checkpoint restarts the gang, which resumes from that
+    checkpoint and still ends with the float32 loss of the uninterrupted local run (the same
+    layout, seed and data on the same CPU kernels)."""
 
-    progress = status["progress"]
-    assert progress["step"] == progress["totalSteps"] == STEPS
-    # Same layout, seed and data on the same CPU kernels: the same float32 loss.
-    assert progress["loss"] == pytest.approx(local_loss, rel=1e-6, abs=1e-6)
-    trainer_pods = pods(kubectl, namespace, demo)
-    assert len(trainer_pods) == 2
-    for pod in trainer_pods:
-        assert pod["spec"]["nodeName"] == real_node
-        assert pod["status"]["phase"] == "Succeeded"
-        assert pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
-    assert {row["node"] for row in status["placement"]} == {real_node}
-
-
-def test_killed_trainer_pod_restarts_the_gang_which_resumes_from_the_checkpoint(
-    kubectl: Kubectl, namespace: str, real_node: str, local_loss: float, demo: str
-) -> None:
     def step() -> int:
         progress = job_status(kubectl, namespace, demo).get("progress") or {}
         return int(progress.get("step", 0))
@@ -111,8 +99,16 @@ def test_killed_trainer_pod_restarts_the_gang_which_resumes_from_the_checkpoint(
     status = wait_phase(kubectl, namespace, demo, "Succeeded")
 
     assert status["restarts"] >= 1
-    assert status["progress"]["step"] == STEPS
-    assert status["progress"]["loss"] == pytest.approx(local_loss, rel=1e-6, abs=1e-6)
-    first = [p for p in pods(kubectl, namespace, demo) if p["metadata"]["name"] == f"{demo}-0"]
+    progress = status["progress"]
+    assert progress["step"] == progress["totalSteps"] == STEPS
+    assert progress["loss"] == pytest.approx(local_loss, rel=1e-6, abs=1e-6)
+    trainer_pods = pods(kubectl, namespace, demo)
+    assert len(trainer_pods) == 2
+    for pod in trainer_pods:
+        assert pod["spec"]["nodeName"] == real_node
+        assert pod["status"]["phase"] == "Succeeded"
+        assert pod["status"]["containerStatuses"][0]["containerID"].startswith("containerd://")
+    assert {row["node"] for row in status["placement"]} == {real_node}
+    first = [p for p in trainer_pods if p["metadata"]["name"] == f"{demo}-0"]
     summary = termination_summary(first[0])
     assert summary["resumedFromStep"] >= 5, summary
