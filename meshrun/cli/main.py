@@ -67,6 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
             "example-files",
             "write a tiny Hugging Face model and data for examples/hf-finetune.yaml",
         ),
+        (
+            "plot",
+            "draw a job's loss and tokens/s from its event files (needs meshrun[plot])",
+        ),
     ):
         sub = commands.add_parser(name, help=text, add_help=False)
         sub.add_argument("rest", nargs=argparse.REMAINDER)
@@ -98,6 +102,7 @@ DELEGATES = {
     "prepare-data": ("meshrun_trainer.local.prepare", "trainer"),
     "calibrate": ("meshrun_trainer.local.calibrate", "trainer"),
     "example-files": ("meshrun_trainer.local.examplefiles", "trainer"),
+    "plot": ("meshrun.cli.plot", "plot"),
 }
 """Subcommand -> (module with ``main(argv) -> int``, the pip extra that installs it)."""
 

@@ -45,6 +45,7 @@ PATH_FIELDS = (
     ("training", "data", "path"),
     ("training", "data", "validation", "path"),
     ("training", "export", "path"),
+    ("training", "metrics", "path"),
 )
 """The spec's container paths, as key paths into the spec."""
 

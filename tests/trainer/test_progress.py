@@ -26,7 +26,17 @@ def test_step_lines_endpoints_and_termination_message(
     assert reporter.server is None
     reporter.server = ProgressServer(0, reporter.metrics, reporter.progress)
     base = f"http://127.0.0.1:{reporter.server.port}"
-    reporter.on_step(StepRecord(3, 4.25, 0.9, 0.5, 1024.0, 12345))
+    reporter.on_step(
+        StepRecord(
+            step=3,
+            loss=4.25,
+            grad_norm=0.9,
+            learning_rate=3e-4,
+            step_time_s=0.5,
+            tokens_per_s=1024.0,
+            peak_memory_bytes=12345,
+        )
+    )
 
     line = json.loads(capsys.readouterr().out.strip())
     assert line["event"] == "step" and line["step"] == 3 and line["loss"] == 4.25

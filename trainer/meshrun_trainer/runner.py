@@ -25,6 +25,8 @@ class StepRecord:
     """Mean loss over the whole global batch (identical on every rank)."""
     grad_norm: float
     """Global gradient norm before clipping."""
+    learning_rate: float
+    """The learning rate this step's update used (the schedule's value)."""
     step_time_s: float
     """Wall time of the step on this rank."""
     tokens_per_s: float

@@ -175,6 +175,7 @@ def train(
         local = forward_backward(layout, runner, inputs, targets)
         hooks.after_backward()
         norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
+        learning_rate = float(runner.optimizers[0].param_groups[0]["lr"])
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=not buckets or step == first)
@@ -188,6 +189,7 @@ def train(
             step=step,
             loss=loss,
             grad_norm=float(norm.item()),
+            learning_rate=learning_rate,
             step_time_s=elapsed,
             tokens_per_s=job.spec.tokens_per_step / elapsed,
             peak_memory_bytes=peak_memory()[0],
