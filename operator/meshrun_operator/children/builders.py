@@ -111,7 +111,9 @@ def build_pod(
     if scheduling.scheduler_name:
         pod_spec["schedulerName"] = scheduling.scheduler_name
     if scheduling.priority_class_name:
-        fill_unset(pod_spec, "priorityClassName", scheduling.priority_class_name)
+        # The job's class wins: it is also the gang's and the Workload's, and the one the
+        # platform policy checked.
+        pod_spec["priorityClassName"] = scheduling.priority_class_name
     kind = gang_scheduler_kind(scheduling)
     if kind == "volcano":
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)

@@ -195,7 +195,8 @@ async def _create_network_policy(
     name = names.network_policy_name(job.name)
     what = f"NetworkPolicy {name}"
     try:
-        created = await ctx.kube.create(build_network_policy(job, options.operator, egress))
+        policy = build_network_policy(job, options.operator, egress, options.egress)
+        created = await ctx.kube.create(policy)
     except Refused as refused:
         refusal = Refusal((), refused.reason, refused.message, what, refused.retry_after)
         raise CreationRefused(refusal) from refused
