@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import argparse
 import base64
+import dataclasses
 import io
 import sys
 import tarfile
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -127,23 +129,25 @@ def cluster_curves(args: argparse.Namespace) -> tuple[str, Curves]:
         raise PlotError(f"cannot read job {namespace}/{name}: {error.reason}") from None
     except OSError as error:
         raise PlotError(f"cannot reach the cluster: {error}") from None
-    plan = job.get("status", {}).get("plan", {})
-    layout = plan.get("layoutString") or plan.get("layout") or ""
-    title = f"{name} ({layout})" if layout else name
     if args.logdir:
         curves = _read(Path(args.logdir))
     else:
         with tempfile.TemporaryDirectory(prefix="meshrun-plot-") as tmp:
             _copy_from_pod(client.CoreV1Api(), namespace, name, Path(tmp), ApiException)
             curves = _read(Path(tmp))
-    predicted = job.get("status", {}).get("progress", {}).get("predictedTokensPerSecond")
+    return with_status(job, curves)
+
+
+def with_status(job: Mapping[str, Any], curves: Curves) -> tuple[str, Curves]:
+    """The title (the job's name and layout) and the curves, with the plan's prediction from
+    status.plan where the event files lack it (a job planned without an estimate)."""
+    status = job.get("status") or {}
+    plan = status.get("plan") or {}
+    name = job["metadata"]["name"]
+    title = f"{name} ({plan['layout']})" if plan.get("layout") else name
+    predicted = plan.get("predictedTokensPerSecond")
     if curves.predicted_tokens_per_second is None and predicted is not None:
-        curves = Curves(
-            loss=curves.loss,
-            tokens_per_second=curves.tokens_per_second,
-            predicted_tokens_per_second=float(predicted),
-            eval_loss=curves.eval_loss,
-        )
+        curves = dataclasses.replace(curves, predicted_tokens_per_second=float(predicted))
     return title, curves
 
 
