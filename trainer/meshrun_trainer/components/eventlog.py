@@ -1,5 +1,6 @@
 """Rank 0's TensorBoard event files (spec.training.metrics): one event per step, one per
-validation, flushed every :data:`FLUSH_SECONDS` and at the end (docs/trainer.md, "The metrics")."""
+validation, flushed every :data:`FLUSH_SECONDS`, at each checkpoint's step and at the end
+(docs/trainer.md, "The metrics")."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class EventLog:
     def __init__(self, folder: str, job: JobDocument) -> None:
         self.folder = folder
         self.predicted = job.plan.predicted_tokens_per_second()
+        self.checkpoint_every = job.spec.training.checkpoint.every_steps
         self.writer: events.EventWriter | None = None
         self.broken = False
         self.flushed = time.monotonic()
@@ -53,7 +55,10 @@ class EventLog:
             if self.writer is None:
                 self.writer = events.EventWriter(self.folder, purge_from=step)
             self.writer.scalars(step, values)
-            if time.monotonic() - self.flushed >= FLUSH_SECONDS:
+            # At a checkpoint's step too (reported before it is saved): a pod killed later
+            # loses no step that a resume from that checkpoint would not run again.
+            at_checkpoint = self.checkpoint_every and step % self.checkpoint_every == 0
+            if at_checkpoint or time.monotonic() - self.flushed >= FLUSH_SECONDS:
                 self.writer.flush()
                 self.flushed = time.monotonic()
         except OSError as error:  # a full or read-only volume must not stop training
