@@ -95,6 +95,11 @@ def draw(curves: Curves, path: str | Path, title: str) -> None:
     if curves.tokens_per_second or curves.predicted_tokens_per_second is not None:
         bottom.legend()
     bottom.set_ylabel("tokens/s (whole job)")
+    highest = max(
+        [v for _, v in curves.tokens_per_second] + [curves.predicted_tokens_per_second or 0.0]
+    )
+    # From zero, so the gap to the prediction shows at its true size.
+    bottom.set_ylim(0, highest * 1.1 or 1.0)
     bottom.set_xlabel("step")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     for axes in (top, bottom):
