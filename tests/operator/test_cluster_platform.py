@@ -1,6 +1,7 @@
 """On the real control plane: the platform policy refuses what a tenant cannot loosen (the field
-and the rule named, the job kept, no pod made), a required queue, and the platform's egress
-that a job cannot open."""
+and the rule named, the job kept, no pod made), a required queue, the platform's egress that a
+job cannot open, and a pod that copies a job's name label joins neither its Service nor its
+peers."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
-from operator_harness import Cluster, OperatorProcess, job_manifest
+from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
+from waiting import wait_for
 
 from meshrun.api.crd import PLURAL
 
@@ -111,7 +113,9 @@ def test_the_platforms_egress_cannot_be_opened_by_a_job(
             }
         ]
         assert {p["port"] for p in dns["ports"]} == {53}
-        assert gang["to"] == [{"podSelector": {"matchLabels": {names.LABEL_JOB: "walled"}}}]
+        uid = cluster.job("walled")["metadata"]["uid"]
+        own = {names.LABEL_JOB: "walled", names.LABEL_JOB_UID: uid}
+        assert gang["to"] == [{"podSelector": {"matchLabels": own}}]
         ten, everywhere = (peer["ipBlock"] for peer in cidrs["to"])
         assert ten == {"cidr": "10.0.0.0/8"}
         assert everywhere["cidr"] == "0.0.0.0/0"
@@ -128,3 +132,54 @@ def test_the_platforms_egress_cannot_be_opened_by_a_job(
         cluster.kubectl("delete", PLURAL, "--all", "-n", namespace, "--wait=false", check=False)
         operator.stop()
         print(f"--- operator log ---\n{operator.log_tail(40)}")
+
+
+def test_a_pod_that_copies_the_job_name_label_does_not_join_the_service(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    cluster.apply(job_manifest("gang"))
+    cluster.wait_running_pods("gang", 2)
+    uid = cluster.job("gang")["metadata"]["uid"]
+    # Anyone who may create pods in the namespace can copy the label, the hostname and the
+    # subdomain of pod 0, and would answer the rendezvous through the Service's DNS name.
+    intruder = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "intruder", "labels": {names.LABEL_JOB: "gang"}},
+        "spec": {
+            "hostname": "gang-0",
+            "subdomain": "gang",
+            "restartPolicy": "Never",
+            "containers": [{"name": "trainer", "image": "meshrun/trainer:test"}],
+        },
+    }
+    cluster.kubectl("apply", "-n", namespace, "-f", "-", input=json.dumps(intruder))
+    wait_for(lambda: bool(pod_ip(cluster, "intruder")), 60, "the intruder running with an address")
+    service = json.loads(cluster.kubectl("get", "service", "gang", "-n", namespace,
+                                         "-o", "json").stdout)  # fmt: skip
+    assert service["spec"]["selector"] == {names.LABEL_JOB: "gang", names.LABEL_JOB_UID: uid}
+    job_pods = {"gang-0", "gang-1"}
+    wait_for(lambda: endpoint_pods(cluster, "gang") == job_pods, 60, "the gang's two endpoints")
+    wait_seconds(3)  # the endpoint controller has seen the intruder long since: still out
+    assert endpoint_pods(cluster, "gang") == job_pods
+    uids = {p["metadata"]["name"]: p["metadata"]["labels"].get(names.LABEL_JOB_UID)
+            for p in cluster.live_pods("gang")}  # fmt: skip
+    assert uids == {"gang-0": uid, "gang-1": uid, "intruder": None}
+    cluster.kubectl("delete", "pod", "intruder", "-n", namespace, "--wait=false")
+
+
+def pod_ip(cluster: Cluster, name: str) -> str:
+    out = cluster.kubectl("get", "pod", name, "-n", cluster.ns, "-o", "jsonpath={.status.podIP}")
+    return out.stdout.strip()
+
+
+def endpoint_pods(cluster: Cluster, service: str) -> set[str]:
+    """The pods the Service's EndpointSlices list."""
+    out = cluster.kubectl("get", "endpointslices", "-n", cluster.ns, "-l",
+                          f"kubernetes.io/service-name={service}", "-o", "json")  # fmt: skip
+    return {
+        endpoint["targetRef"]["name"]
+        for item in json.loads(out.stdout)["items"]
+        for endpoint in item.get("endpoints") or []
+        if endpoint.get("targetRef")
+    }

@@ -57,7 +57,9 @@ def test_each_job_gets_its_network_policy_and_no_token_unless_asked(
         (owner,) = policy["metadata"]["ownerReferences"]
         assert owner["uid"] == cluster.job("sealed")["metadata"]["uid"]
         spec = policy["spec"]
-        assert spec["podSelector"] == {"matchLabels": {names.LABEL_JOB: "sealed"}}
+        uid = cluster.job("sealed")["metadata"]["uid"]
+        own = {names.LABEL_JOB: "sealed", names.LABEL_JOB_UID: uid}
+        assert spec["podSelector"] == {"matchLabels": own}
         job_pods, from_operator = spec["ingress"]
         assert job_pods["from"] == [{"podSelector": spec["podSelector"]}]
         assert from_operator["ports"] == [{"port": METRICS_PORT, "protocol": "TCP"}]
@@ -178,6 +180,7 @@ def test_a_job_with_restricted_egress_runs_behind_its_egress_policy(
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     dns, gang, cidrs = spec["egress"]
     assert {p["port"] for p in dns["ports"]} == {53}
-    assert gang["to"] == [{"podSelector": {"matchLabels": {names.LABEL_JOB: "walled"}}}]
+    own = {names.LABEL_JOB: "walled", names.LABEL_JOB_UID: cluster.job("walled")["metadata"]["uid"]}
+    assert gang["to"] == [{"podSelector": {"matchLabels": own}}]
     assert cidrs["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
     assert_cleaned_up(cluster, "walled")

@@ -226,7 +226,8 @@ def test_restricted_egress_allows_dns_the_gang_and_the_cidrs_never_the_metadata_
     # Port 53 of the cluster's DNS pods only (test_platform.py checks the whole rule).
     assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
     assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
-    assert gang == {"to": [{"podSelector": {"matchLabels": {"meshrun.dev/job-name": "train"}}}]}
+    own = {"meshrun.dev/job-name": "train", "meshrun.dev/job-uid": "uid-1"}
+    assert gang == {"to": [{"podSelector": {"matchLabels": own}}]}
     assert cidrs["to"] == [
         {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(METADATA_ADDRESSES[:5])}},
         {"ipBlock": {"cidr": "10.20.0.0/16"}},

@@ -24,7 +24,8 @@ def test_only_the_jobs_own_pods_and_the_operator_on_9400_get_in() -> None:
     (owner,) = policy["metadata"]["ownerReferences"]
     assert owner["uid"] == JOB.uid and owner["controller"] is True
     spec = policy["spec"]
-    own = {"matchLabels": {names.LABEL_JOB: JOB.name}}
+    # The job's uid too: a pod of the namespace that copies the job-name label is no peer.
+    own = {"matchLabels": {names.LABEL_JOB: JOB.name, names.LABEL_JOB_UID: JOB.uid}}
     assert spec["podSelector"] == own and spec["policyTypes"] == ["Ingress"]
     job_pods, operator = spec["ingress"]
     # The job's own pods: every port (rendezvous 29500, and NCCL's and gloo's random ones).

@@ -50,7 +50,8 @@ def build_service(job: JobRef) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {names.LABEL_JOB: job.name},
+            # The uid too: a pod that copies the job-name label gets no DNS record here.
+            "selector": names.job_labels(job.name, job.uid),
             "ports": [
                 {"name": "rendezvous", "port": RENDEZVOUS_PORT, "protocol": "TCP"},
                 {"name": "metrics", "port": METRICS_PORT, "protocol": "TCP"},

@@ -74,7 +74,7 @@ def egress_rules(
     """What a job with restricted egress may reach: the cluster's DNS pods, its own pods, the
     platform's CIDRs and its own."""
     floor = floor or PlatformEgress()
-    own_pods = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name}}}
+    own_pods = {"podSelector": {"matchLabels": names.job_labels(job.name, job.uid)}}
     dns = {
         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": floor.dns.namespace}},
         "podSelector": {"matchLabels": dict(floor.dns.labels)},
@@ -112,7 +112,7 @@ def build_network_policy(
     connect, and progress comes from the pod annotation only. ``egress`` restricted, or the
     platform's ``floor``: the pods' egress is limited too (:func:`egress_rules`).
     """
-    own_pods = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name}}}
+    own_pods = {"podSelector": {"matchLabels": names.job_labels(job.name, job.uid)}}
     ingress: list[dict[str, Any]] = [{"from": [own_pods]}]
     if operator is not None:
         # An empty "from" would admit everyone: the peer always names a namespace.
@@ -124,7 +124,7 @@ def build_network_policy(
         }
         ingress.append({"from": [peer], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
     spec: dict[str, Any] = {
-        "podSelector": {"matchLabels": {names.LABEL_JOB: job.name}},
+        "podSelector": {"matchLabels": names.job_labels(job.name, job.uid)},
         "policyTypes": ["Ingress"],
         "ingress": ingress,
     }

@@ -47,16 +47,22 @@ CUSTOM_KINDS = {
 CORE_KINDS = {"Pod": "pods", "Service": "services", "Event": "events"}
 
 
-def child_path(kind: str, namespace: str, name: str) -> str:
-    """The URL path of one child: a Pod, a Service or a NetworkPolicy."""
+def child_path(kind: str, namespace: str, name: str, api_version: str | None = None) -> str:
+    """The URL path of one child: a Pod, a Service, a NetworkPolicy, or a PodGroup or Workload
+    of ``api_version`` (the first one known when None)."""
     if kind in CORE_KINDS:
         return core_path(CORE_KINDS[kind], namespace, name)
-    group, version, plural = CUSTOM_KINDS[kind]["networking.k8s.io/v1"]
+    group, version, plural = _custom(kind, api_version)
     return group_path(group, version, plural, namespace, name)
 
 
+def _custom(kind: str, api_version: str | None) -> tuple[str, str, str]:
+    versions = CUSTOM_KINDS[kind]
+    return versions[api_version] if api_version else next(iter(versions.values()))
+
+
 def _plural(kind: str) -> str:
-    return CORE_KINDS.get(kind) or "networkpolicies"
+    return CORE_KINDS.get(kind) or _custom(kind, None)[2]
 
 
 class StaleJob(Exception):
@@ -171,11 +177,14 @@ class Kube:
                 raise result
         return [r if isinstance(r, Refused) else bool(r) for r in results]
 
-    async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
-        """Who holds the name of a Pod, Service or NetworkPolicy that already exists (None when
-        it is gone)."""
+    async def holder(
+        self, kind: str, namespace: str, name: str, api_version: str | None = None
+    ) -> Holder | None:
+        """Who holds the name of a child that already exists (None when it is gone): a Pod,
+        Service or NetworkPolicy, or a PodGroup or Workload of ``api_version``."""
+        path = child_path(kind, namespace, name, api_version)
         try:
-            found = await self.call("get", _plural(kind), "GET", child_path(kind, namespace, name))
+            found = await self.call("get", _plural(kind), "GET", path)
         except ApiError as error:
             if error.status == 404:
                 return None
@@ -193,6 +202,7 @@ class Kube:
             attempt,
             bool(meta.get("deletionTimestamp")),
             controller_kind=controller.get("kind"),
+            controller_api_version=controller.get("apiVersion"),
             labels={str(k): str(v) for k, v in labels.items()},
             uid=str(meta.get("uid") or ""),
             resource_version=str(meta.get("resourceVersion") or ""),
