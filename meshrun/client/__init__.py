@@ -48,8 +48,7 @@ FINISHED = ("Succeeded", "Failed")
 """The phases a job ends in."""
 
 REQUEST_SECONDS = (10.0, 60.0)
-"""Seconds to connect, and to wait for an answer, per request (a log followed has no read
-limit)."""
+"""Seconds to connect, and to wait for an answer, per request (a log followed has no limit)."""
 
 DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 """The pod annotation kubectl reads to pick a container of several."""
@@ -297,7 +296,8 @@ class JobClient:
             previous=previous,
             tail_lines=tail,
             _preload_content=False,
-            _request_timeout=(REQUEST_SECONDS[0], None) if follow else REQUEST_SECONDS,
+            # Followed, a quiet rank may print nothing for hours: no limit (kubectl sets none).
+            _request_timeout=None if follow else REQUEST_SECONDS,
         )
         return self._lines(answer, request)
 

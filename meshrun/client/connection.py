@@ -21,7 +21,7 @@ from kubernetes.config.incluster_config import (
     SERVICE_PORT_ENV_NAME,
     load_incluster_config,
 )
-from kubernetes.config.kube_config import list_kube_config_contexts, load_kube_config
+from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
 
 from meshrun.client.errors import NoCluster
 
@@ -61,20 +61,21 @@ def connect(
         )
     configuration = Configuration()
     try:
-        contexts, current = list_kube_config_contexts(listed)  # type: ignore[no-untyped-call]
-        chosen = current if context is None else _named(contexts, context)
-        if chosen is None:
-            names = ", ".join(sorted(c["name"] for c in contexts)) or "none"
+        merged = KubeConfigMerger(listed)  # type: ignore[no-untyped-call]
+        if merged.config is None:
+            raise ConfigException("no configuration found")
+        # The merger keeps each file's entries as nodes that remember their file.
+        names = sorted(str(c.value.get("name")) for c in merged.config.safe_get("contexts") or [])
+        if context is not None and context not in names:
             raise NoCluster(
-                f"no context {context!r} in {listed} (it has: {names}; "
+                f"no context {context!r} in {listed} (it has: {', '.join(names) or 'none'}; "
                 "kubectl config get-contexts lists them)"
             )
-        load_kube_config(  # type: ignore[no-untyped-call]
-            config_file=listed,
-            context=context,
-            client_configuration=configuration,
-            persist_config=False,
+        loader = KubeConfigLoader(  # type: ignore[no-untyped-call]
+            config_dict=merged.config, config_base_path=None, active_context=context
         )
+        loader.load_and_set(configuration)  # type: ignore[no-untyped-call]
+        chosen: dict[str, Any] = loader.current_context
     except ConfigException as error:
         raise NoCluster(f"kubeconfig {listed}: {error}") from None
     # One try: a refused connection is said at once, without urllib3's retry warnings.
@@ -86,10 +87,6 @@ def connect(
         context=str(chosen["name"]),
         server=str(configuration.host),
     )
-
-
-def _named(contexts: list[dict[str, Any]], name: str) -> dict[str, Any] | None:
-    return next((c for c in contexts if c.get("name") == name), None)
 
 
 def _in_a_pod() -> bool:

@@ -410,3 +410,85 @@ def test_without_the_client_extra_the_job_commands_say_how_to_install_it() -> No
         "meshrun list: needs the client extra (pip install 'meshrun[client]'): "
     )
     assert len(result.stderr.splitlines()) == 1
+
+
+def kubeconfig(path: Path, current: str | None, **namespaces: str | None) -> str:
+    """A kubeconfig of one context per keyword (its namespace, None for none), each its own
+    server; nothing is contacted."""
+    contexts = [
+        {"name": name, "context": {"cluster": name, "user": "me"}}
+        | ({"context": {"cluster": name, "user": "me", "namespace": ns}} if ns else {})
+        for name, ns in namespaces.items()
+    ]
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {"name": name, "cluster": {"server": f"https://{name}.example:6443"}}
+            for name in namespaces
+        ],
+        "users": [{"name": "me", "user": {"token": "t"}}],
+        "contexts": contexts,
+    }
+    if current:
+        config["current-context"] = current
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
+def test_the_cluster_and_namespace_are_kubectls(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from meshrun.client.connection import connect
+
+    # KUBECONFIG lists two files, merged: the first names the current context.
+    first = kubeconfig(tmp_path / "a", "prod", prod="team-a")
+    second = kubeconfig(tmp_path / "b", None, dev=None)
+    monkeypatch.setenv("KUBECONFIG", f"{first}:{second}")
+    found = connect()
+    assert (found.context, found.namespace, found.server) == (
+        "prod", "team-a", "https://prod.example:6443"
+    )  # fmt: skip
+    assert connect(namespace="x").namespace == "x"
+    dev = connect(context="dev")
+    assert (dev.context, dev.namespace, dev.server) == (
+        "dev",
+        "default",
+        "https://dev.example:6443",
+    )
+    with pytest.raises(NoCluster, match=r"no context 'qa' in .* \(it has: dev, prod; kubectl"):
+        connect(context="qa")
+    # --kubeconfig wins over KUBECONFIG.
+    assert connect(kubeconfig=second, context="dev").server == "https://dev.example:6443"
+    with pytest.raises(NoCluster, match="current-context"):
+        connect(kubeconfig=second)
+
+
+def test_in_a_pod_without_a_kubeconfig_the_service_account(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubernetes.config import incluster_config
+
+    from meshrun.client import connection
+
+    (tmp_path / "token").write_text("abc")
+    (tmp_path / "ca.crt").write_text("not checked until a request")
+    (tmp_path / "namespace").write_text("team-b\n")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
+    monkeypatch.setattr(connection, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    with pytest.raises(NoCluster, match="no kubeconfig at"):
+        connection.connect()
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    found = connection.connect()
+    assert (found.context, found.namespace, found.server) == (
+        None,
+        "team-b",
+        "https://10.0.0.1:443",
+    )
+    monkeypatch.setenv("POD_NAMESPACE", "team-c")
+    assert connection.connect().namespace == "team-c"
+    assert connection.connect(namespace="x").namespace == "x"
