@@ -73,6 +73,8 @@ class Options:
     """The Pod Security Standards level every job's pod template must meet."""
     platform: platform_policy.PlatformPolicy
     """What every job's pods may use in scheduling and identity, and its queue."""
+    max_pods_per_job: int
+    """The most pods one job may have."""
     verbose: bool
     """Debug logging."""
 
@@ -148,6 +150,14 @@ def parse_args(argv: list[str]) -> Options:
         help="how long a create or delete may stay unseen by the watch before it counts as "
         "lost (default 60)",
     )
+    parser.add_argument(
+        "--max-pods-per-job",
+        type=int,
+        default=1024,
+        help="the most pods one job may have (numNodes, and the largest elastic size): every "
+        "pod is built, sent and watched by this one operator; a larger job is Invalid, the "
+        "field named (default 1024)",
+    )
     parser.add_argument("--workers", type=int, default=16, help="concurrent API requests (16)")
     parser.add_argument(
         "--api-timeout-seconds",
@@ -191,7 +201,7 @@ def parse_args(argv: list[str]) -> Options:
                 "backoff_max_seconds", "error_backoff_base_seconds", "error_backoff_max_seconds",
                 "node_toleration_seconds", "start_failure_seconds",
                 "expectations_timeout_seconds", "workers", "api_timeout_seconds",
-                "stall_seconds")  # fmt: skip
+                "stall_seconds", "max_pods_per_job")  # fmt: skip
     for flag in positive:
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')}: must be positive")
@@ -220,6 +230,7 @@ def parse_args(argv: list[str]) -> Options:
         kueue=not args.no_kueue,
         pod_policy=podpolicy.from_args(args),
         platform=platform_policy.from_args(args, parser),
+        max_pods_per_job=args.max_pods_per_job,
         verbose=args.verbose,
     )
 
@@ -232,6 +243,7 @@ def admission(options: Options) -> Admission:
         network_policies=options.network_policy is not None,
         platform=options.platform,
         egress=floor,
+        max_pods=options.max_pods_per_job,
     )
 
 

@@ -71,6 +71,7 @@ def test_helm_lint_strict_passes(values: dict[str, Any]) -> None:
             "/platformPolicy/maxTerminationGracePeriodSeconds",
         ),
         ({"platformPolicy": {"serviceAccount": ["a"]}}, "'serviceAccount' not allowed"),
+        ({"operator": {"maxPodsPerJob": 0}}, "/operator/maxPodsPerJob"),
         ({"networkPolicy": {"defaultEgress": "Closed"}}, "/networkPolicy/defaultEgress"),
         ({"networkPolicy": {"dns": {"selector": "kube-dns"}}}, "/networkPolicy/dns/selector"),
         (
@@ -147,6 +148,7 @@ def test_the_platform_policy_values_become_the_operators_flags() -> None:
     (container,) = deployment()["spec"]["template"]["spec"]["containers"]
     defaults = parse_args(container["args"])
     assert defaults.platform == PlatformPolicy()  # the chart's defaults are the operator's
+    assert defaults.max_pods_per_job == parse_args([]).max_pods_per_job == 1024
     assert defaults.network_policy is not None
     assert defaults.network_policy.egress == PlatformEgress()
     values = {
@@ -160,6 +162,7 @@ def test_the_platform_policy_values_become_the_operators_flags() -> None:
             "defaultQueue": "team-queue",
             "requireQueue": True,
         },
+        "operator": {"maxPodsPerJob": 64},
         "networkPolicy": {
             "defaultEgress": "Restricted",
             "egressAllowedCIDRs": ["10.0.0.0/8", "fd00::/8"],
@@ -168,6 +171,7 @@ def test_the_platform_policy_values_become_the_operators_flags() -> None:
     }
     (container,) = deployment(values)["spec"]["template"]["spec"]["containers"]
     options = parse_args(container["args"])
+    assert options.max_pods_per_job == 64
     assert options.platform == PlatformPolicy(
         service_accounts=frozenset({"default", "reader"}),
         priority_classes=frozenset({"training", "system-cluster-critical"}),

@@ -1,7 +1,7 @@
 """On the real control plane: the platform policy refuses what a tenant cannot loosen (the field
-and the rule named, the job kept, no pod made), a required queue, the platform's egress that a
-job cannot open, and a pod that copies a job's name label joins neither its Service nor its
-peers."""
+and the rule named, the job kept, no pod made), a required queue, a job above the operator's
+--max-pods-per-job, the platform's egress that a job cannot open, and a pod that copies a job's
+name label joins neither its Service nor its peers."""
 
 from __future__ import annotations
 
@@ -55,13 +55,22 @@ REFUSED: list[tuple[str, dict[str, Any], str]] = [
         f"{T}.serviceAccountName",
     ),
     ("unqueued", {"scheduling": {}}, "spec.scheduling.queueName"),
+    (
+        "huge",
+        {
+            "resources": {"numNodes": 4, "numProcPerNode": 4},
+            "training": {"steps": 10, "globalBatchSize": 32, "microBatchSize": 2},
+        },
+        "spec.resources.numNodes",
+    ),
 ]
 
 
 def test_the_platform_policy_refuses_naming_the_field_and_makes_no_pod(
     cluster: Cluster, kubeconfig: str, namespace: str, crds_installed: list[str], tmp_path: Path
 ) -> None:
-    operator = OperatorProcess(kubeconfig, namespace, tmp_path, extra=["--require-queue"]).start()
+    extra = ["--require-queue", "--max-pods-per-job", "3"]
+    operator = OperatorProcess(kubeconfig, namespace, tmp_path, extra=extra).start()
     try:
         for name, changes, _ in REFUSED:
             spec = {"scheduling": QUEUED, **changes}
@@ -71,7 +80,8 @@ def test_the_platform_policy_refuses_naming_the_field_and_makes_no_pod(
             invalid = cluster.condition(name, "Invalid")
             assert invalid["status"] == "True", (name, invalid)
             assert invalid["message"].startswith(f"{field}: "), (name, invalid["message"])
-            assert "platform policy" in invalid["message"], (name, invalid["message"])
+            said = "--max-pods-per-job" if name == "huge" else "platform policy"
+            assert said in invalid["message"], (name, invalid["message"])
             assert status["restarts"] == 0 and status.get("placement", []) == []
             warnings = [e for e in cluster.events(name) if e["reason"] == "InvalidSpec"]
             assert warnings and field in warnings[0]["message"], (name, warnings)

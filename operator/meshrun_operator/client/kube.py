@@ -69,6 +69,9 @@ class StaleJob(Exception):
     """A patch lost the race with another write to the job (optimistic concurrency)."""
 
 
+SLOW_START_BATCH = 1
+"""The first batch of a gang's creates (the Job controller's SlowStartInitialBatchSize)."""
+
 IN_NAMESPACE = re.compile(r"^/apis?/.+?/namespaces/([^/]+)/")
 """The namespace of a request's path (for an object or a collection in one)."""
 
@@ -169,13 +172,29 @@ class Kube:
         return True
 
     async def create_all(self, objs: Iterable[Mapping[str, Any]]) -> list[bool | Refused]:
-        """Create many objects concurrently: True (created), False (the name exists) or the
-        Refused of each; any other error is raised once all finished."""
-        results = await asyncio.gather(*(self.create(o) for o in objs), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, Refused):
-                raise result
-        return [r if isinstance(r, Refused) else bool(r) for r in results]
+        """Create many objects in batches that double (1, 2, 4, ...), each batch's creates
+        concurrent: True (created), False (the name exists) or the Refused of each. As the Job
+        controller's slow start does, a batch with a refusal (a quota, a webhook, an API server
+        shedding load) is the last: the objects never sent answer with that refusal, so a
+        refused gang costs one request, not one per pod. Between batches the event loop runs
+        other work. Any other error is raised once its batch finished."""
+        pending = list(objs)
+        results: list[bool | Refused] = []
+        size = SLOW_START_BATCH
+        while len(results) < len(pending):
+            batch = pending[len(results) : len(results) + size]
+            answers = await asyncio.gather(*(self.create(o) for o in batch), return_exceptions=True)
+            for answer in answers:
+                if isinstance(answer, BaseException) and not isinstance(answer, Refused):
+                    raise answer
+            results += [a if isinstance(a, Refused) else bool(a) for a in answers]
+            refused = next((a for a in answers if isinstance(a, Refused)), None)
+            if refused is not None:
+                results += [refused] * (len(pending) - len(results))
+                break
+            size *= 2
+            await asyncio.sleep(0)
+        return results
 
     async def holder(
         self, kind: str, namespace: str, name: str, api_version: str | None = None

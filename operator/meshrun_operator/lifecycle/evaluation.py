@@ -59,6 +59,8 @@ class Admission:
     """Scheduling, identity, volumes, grace and queue rules (children/platform.py)."""
     egress: PlatformEgress = field(default_factory=PlatformEgress)
     """The platform's egress floor, which a job cannot open (children/platform.py)."""
+    max_pods: int | None = None
+    """The most pods this operator makes for one job (--max-pods-per-job); None: no cap."""
 
 
 def evaluate(
@@ -74,6 +76,7 @@ def evaluate(
     try:
         spec = read_spec(raw_spec)
         spec = with_queue(spec, labels, rules.platform)
+        cap_pods("spec.resources.numNodes", spec.resources.num_nodes, rules.max_pods)
         plan = plan_job(spec, name)
         check_document_size(spec, plan)  # what the trainer pods will be handed
         admit(spec, plan, name, rules)
@@ -92,6 +95,11 @@ def admit(spec: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
     has a NetworkPolicy to go in and stays inside the platform's."""
     check_template(spec.pod_template, rules.pod_policy)
     check_platform(spec, rules.platform)
+    if spec.elastic is not None and spec.elastic.max_data_parallel is not None:
+        lay = plan.layout
+        processes = spec.elastic.max_data_parallel * lay.pp * lay.tp
+        largest = -(-processes // spec.resources.num_proc_per_node)
+        cap_pods("spec.elastic.maxDataParallel", largest, rules.max_pods)
     egress = spec.networking.egress
     refuse_outside(egress, rules.egress)
     if egress.policy == "Restricted" and not rules.network_policies:
@@ -108,6 +116,17 @@ def admit(spec: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
     except (AttributeError, TypeError, ValueError, KeyError) as error:
         # A shape template_shape does not know: refused once, not failing every reconcile.
         raise SpecError(POD_TEMPLATE, f"cannot be merged into a pod: {error}") from error
+
+
+def cap_pods(field: str, pods: int, most: int | None) -> None:
+    """SpecError when a job of ``pods`` pods is more than this operator makes for one: each
+    pod is built, sent and watched by the one operator every job shares."""
+    if most is not None and pods > most:
+        raise SpecError(
+            field,
+            f"{pods} pods are more than the {most} this operator makes for one job (its "
+            "--max-pods-per-job, Helm value operator.maxPodsPerJob)",
+        )
 
 
 class Evaluations:
