@@ -1,5 +1,6 @@
-"""One job's size: the operator's cap on the pods of one job (--max-pods-per-job), and pods
-created in batches that double, as the Job controller's slow start (no cluster)."""
+"""One job's size: the operator's cap on the pods of one job (--max-pods-per-job), pods created
+in batches that double, as the Job controller's slow start, and a Workload built from one pod
+per stage (no cluster)."""
 
 from __future__ import annotations
 
@@ -8,10 +9,15 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
+from meshrun_operator.children.builders import build_pod
+from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.answers import Refused
 from meshrun_operator.client.kube import Kube
+from meshrun_operator.kueue import QueueRef
 from meshrun_operator.lifecycle.evaluation import Admission, evaluate
 from meshrun_operator.main import admission, parse_args
+from meshrun_operator.runtime import kueue_link
+from meshrun_operator.runtime.kueue_link import KueueLink
 from operator_factories import make_job
 
 pytestmark = pytest.mark.unit
@@ -110,3 +116,42 @@ def test_other_work_runs_between_batches() -> None:
     seen = asyncio.run(both())
     # The other task saw every batch boundary: 1, 3, 7 and 15 creates sent.
     assert {1, 3, 7, 15} <= set(seen)
+
+
+class WorkloadKube:
+    """Records the Workload created; no LocalQueue (no flavor tolerations)."""
+
+    def __init__(self) -> None:
+        self.created: list[dict[str, Any]] = []
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        self.created.append(obj)
+        return True
+
+    async def get_custom(self, *_: Any) -> None:
+        return None
+
+
+def test_a_large_gangs_workload_is_built_from_one_pod_per_stage(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    strategy = {"type": "hybrid", "pipelineParallel": 4}
+    training = {"steps": 10, "globalBatchSize": 2048, "microBatchSize": 1}
+    resources = {"numNodes": 256, "numProcPerNode": 8}
+    spec = make_job(resources=resources, strategy=strategy, training=training)["spec"]
+    ev = evaluate(spec, "big")
+    assert ev.plan is not None and ev.plan.num_nodes == 256, ev.error
+    built: list[int] = []
+
+    def counted(*args: Any, **kwargs: Any) -> dict[str, Any]:
+        built.append(args[3])
+        return build_pod(*args, **kwargs)
+
+    monkeypatch.setattr(kueue_link, "build_pod", counted)
+    kube = WorkloadKube()
+    job = JobRef("big", "ns", "uid-1")
+    asyncio.run(kueue_link.create_workload(kube, KueueLink(), job, ev, QueueRef("q")))  # type: ignore[arg-type]
+    (workload,) = kube.created
+    sets = workload["spec"]["podSets"]
+    assert [s["count"] for s in sets] == [64, 64, 64, 64]
+    assert built == [0, 64, 128, 192]  # four pods built, not 256

@@ -149,8 +149,8 @@ def _domains(node_labels: Any, job: Mapping[str, Any], observed: Observed) -> di
 async def create_workload(
     kube: Kube, link: KueueLink, job: JobRef, ev: Evaluation, ref: QueueRef
 ) -> None:
-    """Create the job's Workload: one pod set per pipeline stage, from the pods of attempt 0
-    (no environment: nothing that changes between attempts), owned by the job."""
+    """Create the job's Workload: one pod set per pipeline stage, from the first pod of each
+    of attempt 0 (no environment: nothing that changes between attempts), owned by the job."""
     assert ev.spec is not None and ev.plan is not None
     spec, plan = ev.spec, ev.plan
     priority = None
@@ -175,7 +175,10 @@ async def create_workload(
         topology=kueue.TopologyRequest(topology_key) if topology_key else None,
         min_count=admission_floor(spec, plan),
     )
-    pods = [build_pod(job, spec, plan, i, 0, {}) for i in range(plan.num_nodes)]
+    # The first pod of each pod set stands for the set: a gang of thousands is not built
+    # whole (on the event loop) to describe a few stages.
+    firsts = [pod_set.pod_indices[0] for pod_set in kueue.pod_sets(plan)]
+    pods = [build_pod(job, spec, plan, i, 0, {}) for i in firsts]
     tolerations = await _queue_tolerations(kube, link, job.namespace, ref.queue)
     for pod in pods:
         add_tolerations(pod["spec"].setdefault("tolerations", []), tolerations)
