@@ -193,6 +193,8 @@ def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
     async def deletes() -> None:
         await kube.delete_child("Service", "ns", orphan, "train")
         await kube.delete_child("NetworkPolicy", "ns", orphan, "train")
+        plugins = "scheduling.x-k8s.io/v1alpha1"
+        await kube.delete_child("PodGroup", "ns", orphan, "train", plugins)
         await kube.delete_job("ns", "train", "uid-1")
         await kube.delete_pods("ns", ["train-0", "train-1"], False, {"train-0": "p-0"})
 
@@ -201,11 +203,13 @@ def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
     assert paths == [
         ("DELETE", "/api/v1/namespaces/ns/services/train"),
         ("DELETE", "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/train"),
+        ("DELETE", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/train"),
         ("DELETE", "/apis/meshrun.dev/v1alpha1/namespaces/ns/paralleltrainingjobs/train"),
         ("DELETE", "/api/v1/namespaces/ns/pods/train-0"),  # train-1's uid is unknown: not sent
     ]
     conditions = [body["preconditions"] for _, _, body in rest.sent]
     assert conditions == [
+        {"uid": "s-1", "resourceVersion": "77"},
         {"uid": "s-1", "resourceVersion": "77"},
         {"uid": "s-1", "resourceVersion": "77"},
         {"uid": "uid-1"},
@@ -230,7 +234,9 @@ class ChildKube:
     ) -> Holder | None:
         return self.holder_found
 
-    async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
+    async def delete_child(
+        self, kind: str, namespace: str, holder: Holder, name: str, api_version: str | None = None
+    ) -> None:
         self.deleted.append(kind)
 
 
@@ -402,6 +408,12 @@ def test_a_podgroup_of_the_name_that_is_not_the_jobs_makes_no_pod() -> None:
     assert refused.value.refusal.what == "PodGroup train"
     assert "Deployment uid-9" in refused.value.refusal.message
     assert planted.pods == [] and planted.deleted == []  # no gang under someone else's group
+    # The job's orphan (no controller, its labels): replaced, the pods wait for the next pass.
+    labels = {names.LABEL_JOB: "train", names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    orphan = GangKube(Holder(None, -1, False, labels=labels))
+    with pytest.raises(StillTerminating):
+        asyncio.run(_create_children(OperatorContext(kube=orphan), JOB, ev, decision))  # type: ignore[arg-type]
+    assert orphan.deleted == ["PodGroup"] and orphan.pods == []
     own = GangKube(OWN)  # the job's own, created before (the watch lags): the pods follow
     asyncio.run(_create_children(OperatorContext(kube=own), JOB, ev, decision))  # type: ignore[arg-type]
     assert own.pods == ["train-0", "train-1"]

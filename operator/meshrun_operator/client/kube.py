@@ -245,12 +245,16 @@ class Kube:
             if error.status not in (404, 409):
                 raise
 
-    async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
-        """Delete a Service or NetworkPolicy (an orphan of the job's that holds the name of the
-        job's own) only if it is still the object judged: the delete carries its uid and
-        resourceVersion as preconditions (409: it changed, judged again next time)."""
+    async def delete_child(
+        self, kind: str, namespace: str, holder: Holder, name: str, api_version: str | None = None
+    ) -> None:
+        """Delete a Service, NetworkPolicy or PodGroup (of ``api_version``): an orphan of the
+        job's that holds the name of the job's own, only if it is still the object judged: the
+        delete carries its uid and resourceVersion as preconditions (409: it changed, judged
+        again next time)."""
         preconditions = {"uid": holder.uid, "resourceVersion": holder.resource_version}
-        await self._delete_if(_plural(kind), child_path(kind, namespace, name), preconditions)
+        path = child_path(kind, namespace, name, api_version)
+        await self._delete_if(_plural(kind), path, preconditions)
 
     async def delete_pods(
         self,

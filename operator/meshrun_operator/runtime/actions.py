@@ -256,7 +256,7 @@ async def _name_taken(
         owner = f"{holder.controller_kind} {holder.controller}" if holder.controller else "none"
         message = Reason.NAME_CONFLICT.message(kind=kind, name=name, owner=owner)
         return Conflict(message)
-    if whose is Claim.ORPHAN and kind in ("Service", "NetworkPolicy") and not holder.deleting:
-        await ctx.kube.delete_child(kind, job.namespace, holder, name)
+    if whose is Claim.ORPHAN and kind != "Pod" and not holder.deleting:
+        await ctx.kube.delete_child(kind, job.namespace, holder, name, api_version)
     who = "an orphan" if holder.controller is None else f"owner {holder.controller}"
     raise StillTerminating(f"{kind} {name} ({who}, attempt {holder.attempt}) holds the name")
