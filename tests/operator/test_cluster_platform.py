@@ -1,7 +1,8 @@
 """On the real control plane: the platform policy refuses what a tenant cannot loosen (the field
 and the rule named, the job kept, no pod made), a required queue, a job above the operator's
---max-pods-per-job, the platform's egress that a job cannot open, and a pod that copies a job's
-name label joins neither its Service nor its peers."""
+--max-pods-per-job, the platform's egress that a job cannot open, a pod that copies a job's
+name label joins neither its Service nor its peers, and a PodGroup of the job's name that
+someone else made is not taken for the job's."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
+from test_cluster_policies import COSCHEDULING_CRD
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
 
@@ -193,3 +195,35 @@ def endpoint_pods(cluster: Cluster, service: str) -> set[str]:
         for endpoint in item.get("endpoints") or []
         if endpoint.get("targetRef")
     }
+
+
+def test_a_podgroup_someone_else_made_with_the_jobs_name_is_not_taken_for_its_own(
+    cluster: Cluster, operator_process: OperatorProcess, namespace: str
+) -> None:
+    cluster.apply(COSCHEDULING_CRD)
+    crd = "crd/podgroups.scheduling.x-k8s.io"
+    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", crd)
+    # A gang of one: the coscheduling plugin would bind each pod alone, a partial gang.
+    planted = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "cosched", "namespace": namespace},
+        "spec": {"minMember": 1},
+    }
+    cluster.apply(planted)
+    scheduling = {"schedulerName": "scheduler-plugins-scheduler"}
+    cluster.apply(job_manifest("cosched", scheduling=scheduling))
+    refused = wait_for(
+        lambda: (
+            (c := cluster.condition("cosched", "CreationRefused")).get("status") == "True" and c
+        ),
+        60,
+        "the job saying its PodGroup's name is taken",
+    )
+    assert refused["reason"] == "NameConflict"
+    assert "PodGroup cosched already exists and is not this job's" in refused["message"]
+    wait_seconds(2)  # several passes: still no pod under someone else's group
+    assert cluster.pods("cosched") == []
+    group = json.loads(cluster.kubectl("get", "podgroups.scheduling.x-k8s.io", "cosched",
+                                       "-n", namespace, "-o", "json").stdout)  # fmt: skip
+    assert group["spec"] == {"minMember": 1} and not group["metadata"].get("ownerReferences")
