@@ -203,11 +203,15 @@ def submit(args: argparse.Namespace) -> int:
 def follow(client: JobClient, name: str) -> int:
     """The live view of job ``name`` until it ends: 0 when it succeeded, 1 (and the reason)
     when it failed."""
+    from rich.console import Console
     from rich.progress import Progress
 
     from meshrun.cli.jobview import LiveView
 
-    with Progress(*LiveView.columns(), transient=False) as progress:
+    # Piped or logged, the bar would be one line cut at 80 columns: the lines of each change
+    # and the final one say it all.
+    shown = Console().is_terminal
+    with Progress(*LiveView.columns(), disable=not shown) as progress:
         view = LiveView(progress)
         job = None
         for job in client.watch(name):

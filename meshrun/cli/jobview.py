@@ -12,7 +12,7 @@ from typing import Any
 from rich import box
 from rich.console import Group, RenderableType
 from rich.progress import BarColumn, Progress, TextColumn
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 from meshrun.api.display import duration_text, rate_text
@@ -204,8 +204,12 @@ class LiveView:
         """The bar's columns: the job and its phase, the bar, and the figures."""
         return (
             TextColumn("{task.description}"),
-            BarColumn(bar_width=30),
-            TextColumn("{task.fields[detail]}"),
+            BarColumn(bar_width=20),
+            # The figures wrap under themselves in a narrow terminal instead of being cut.
+            TextColumn(
+                "{task.fields[detail]}",
+                table_column=Column(ratio=1, no_wrap=False, overflow="fold"),
+            ),
         )
 
     def show(self, job: Job) -> None:
@@ -228,4 +232,4 @@ class LiveView:
             line = f"{datetime.now(UTC):%H:%M:%S} {job.name} {job.phase}"
             if latest:
                 line += f" [{said[1]}] {latest.get('message') or ''}".rstrip()
-            self.progress.console.print(line, markup=False, highlight=False)
+            self.progress.console.print(line, markup=False, highlight=False, soft_wrap=True)

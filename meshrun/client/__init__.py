@@ -32,6 +32,7 @@ from meshrun.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from meshrun.client.connection import Connection, connect
 from meshrun.client.errors import (
     RESOURCE,
+    ClientError,
     JobEnded,
     Request,
     WaitTimeout,
@@ -135,8 +136,9 @@ class JobClient:
         self.connection = connection or connect(
             kubeconfig=kubeconfig, context=context, namespace=namespace
         )
-        self.namespace = self.connection.namespace
+        self.namespace = namespace or self.connection.namespace
         """The namespace every call acts in."""
+        self._namespace_given = namespace is not None
         self._jobs = CustomObjectsApi(self.connection.api)
         self._core = CoreV1Api(self.connection.api)
 
@@ -159,6 +161,12 @@ class JobClient:
         body = dict(job)
         metadata = dict(body.get("metadata") or {})
         namespace = str(metadata.get("namespace") or self.namespace)
+        if self._namespace_given and namespace != self.namespace:
+            # kubectl's rule: a namespace in the object and another asked for is a mistake.
+            raise ClientError(
+                f"job {metadata.get('name')} names namespace {namespace}, not {self.namespace}: "
+                f"pass -n {namespace}, or remove metadata.namespace"
+            )
         metadata["namespace"] = namespace
         body.update(apiVersion=API_VERSION, kind=KIND, metadata=metadata)
         request = Request("create", RESOURCE, str(metadata.get("name")), namespace)

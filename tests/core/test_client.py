@@ -492,3 +492,16 @@ def test_in_a_pod_without_a_kubeconfig_the_service_account(
     monkeypatch.setenv("POD_NAMESPACE", "team-c")
     assert connection.connect().namespace == "team-c"
     assert connection.connect(namespace="x").namespace == "x"
+
+
+def test_a_job_naming_another_namespace_than_asked_is_refused_as_kubectl_does() -> None:
+    from kubernetes.client import ApiClient, Configuration
+
+    from meshrun.client import JobClient
+    from meshrun.client.connection import Connection
+    from meshrun.client.errors import ClientError
+
+    nowhere = Connection(ApiClient(Configuration()), "team", None, "https://nowhere.example")
+    manifest = {"metadata": {"name": "llm", "namespace": "other"}, "spec": {}}
+    with pytest.raises(ClientError, match="job llm names namespace other, not team: pass -n other"):
+        JobClient(namespace="team", connection=nowhere).create(manifest)
