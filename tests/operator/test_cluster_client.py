@@ -9,8 +9,15 @@ serves nothing at, and as the real answer to a group it does not serve."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import pty
 import socket
+import struct
+import subprocess
+import sys
+import termios
 from pathlib import Path
 from typing import Any
 
@@ -175,3 +182,41 @@ def test_a_failed_job_fails_follow_and_wait_with_its_reason(
     code, out, _ = meshrun(capsys, "status", "short", *ns)
     assert code == 0 and out.startswith(f"short in {namespace}: Failed, attempt 0")
     assert "Conditions" in out and "DeadlineExceeded" in out
+
+
+def test_in_a_terminal_follow_draws_the_bar(
+    cluster: Cluster,
+    operator_process: OperatorProcess,
+    kubeconfig: str,
+    namespace: str,
+    tmp_path: Path,
+) -> None:
+    """The installed script in a pseudo-terminal of 80 columns, as a user's shell runs it."""
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_manifest("tty", runPolicy={"activeDeadlineSeconds": 3})))
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    meshrun_script = str(Path(sys.executable).with_name("meshrun"))
+    process = subprocess.Popen(
+        [meshrun_script, "submit", str(path), "--follow", "-n", namespace, "--kubeconfig",
+         kubeconfig],
+        stdin=secondary, stdout=secondary, stderr=secondary, env={**env, "TERM": "xterm"},
+    )  # fmt: skip
+    os.close(secondary)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # the terminal closed: the process has exited
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(primary)
+    assert process.wait(timeout=60) == 1
+    text = shown.decode("utf-8", "replace")
+    assert "━" in text and "\x1b[" in text, text  # the bar, drawn and redrawn
+    assert "tty Failed [Failed: DeadlineExceeded]" in text
+    assert "meshrun submit: job tty Failed: DeadlineExceeded: " in text
+    assert "Traceback" not in text
