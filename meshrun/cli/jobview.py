@@ -16,6 +16,7 @@ from rich.table import Column, Table
 from rich.text import Text
 
 from meshrun.api.display import duration_text, rate_text
+from meshrun.cli.text import gib
 from meshrun.client import Job
 
 PHASE_STYLES = {"Succeeded": "green", "Failed": "bold red", "Restarting": "yellow"}
@@ -96,6 +97,10 @@ def plan_line(plan: Mapping[str, Any]) -> str:
     predicted = plan.get("predictedTokensPerSecond")
     if isinstance(predicted, int | float) and gpus:
         parts.append(f"predicted {rate_text(predicted)} tokens/s")
+    memory = plan.get("memory") or {}
+    total = (memory.get("perGpuBytes") or {}).get("total")
+    if isinstance(total, int) and memory.get("acceleratorBytes"):
+        parts.append(f"{gib(total)} of {gib(memory['acceleratorBytes'])} per GPU (estimate)")
     return ", ".join(parts)
 
 

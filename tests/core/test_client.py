@@ -272,6 +272,7 @@ RUNNING = {
         "gpus": 8,
         "microBatchSize": 2,
         "predictedTokensPerSecond": 130000.0,
+        "memory": {"perGpuBytes": {"total": 53 * 2**30}, "acceleratorBytes": 80 * 2**30},
     },
     "progress": {"step": 3, "totalSteps": 10, "loss": 2.302585, "stepTimeSeconds": 0.5},
     "display": {
@@ -315,8 +316,9 @@ def test_status_reads_the_plan_progress_restarts_last_failure_conditions_and_pod
     text = console.export_text()
     lines = [line.rstrip() for line in text.splitlines()]
     assert lines[0] == "llm in team: Running, attempt 1, 1 restart, age 5m30s"
+    said = " ".join(text.split())  # a long line wraps at the width, between words
     assert "Plan: hybrid dp2 x pp2 x tp2, 8 processes on 8 GPUs, micro-batch 2, predicted " \
-        "130k tokens/s" in lines  # fmt: skip
+        "130k tokens/s, 53.00 GiB of 80.00 GiB per GPU (estimate) Progress:" in said  # fmt: skip
     assert "Progress: step 3/10 (30%), loss 2.303, 123k tokens/s of 130k predicted, 0.5 " \
         "s/step, ETA 3m30s" in lines  # fmt: skip
     assert "Last failure: pod llm-1 OOMKilled (Retryable, exit code 137, 3m ago): the trainer " \
