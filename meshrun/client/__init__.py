@@ -5,7 +5,7 @@
 from meshrun.client import JobClient
 
 client = JobClient()                       # kubectl's current context and namespace
-job = client.submit(yaml.safe_load(open("job.yaml")))   # planned first, as meshrun plan does
+job = client.submit("job.yaml")             # planned first, as meshrun plan does
 for line in client.logs(job.name, rank=0, follow=True):
     print(line)
 done = client.wait(job.name, timeout=3600)  # the Job once Succeeded; JobEnded if it failed
@@ -22,13 +22,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from kubernetes.client import CoreV1Api, CustomObjectsApi
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
-from meshrun.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from meshrun.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION, read_documents
+from meshrun.api.errors import SpecError
 from meshrun.client.connection import Connection, connect
 from meshrun.client.errors import (
     RESOURCE,
@@ -150,10 +152,19 @@ class JobClient:
         visible. SpecError names the field and the rule."""
         return plan_document(job, "job", mounts)[2]
 
-    def submit(self, job: Mapping[str, Any], mounts: Sequence[str] = ()) -> Job:
-        """Plan ``job`` (refusing what ``meshrun plan`` refuses, with SpecError) and create it."""
-        self.plan(job, mounts)
-        return self.create(job)
+    def submit(self, job: Mapping[str, Any] | str | Path, mounts: Sequence[str] = ()) -> Job:
+        """Plan ``job`` (a ParallelTrainingJob as a dict, or a YAML file of one) as
+        ``meshrun plan`` does, refusing what it refuses with SpecError, and create it."""
+        document: Mapping[str, Any]
+        if isinstance(job, str | Path):
+            documents = read_documents(job)
+            if len(documents) != 1:
+                raise SpecError(str(job), f"holds {len(documents)} documents, not one job")
+            document = documents[0]
+        else:
+            document = job
+        self.plan(document, mounts)
+        return self.create(document)
 
     def create(self, job: Mapping[str, Any]) -> Job:
         """Create ``job`` as it is, in its metadata.namespace or this client's namespace.

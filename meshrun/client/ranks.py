@@ -45,9 +45,13 @@ def pod_of_index(job: Mapping[str, Any], index: int) -> str:
 
 
 def world_size(job: Mapping[str, Any]) -> int | None:
-    """Processes running now (an elastic job's may differ from its plan's), else the plan's."""
+    """Processes running now (an elastic job's may differ from its plan's), else the plan's,
+    else the spec's pods times processes per pod (before the operator's first status)."""
     status = job.get("status") or {}
-    for found in (status.get("worldSize"), (status.get("plan") or {}).get("worldSize")):
+    resources = (job.get("spec") or {}).get("resources") or {}
+    nodes, per_pod = resources.get("numNodes"), resources.get("numProcPerNode")
+    spec = nodes * per_pod if isinstance(nodes, int) and isinstance(per_pod, int) else None
+    for found in (status.get("worldSize"), (status.get("plan") or {}).get("worldSize"), spec):
         if isinstance(found, int) and found > 0:
             return found
     return None

@@ -110,8 +110,10 @@ def test_a_rank_is_found_in_the_placement(status: dict[str, Any], rank: int, pod
 def test_a_rank_or_a_pod_the_job_does_not_have_is_refused_with_its_range() -> None:
     with pytest.raises(NotFound, match="job llm has ranks 0 to 7, not 8"):
         pod_of_rank(job(PLACED), 8)
+    # Before the operator's first status: the spec's pods times processes per pod.
+    assert pod_of_rank(job({}), 5) == "llm-1"
     with pytest.raises(NotFound, match="not planned yet"):
-        pod_of_rank(job({}), 0)
+        pod_of_rank({"metadata": {"name": "llm"}}, 0)
     with pytest.raises(NotFound, match=r"job llm has no pod 2 \(it has pods 0 to 1\)"):
         pod_of_index(job(PLACED), 2)
     assert pod_of_index(job(PLACED), 1) == "llm-1"

@@ -29,8 +29,18 @@ from kubernetes.client.exceptions import ApiException
 from operator_harness import Cluster, OperatorProcess, job_manifest
 
 from meshrun.api.crd import PLURAL, VERSION
+from meshrun.api.errors import SpecError
 from meshrun.client import JobClient
-from meshrun.client.errors import RESOURCE, Forbidden, NotInstalled, Request, from_api
+from meshrun.client.errors import (
+    RESOURCE,
+    AlreadyExists,
+    Forbidden,
+    NotFound,
+    NotInstalled,
+    Request,
+    WaitTimeout,
+    from_api,
+)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -220,3 +230,31 @@ def test_in_a_terminal_follow_draws_the_bar(
     assert "tty Failed [Failed: DeadlineExceeded]" in text
     assert "meshrun submit: job tty Failed: DeadlineExceeded: " in text
     assert "Traceback" not in text
+
+
+def test_the_python_api_submits_lists_gets_waits_and_deletes(
+    cluster: Cluster, kubeconfig: str, namespace: str, tmp_path: Path
+) -> None:
+    client = JobClient(kubeconfig=kubeconfig, namespace=namespace)
+    held = job_manifest("held", runPolicy={"suspend": True})
+    path = tmp_path / "job.yaml"
+    path.write_text(yaml.safe_dump(job_manifest("from-file", runPolicy={"suspend": True})))
+    created = [client.submit(held), client.submit(path)]
+    assert [(j.name, j.namespace) for j in created] == [
+        ("held", namespace), ("from-file", namespace)
+    ]  # fmt: skip
+    assert [j.name for j in client.list()] == ["from-file", "held"]
+    assert client.get("held").object["spec"]["runPolicy"]["suspend"] is True
+    assert client.pod("held", rank=7) == "held-1"  # 2 pods x 4: from the spec, not placed yet
+    with pytest.raises(AlreadyExists, match="job held already exists"):
+        client.submit(held)
+    bad = job_manifest("bad", strategy={"type": "tensor", "tensorParallel": 3})
+    with pytest.raises(SpecError, match=r"spec\.strategy\.tensorParallel"):
+        client.submit(bad)
+    with pytest.raises(NotFound):
+        client.get("bad")  # refused before it was sent
+    with pytest.raises(WaitTimeout, match=r"timed out after 0\.5 s: job held is Pending"):
+        client.wait("held", timeout=0.5, interval=0.1)  # no operator here: no status at all
+    client.delete("held")
+    with pytest.raises(NotFound, match=f"no job held in namespace {namespace}"):
+        client.get("held")
