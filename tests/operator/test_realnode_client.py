@@ -18,7 +18,9 @@ from operator_harness import FAST_FLAGS, Cluster, OperatorProcess, job_manifest
 from meshrun.client import JobClient
 from meshrun.client.errors import JobEnded, NotFound
 
-pytestmark = [pytest.mark.cluster, pytest.mark.timeout(900)]
+# Covers set-up too: after a trainer change the image is built and imported first (12.5 min here
+# cold); the test itself takes about a minute.
+pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1800)]
 
 REAL_NODE = "meshrun.dev/real-node"
 NAME, STEPS = "client-demo", 12
