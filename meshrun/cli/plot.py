@@ -4,8 +4,8 @@ from the TensorBoard event files its trainer wrote (docs/user-guide.md, "Metrics
 FOLDER: a folder of event files here (a local run's, or the job's volume copied or mounted).
 NAME: a job on the cluster; its event files are read from ``--logdir`` when given, else from
 its pod 0 while that pod runs (through the exec API, as ``kubectl exec`` does). The cluster is
-reached with the ``kubernetes`` package's own kubeconfig loading: the current context and its
-namespace, as kubectl resolves them, unless ``--context`` / ``-n`` say otherwise.
+reached through :mod:`meshrun.client`: the current context and its namespace, as kubectl
+resolves them, unless ``--context`` / ``-n`` say otherwise.
 """
 
 from __future__ import annotations
@@ -21,14 +21,15 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from meshrun.api.crd import GROUP, PLURAL, VERSION
 from meshrun.envcontract import metrics_dir
 from meshrun.files.curves import PICTURE_SUFFIXES, Curves, curves_from_events, draw
 from meshrun.jobdoc import JOB_VARIABLE, read_document
-from meshrun.rules.names import pod_name
 
 EXIT_USAGE = 2
 """Bad input or nothing to draw: one line on stderr."""
+EXIT_CLUSTER = 1
+"""The cluster did not answer as asked (no cluster, no such job, forbidden), as the other job
+commands exit: one line on stderr."""
 PACK_FOLDER = (
     "import base64, io, sys, tarfile\n"
     "buffer = io.BytesIO()\n"
@@ -41,7 +42,11 @@ base64 tar on stdout, since the exec stream carries text."""
 
 
 class PlotError(Exception):
-    """What the user must change, said in one line."""
+    """What the user must change, said in one line; ``exit_code`` is the command's."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_USAGE) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -66,7 +71,7 @@ def main(argv: list[str]) -> int:
         path = plot(args)
     except PlotError as error:
         print(f"meshrun plot: {error}", file=sys.stderr)
-        return EXIT_USAGE
+        return error.exit_code
     print(f"wrote {path}")
     return 0
 
@@ -98,44 +103,28 @@ def _read(folder: Path) -> Curves:
 
 
 def cluster_curves(args: argparse.Namespace) -> tuple[str, Curves]:
-    """The title and curves of the job ``args.source`` on the cluster."""
+    """The title and curves of the job ``args.source`` on the cluster, read through
+    :class:`meshrun.client.JobClient` (kubectl's context and namespace, its one-line errors)."""
     try:
-        from kubernetes import client, config
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.config.config_exception import ConfigException
+        from meshrun.client import JobClient
+        from meshrun.client.errors import ClientError
     except ModuleNotFoundError:
         raise PlotError(
             f"{args.source} is no folder here, and reading a job from the cluster needs the "
-            "kubernetes package (pip install 'meshrun[operator]')"
+            "client extra (pip install 'meshrun[client]')"
         ) from None
     try:
-        config.load_kube_config(context=args.context)  # type: ignore[no-untyped-call]
-        contexts, current = config.list_kube_config_contexts()  # type: ignore[no-untyped-call]
-    except (ConfigException, OSError) as error:
-        raise PlotError(f"no cluster to read {args.source} from: {error}") from None
-    chosen = next((c for c in contexts if c["name"] == args.context), current)
-    namespace = args.namespace or chosen.get("context", {}).get("namespace", "default")
-    name = args.source
-    try:
-        job: Any = client.CustomObjectsApi().get_namespaced_custom_object(
-            GROUP, VERSION, namespace, PLURAL, name
-        )
-    except ApiException as error:
-        if error.status == 404:
-            raise PlotError(
-                f"no ParallelTrainingJob {name} in namespace {namespace} (meshrun plot FOLDER "
-                "draws a folder of event files)"
-            ) from None
-        raise PlotError(f"cannot read job {namespace}/{name}: {error.reason}") from None
-    except OSError as error:
-        raise PlotError(f"cannot reach the cluster: {error}") from None
-    if args.logdir:
-        curves = _read(Path(args.logdir))
-    else:
-        with tempfile.TemporaryDirectory(prefix="meshrun-plot-") as tmp:
-            _copy_from_pod(client.CoreV1Api(), namespace, name, Path(tmp), ApiException)
-            curves = _read(Path(tmp))
-    return with_status(job, curves)
+        client = JobClient(namespace=args.namespace, context=args.context)
+        job = client.get(args.source)
+        if args.logdir:
+            curves = _read(Path(args.logdir))
+        else:
+            with tempfile.TemporaryDirectory(prefix="meshrun-plot-") as tmp:
+                _copy_from_pod(client, args.source, Path(tmp))
+                curves = _read(Path(tmp))
+    except ClientError as error:
+        raise PlotError(str(error), EXIT_CLUSTER) from None
+    return with_status(job.object, curves)
 
 
 def with_status(job: Mapping[str, Any], curves: Curves) -> tuple[str, Curves]:
@@ -151,18 +140,18 @@ def with_status(job: Mapping[str, Any], curves: Curves) -> tuple[str, Curves]:
     return title, curves
 
 
-def _copy_from_pod(core: Any, namespace: str, job: str, target: Path, api_error: Any) -> None:
+def _copy_from_pod(client: Any, job: str, target: Path) -> None:
     """The event files of the job's pod 0 (rank 0 writes them) into ``target``."""
-    from kubernetes.stream import stream
+    from meshrun.client.errors import NotFound
 
-    name = pod_name(job, 0)
     try:
-        pod = core.read_namespaced_pod(name, namespace)
-    except api_error as error:
+        pod = client.pod_object(job, pod=0)
+    except NotFound as error:
         raise PlotError(
-            f"cannot read pod {name} of job {job} ({error.reason}): give --logdir with the "
-            "job's event files (its volume mounted or copied)"
+            f"{error}: give --logdir with the job's event files (its volume mounted or copied)",
+            EXIT_CLUSTER,
         ) from None
+    name = pod.metadata.name
     if pod.status.phase != "Running":
         raise PlotError(
             f"pod {name} is {pod.status.phase}, so its files cannot be read: give --logdir with "
@@ -176,21 +165,6 @@ def _copy_from_pod(core: Any, namespace: str, job: str, target: Path, api_error:
     folder = metrics_dir(job_document.spec, job_document.pod.checkpoint_dir)
     if folder is None:
         raise PlotError(f"job {job} writes no event files (spec.training.metrics.tensorboard)")
-    response = stream(
-        core.connect_get_namespaced_pod_exec,
-        name,
-        namespace,
-        container=container.name,
-        command=["python", "-c", PACK_FOLDER, folder],
-        stdin=False,
-        stdout=True,
-        stderr=True,
-        tty=False,
-        _preload_content=False,
-    )
-    response.run_forever(timeout=120)
-    text, said = response.read_stdout(), response.read_stderr()
-    if response.returncode or not text:
-        raise PlotError(f"cannot read {folder} in pod {name}: {said.strip()[-300:]}")
+    text = client.run_in_pod(job, ["python", "-c", PACK_FOLDER, folder])
     with tarfile.open(fileobj=io.BytesIO(base64.b64decode(text)), mode="r") as tar:
         tar.extractall(target, filter="data")

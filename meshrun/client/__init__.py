@@ -36,6 +36,7 @@ from meshrun.client.errors import (
     RESOURCE,
     ClientError,
     JobEnded,
+    Refused,
     Request,
     WaitTimeout,
     from_api,
@@ -287,6 +288,46 @@ class JobClient:
         if rank is not None:
             return pod_of_rank(job, rank)
         return pod_of_index(job, 0 if pod is None else pod)
+
+    def pod_object(self, name: str, *, pod: int = 0) -> Any:
+        """The job's pod ``pod`` (an index) as the API server returns it (a ``V1Pod``)."""
+        pod_name = pod_of_index(self.get(name).object, pod)
+        request = Request("get", "pods", pod_name, self.namespace, name)
+        return self._call(request, self._core.read_namespaced_pod, pod_name, self.namespace)
+
+    def run_in_pod(
+        self, name: str, command: Sequence[str], *, pod: int = 0, timeout: float = 120
+    ) -> str:
+        """What ``command`` prints on stdout, run in the job's pod ``pod`` (its default
+        container) as ``kubectl exec`` runs it; Refused, with the end of its stderr, when it
+        fails or prints nothing."""
+        from kubernetes.stream import stream
+
+        found = self.pod_object(name, pod=pod)
+        pod_name = found.metadata.name
+        request = Request("create", "pods/exec", pod_name, self.namespace, name)
+        response = self._call(
+            request,
+            stream,
+            self._core.connect_get_namespaced_pod_exec,
+            pod_name,
+            self.namespace,
+            container=self._default_container(name, pod_name),
+            command=list(command),
+            stdin=False,
+            stdout=True,
+            stderr=True,
+            tty=False,
+            _preload_content=False,
+        )
+        response.run_forever(timeout=timeout)
+        text, said = response.read_stdout(), response.read_stderr()
+        if response.returncode or not text:
+            raise Refused(
+                f"{command[0]} in pod {pod_name} failed (exit {response.returncode}): "
+                f"{said.strip()[-300:] or 'no output'}"
+            )
+        return str(text)
 
     def logs(
         self,
