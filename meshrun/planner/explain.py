@@ -36,11 +36,22 @@ def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
             "GPU 0 scatters inputs and gathers outputs every step."
         )
     if layout.zero_stage:
+        over = f"{dp} data-parallel ranks"
+        if layout.cp > 1:
+            over = f"{layout.data_shards} data- and context-parallel ranks"
         lines.append(
-            f"ZeRO-{layout.zero_stage} shards {ZERO_WHAT[layout.zero_stage]} over the {dp} "
-            "data-parallel ranks."
+            f"ZeRO-{layout.zero_stage} shards {ZERO_WHAT[layout.zero_stage]} over the {over}."
         )
     per_pod = spec.resources.num_proc_per_node
+    cp = layout.cp
+    if cp > 1:
+        span = "inside one pod" if cp * tp <= per_pod else f"over {cp * tp // per_pod} pods"
+        lines.append(
+            f"Context parallel {cp} splits each sequence of {spec.shape.seq_len:,} tokens over "
+            f"{cp} ranks {span} (2 x {cp} chunks, rank i holding chunks i and {2 * cp - 1}-i, so "
+            "causal attention costs each the same); every attention layer all-gathers the "
+            "sequence's keys and values and reduce-scatters their gradients in backward."
+        )
     if 1 < tp <= per_pod:
         lines.append(
             f"Tensor parallel {tp} splits every layer's matrices over {tp} processes of one pod "
@@ -69,11 +80,12 @@ def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
         if tp <= per_pod
         else f"each TP group holds {tp // per_pod} whole pods"
     )
+    order = "TP innermost, then " + ("CP, DP" if cp > 1 else "DP") + ", PP outermost"
     lines.append(
-        f"Ranks run TP innermost, then DP, PP outermost, so {where}"
+        f"Ranks run {order}, so {where}"
         + (
             " and each pod holds one pipeline stage."
-            if pp > 1 and (dp * tp) % per_pod == 0
+            if pp > 1 and (dp * cp * tp) % per_pod == 0
             else "."
         )
     )

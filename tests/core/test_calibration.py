@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from meshrun.api.layout import Layout
+from meshrun.api.layout import Degrees, Layout
 from meshrun.api.read import read_spec
 from meshrun.planner.degrees import stage_split
 from meshrun.planner.plan import plan_job
@@ -61,10 +61,12 @@ def job(
     product: str = H100,
     memory_gib: int | None = None,
     checkpointing: str | None = None,
+    cp: int = 1,
 ) -> dict[str, Any]:
     strategy: dict[str, Any] = {
         "type": "hybrid",
-        "dataParallel": gpus // (tp * pp),
+        "dataParallel": gpus // (tp * pp * cp),
+        "contextParallel": cp,
         "pipelineParallel": pp,
         "tensorParallel": tp,
         "zeroStage": zero,
@@ -266,7 +268,13 @@ def layout_speed(
     size = job_spec.training.micro_batch_size or 1
     passes = job_spec.training.global_batch_size // (dp * size)
     layout = Layout(
-        dp, pp, tp, zero, schedule, passes if pp > 1 else 1, virtual, 1 if pp > 1 else passes, size
+        Degrees(dp=dp, pp=pp, tp=tp),
+        zero,
+        schedule,
+        passes if pp > 1 else 1,
+        virtual,
+        1 if pp > 1 else passes,
+        size,
     )
     stages = stage_split(job_spec.shape, pp, virtual)
     return estimate_step(job_spec, layout, stages, checkpointing).tokens_per_second_per_gpu
