@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from meshrun.api.errors import SpecError
 from meshrun.api.spec import GIB, JobSpec
 from meshrun.planner.auto import (
     Choice,
@@ -165,8 +166,13 @@ def _context_reasons(spec: JobSpec, best: Choice, fitting: list[Choice]) -> list
 def _against_table(spec: JobSpec, best: Choice) -> str:
     """What the strategy table would have picked, and why it is slower."""
     row, _ = table_row(spec)
-    table = table_choice(spec)
     lead = f"Strategy table row (docs/planner.md): {row}"
+    try:
+        table = table_choice(spec)
+    except SpecError as error:
+        # The table knows no context parallelism: with few long sequences none of its layouts
+        # may split the batch.
+        return f"{lead}; none of its layouts is valid here ({error.rule})."
     if same_layout(table, best):
         return f"{lead}; it picks the same layout."
     if not table.memory.fits:
