@@ -30,7 +30,7 @@ price of activation memory and, under pipelining, fewer micro-batches to fill th
 LONG_SEQUENCE = 8192
 """Sequences of at least this many tokens are long: the search tries context parallelism for
 them (NVIDIA's Llama 3.1 recipes use CP 2 from 8K tokens; Llama 3 used CP 16 at 128K)."""
-MIN_CHUNK_TOKENS = 512
+MIN_CHUNK_TOKENS = 1024
 """The shortest chunk (seqLen / (2 x cp)) the search splits a sequence into: below it the
 matrices of a rank's share run far from peak and the all-gathers' latency dominates."""
 VIRTUAL_CHOICES = (2, 4)
@@ -73,11 +73,13 @@ def context_degrees(spec: JobSpec) -> tuple[int, ...]:
     """The context-parallel degrees to try: the spec's for every type but auto; under auto 1,
     and powers of two that split seqLen into 2 x cp chunks of at least MIN_CHUNK_TOKENS and
     divide the world size, when the sequence is long (LONG_SEQUENCE) or the global batch has
-    fewer sequences than the world has ranks (some layouts cannot fill data parallelism)."""
+    fewer sequences than the world has pods' worth of ranks (even a tensor-parallel group
+    filling every pod leaves more data-parallel replicas than sequences)."""
     if spec.strategy.type != "auto":
         return (spec.strategy.context_parallel,)
     seq, world = spec.shape.seq_len, spec.resources.world_size
-    if seq < LONG_SEQUENCE and spec.training.global_batch_size >= world:
+    replicas = world // spec.resources.num_proc_per_node
+    if seq < LONG_SEQUENCE and spec.training.global_batch_size >= replicas:
         return (1,)
     found, cp = [1], 2
     while seq % (2 * cp) == 0 and seq // (2 * cp) >= MIN_CHUNK_TOKENS and world % cp == 0:
