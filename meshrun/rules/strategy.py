@@ -46,8 +46,8 @@ DATA_PARALLEL_ONLY = Rule(
 )
 DATA_PARALLEL_WORLD = Rule(
     f"{STRATEGY}.dataParallel",
-    f"{STRATEGY}.dataParallel x contextParallel must equal the world size ({RESOURCES}.numNodes "
-    f"x numProcPerNode) when {STRATEGY}.type is ddp or zero",
+    f"{STRATEGY}.dataParallel must equal the world size ({RESOURCES}.numNodes x numProcPerNode) "
+    f"divided by {STRATEGY}.contextParallel when {STRATEGY}.type is ddp or zero",
 )
 DDP_ZERO = Rule(
     f"{STRATEGY}.zeroStage",
