@@ -161,6 +161,7 @@ PART_NAMES = {
     "recompute": "activation recomputation",
     "elementwise": "element-wise (memory bound)",
     "tensorParallel": "tensor-parallel collectives",
+    "contextParallel": "context-parallel key/value exchange",
     "launch": "waiting on kernel launches",
     "pipelineBubble": "pipeline bubble",
     "pipelineTransfer": "stage-to-stage transfers",

@@ -297,6 +297,7 @@ def test_meshrun_plan_shows_cp(tmp_path: Any, capsys: pytest.CaptureFixture[str]
     assert main(["plan", str(path), "--picture", str(picture)]) == 0
     out = capsys.readouterr().out
     assert "dp4 x cp2 x pp1 x tp1" in out
+    assert "context-parallel key/value exchange" in out
     assert "cp1 tp0" in picture.read_text()
     assert main(["plan", str(path), "-o", "json"]) == 0
     data = json.loads(capsys.readouterr().out)
