@@ -189,6 +189,14 @@ def test_context_parallel_rules_name_the_field(
     assert "contextParallel" in str(caught.value)
 
 
+def test_a_hybrid_search_keeps_the_given_cp() -> None:
+    spec = make_cpu_spec(
+        strategy={"type": "hybrid", "contextParallel": 2}, resources={"acceleratorMemoryGiB": 1}
+    )
+    plan = plan_job(spec)
+    assert plan.layout.cp == 2 and plan.layout.world_size == 8 and plan.layout.tp > 1
+
+
 def test_auto_searches_cp_itself() -> None:
     with pytest.raises(SpecError, match="contextParallel") as caught:
         plan_job(make_cpu_spec(strategy={"type": "auto", "contextParallel": 2}))
