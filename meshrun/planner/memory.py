@@ -42,10 +42,11 @@ data-parallel group with context). What it adds: attention reads the keys and va
 whole sequence, all-gathered (Llama 3's context parallelism, Dubey et al. 2024, section
 3.3.2), expanded to every query head as the trainer's attention does for grouped-query
 attention, and keeps them for backward: 2q/t elements per token of the whole sequence, cp
-times a rank's own share (:func:`layer_activation_elements`). Selective checkpointing keeps
-the gathered keys and values as gathered (2kv/t per token of the whole sequence) and expands
-them again in backward; full checkpointing keeps neither, and one layer's recomputation
-gathers them again.
+times a rank's own share (:func:`layer_activation_elements`). Selective and full checkpointing
+keep neither: the all-gather runs again in the recomputation, and while one layer recomputes,
+its whole sequence's keys and values exist again (the recomputation term). Under ZeRO-0 in a
+hybrid the trainer's FSDP2 replicates over dp and shards over cp (HSDP, torchtitan's
+dp_shard x cp), so there the parameters shard over the cp ranks (:func:`fsdp_shards`).
 bench/trainer_run_memory.py measures every layout family's whole-run peak against this
 estimate. The estimate ignores the process's fixed part (the CUDA context, torch, the
 communication library) and allocator fragmentation on GPUs.
@@ -111,10 +112,21 @@ def sharded_by_fsdp(layout: Layout) -> bool:
     """Whether the trainer's data parallelism is FSDP2 sharding
     (meshrun_trainer.distributed.parallel): ZeRO-2 and 3, and ZeRO-1 beside tensor or pipeline
     parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients too);
-    the shards are over the dp x cp ranks."""
-    if layout.data_shards == 1 or layout.zero_stage == 0:
-        return False
-    return layout.zero_stage >= 2 or layout.pp > 1 or layout.tp > 1
+    and ZeRO-0 beside them with context parallelism (HSDP sharding over the cp ranks)."""
+    return fsdp_shards(layout) > 1
+
+
+def fsdp_shards(layout: Layout) -> int:
+    """The ranks FSDP2 shards each parameter over: the dp x cp ranks holding the same
+    parameters under ZeRO-1 to 3 (ZeRO-1 only beside TP or PP), the cp ranks under ZeRO-0
+    beside TP or PP (HSDP: replicated over dp), else 1 (DDP, with ZeroRedundancyOptimizer under
+    ZeRO-1, or nothing to shard)."""
+    beside = layout.pp > 1 or layout.tp > 1
+    if layout.zero_stage >= 2 or (layout.zero_stage == 1 and beside):
+        return layout.data_shards
+    if layout.zero_stage == 0 and beside:
+        return layout.cp
+    return 1
 
 
 def fsdp_states(local: int, n: int, layout: Layout, precision: str) -> tuple[int, int, int]:
@@ -170,8 +182,8 @@ def layer_activation_elements(
     - full: the block input (h/t).
 
     Under context parallelism attention reads (and keeps) the keys and values of the whole
-    sequence, cp times a rank's share: k and v count 2q*cp/t instead of 2q/t, and under
-    selective checkpointing the gathered wk and wv outputs 2kv*cp/t instead of 2kv/t.
+    sequence, cp times a rank's share: k and v count 2q*cp/t instead of 2q/t. Selective
+    checkpointing keeps wk's and wv's own outputs and gathers again in backward.
     """
     h, f, t, a = shape.hidden, shape.ffn_hidden, tp, shape.heads
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
@@ -179,7 +191,7 @@ def layer_activation_elements(
         return h / t
     if checkpointing == "selective":
         outputs = 2 * h if t == 1 else 2 * h + 2 * h / t
-        return h / t + (2 * q + 2 * kv * cp + a + 2 * f) / t + outputs
+        return h / t + (2 * q + 2 * kv + a + 2 * f) / t + outputs
     return (6 * h + 2 * q + 2 * q * cp + 4 * f + a + 2) / t
 
 
@@ -210,7 +222,7 @@ def estimate_memory(
     spec: JobSpec, layout: Layout, stages: list[Stage], checkpointing: str = "none"
 ) -> MemoryEstimate:
     """The estimate for the pipeline rank with the largest total."""
-    model, t, n, cp = spec.shape, layout.tp, layout.data_shards, layout.cp
+    model, t, n, cp = spec.shape, layout.tp, fsdp_shards(layout), layout.cp
     weight_b, grad_b, optim_b = bytes_per_parameter(spec.training.precision)
     layers_on = layers_per_rank(stages, layout.pp)
     micro_batch = layout.micro_batch_size
@@ -221,6 +233,11 @@ def estimate_memory(
     )
     tokens = model.seq_len // cp * micro_batch
     per_element = element_bytes(spec.training.precision)
+    if checkpointing == "selective" and cp > 1:
+        # One layer's recomputation gathers the whole sequence's keys and values again and
+        # expands them to every query head for attention's backward.
+        recompute = 2 * model.heads * model.head_dim // t * model.seq_len * micro_batch
+        recompute *= per_element
     # The (vocabulary-sharded) logits, which the loss keeps for backward with one fp32 number a
     # row; the final norm's input and normalized input (sequence-sharded) and its gathered
     # output.
@@ -292,7 +309,7 @@ def estimate_memory(
         else:
             params, grads, optim = local * weight_b, local * grad_b, local * optim_b
             if layout.zero_stage >= 1:
-                optim = -(-optim // n)
+                optim = -(-optim // layout.data_shards)  # ZeroRedundancyOptimizer
         if accumulating:
             grads += arriving
         activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute

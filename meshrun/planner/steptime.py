@@ -16,15 +16,15 @@ The parts, on the busiest rank (the pipeline rank with the most compute):
   each way per layer, Korthikanti et al. section 4.2.2, and the norms' two all-gathers again in
   backward unless full recomputation redoes them all), not overlapped;
 * **contextParallel**: under context parallelism, the all-gather of every attention layer's
-  keys and values over the CP group in forward (and again when full recomputation redoes the
-  forward) and the reduce-scatter of their gradients in backward, on the links the group spans
-  (inside a pod while cp x tp fits one), exposed: attention cannot start before the whole
-  sequence's keys and values are there, and the all-gather overlaps only the few operations
-  between the key and value projections and attention (Llama 3's report says the same of
-  its all-gather context parallelism, Dubey et al. 2024, section 3.3.2: exposed, but small
-  next to attention at long sequences since grouped-query attention makes keys and values
-  small). The split into 2 x cp chunks, rank i holding chunks i and 2 x cp - 1 - i, gives every
-  rank the same causal-attention FLOPs (:data:`CP_LOAD_BALANCE`);
+  keys and values over the CP group in forward (and again when full or selective
+  recomputation redoes it) and the reduce-scatter of their gradients in backward, on the links
+  the group spans (inside a pod while cp x tp fits one), exposed: attention cannot start
+  before the whole sequence's keys and values are there, and the all-gather overlaps only the
+  few operations between the key and value projections and attention (Llama 3's report says
+  the same of its all-gather context parallelism, Dubey et al. 2024, section 3.3.2: exposed,
+  but small next to attention at long sequences since grouped-query attention makes keys and
+  values small). The split into 2 x cp chunks, rank i holding chunks i and 2 x cp - 1 - i,
+  gives every rank the same causal-attention FLOPs (:data:`CP_LOAD_BALANCE`);
 * **launch**: the time the GPU waits on the host when a block's kernels take less time than
   eager PyTorch takes to launch them (small micro-batches, narrow TP shards);
 * **pipelineBubble**: (p - 1) micro-batch slots per pipeline step for GPipe and 1F1B,
@@ -51,7 +51,12 @@ from meshrun.api.hardware import AcceleratorProfile
 from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import CPU, JobSpec, Resources
-from meshrun.planner.memory import MemoryEstimate, element_bytes, layer_activation_elements
+from meshrun.planner.memory import (
+    MemoryEstimate,
+    element_bytes,
+    fsdp_shards,
+    layer_activation_elements,
+)
 
 GEMM_EFFICIENCY = 0.72
 """Share of the dense peak a large bf16 matrix multiply reaches (cuBLAS on H100 and A100 runs
@@ -308,13 +313,14 @@ def rank_work(
     tp_layer = 2 * tp_forward + tp_recompute
     # Context parallelism: the whole sequence's keys and values (kv heads / t of them on this
     # rank) all-gathered over the CP group forward, their gradients reduce-scattered backward;
-    # full recomputation gathers them again.
+    # recomputation (full or selective: the gathered keys and values are not kept) gathers
+    # them again.
     cp_gather = 0.0
     if cp > 1:
         kv = shape.kv_heads * shape.head_dim / t
         gathered = 2 * tokens * cp * kv * act_bytes
         cp_gather = collective_seconds(gathered, group_of(res, cp, t)) * (1 - CP_OVERLAP)
-    cp_layer = cp_gather * (3 if checkpointing == "full" else 2)
+    cp_layer = cp_gather * (2 if checkpointing == "none" else 3)
     # A block whose GPU work is shorter than the host's launching of it waits on the host.
     busy = layer + elementwise + recompute + tp_layer + cp_layer
     host = 0.0 if res.accelerator == CPU else (HOST_TP_LAYER_S if t > 1 else HOST_LAYER_S)
@@ -440,7 +446,8 @@ def estimate_step(
     breakdown["pipelineTransfer"] = transfer
     breakdown["dataParallel"] = data_parallel_seconds(spec, layout, busiest, passes)
     local = busiest.parameters
-    sharded = local / layout.data_shards if layout.zero_stage >= 1 else local
+    shards = layout.data_shards if layout.zero_stage >= 1 else fsdp_shards(layout)
+    sharded = local / shards
     breakdown["optimizer"] = (
         sharded * ADAM_BYTES_PER_PARAMETER / (profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY)
     )

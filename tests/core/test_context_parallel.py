@@ -24,7 +24,7 @@ from meshrun.api.layout import (
 from meshrun.api.read import read_spec
 from meshrun.cli.main import main
 from meshrun.planner.elastic import resized
-from meshrun.planner.memory import estimate_memory, layer_activation_elements
+from meshrun.planner.memory import estimate_memory, fsdp_shards, layer_activation_elements
 from meshrun.planner.plan import plan_job
 from meshrun.planner.ranks import cp_groups, dp_groups, pp_groups, shard_groups, tp_groups
 from meshrun.planner.steptime import estimate_step
@@ -233,6 +233,24 @@ def test_memory_divides_the_sequence_and_counts_the_gathered_keys_and_values() -
     assert activations(1, "none") / 4 < activations(4, "none") < activations(1, "none")
 
 
+def test_shards_follow_the_trainers_data_parallelism_over_dp_x_cp() -> None:
+    spec = read_spec(gpu_job(2, LLAMA_70B, 8192, 16, {"type": "auto"}))
+    stages = split_layers(spec.shape.layers, 2, 1)
+
+    def memory(zero: int, cp: int) -> Any:
+        layout = Layout(Degrees(dp=4 // cp, cp=cp, pp=2, tp=2), zero, "1f1b", 2, 1, 2, 1)
+        return estimate_memory(spec, layout, stages, "full")
+
+    assert fsdp_shards(Layout(Degrees(dp=2, cp=4, tp=2), 1, "1f1b", 1, 1, 1, 1)) == 8
+    # ZeRO-1 beside PP and TP: FSDP2 over the 4 ranks of dp x cp whatever the split.
+    assert memory(1, 2).optimizer == memory(1, 1).optimizer
+    # ZeRO-0 beside them: HSDP replicates over dp and shards over cp.
+    assert memory(0, 2).optimizer < memory(0, 1).optimizer / 1.5
+    assert fsdp_shards(Layout(Degrees(dp=4, cp=2, tp=2), 0, "1f1b", 1, 1, 1, 1)) == 2
+    # Plain DDP with ZeroRedundancyOptimizer: nothing sharded by FSDP2.
+    assert fsdp_shards(Layout(Degrees(dp=4, cp=2), 1, "1f1b", 1, 1, 1, 1)) == 1
+
+
 def test_step_time_prices_the_cp_exchange_inside_and_across_nodes() -> None:
     spec = read_spec(gpu_job(16, LLAMA_70B, 32768, 16, {"type": "auto"}))
     stages = split_layers(spec.shape.layers, 1, 1)
@@ -242,6 +260,13 @@ def test_step_time_prices_the_cp_exchange_inside_and_across_nodes() -> None:
         return estimate_step(spec, layout, stages, "full").breakdown
 
     assert step(1, 8)["contextParallel"] == 0.0
+    # Recomputation (selective too: the gathered keys and values are not kept) gathers again.
+    layout = Layout(Degrees(dp=32, cp=2, tp=2), 3, "1f1b", 1, 1, 1, 1)
+    none, selective = (
+        estimate_step(spec, layout, stages, mode).breakdown["contextParallel"]
+        for mode in ("none", "selective")
+    )
+    assert selective == pytest.approx(1.5 * none)
     inside, across = step(2, 4)["contextParallel"], step(4, 4)["contextParallel"]
     assert inside > 0.0
     # cp 2 x tp 4 stays on a node's NVLink; cp 4 x tp 4 crosses the network: the same bytes
