@@ -7,6 +7,8 @@ from meshrun.api.layout import Layout
 from meshrun.api.spec import CPU, DEFAULT_GPU_MEMORY_GIB, JobSpec
 from meshrun.planner.memory import MemoryEstimate
 
+SHORT_CHUNK = 1024
+"""Context-parallel chunks (seqLen / (2 x cp)) shorter than this get a warning."""
 ZERO_WHAT = {
     1: "optimizer state",
     2: "optimizer state and gradients",
@@ -126,6 +128,13 @@ def warn(spec: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
         warnings.append(
             f"tensorParallel {layout.tp} spans {layout.tp // res.num_proc_per_node} pods: its "
             "collectives, several per layer, cross the network between them."
+        )
+    chunk = spec.shape.seq_len // (2 * layout.cp)
+    if layout.cp > 1 and chunk < SHORT_CHUNK and res.accelerator != CPU:
+        warnings.append(
+            f"contextParallel {layout.cp} cuts seqLen {spec.shape.seq_len} into chunks of "
+            f"{chunk} tokens: each rank's matrices are small and the key/value all-gathers' "
+            "latency weighs; context parallelism pays off on long sequences."
         )
     if layout.pp == 1 and s.micro_batches not in (None, 1):
         warnings.append("spec.strategy.microBatches is ignored without pipeline parallelism.")

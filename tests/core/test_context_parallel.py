@@ -288,6 +288,14 @@ def test_auto_plans_a_70b_at_128k_tokens_with_16_sequences_on_512_gpus_with_cp()
     assert plan.estimate is not None and plan.estimate.breakdown["contextParallel"] > 0
 
 
+def test_short_chunks_are_warned_about() -> None:
+    strategy = {"type": "ddp", "contextParallel": 4}
+    plan = plan_job(gpu_job(1, LLAMA_70B, 4096, 16, strategy) | {"model": {"preset": "1b"}})
+    assert any("chunks of 256 tokens" in w for w in plan.warnings), plan.warnings
+    long = plan_job(gpu_job(1, LLAMA_70B, 4096, 16, strategy | {"contextParallel": 2}))
+    assert not any("contextParallel" in w for w in long.warnings)
+
+
 def test_auto_leaves_short_sequences_with_enough_sequences_alone() -> None:
     plan = plan_job(gpu_job(2, LLAMA_70B, 4096, 256, {"type": "auto"}), "short")
     assert plan.layout.cp == 1 and "Context parallel" not in plan.explanation
