@@ -82,13 +82,18 @@ def rank_at(coordinates: Mapping[str, int], degrees: Degrees) -> int:
     return rank
 
 
-def groups_along(dim: str, degrees: Degrees) -> list[list[int]]:
-    """The ranks of each group spanning ``dim`` (equal indices along every other dimension), in
-    ascending order of their first rank: TP groups are consecutive ranks, CP groups ``tp``
-    apart, DP groups ``cp x tp`` apart, pipelines ``dp x cp x tp`` apart."""
-    stride, size = degrees.stride(dim), degrees.size(dim)
-    firsts = (r for r in range(degrees.world_size) if coordinates_of(r, degrees)[dim] == 0)
-    return [[first + i * stride for i in range(size)] for first in firsts]
+def groups_along(dims: str | tuple[str, ...], degrees: Degrees) -> list[list[int]]:
+    """The ranks of each group spanning ``dims`` (one name or several: equal indices along
+    every other dimension), ascending, groups in order of their first rank: TP groups are
+    consecutive ranks, CP groups ``tp`` apart, DP groups ``cp x tp`` apart, pipelines ``dp x cp
+    x tp`` apart; ("dp", "cp") are the ranks holding the same parameters."""
+    spanned = (dims,) if isinstance(dims, str) else dims
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for rank in range(degrees.world_size):
+        index = coordinates_of(rank, degrees)
+        key = tuple(index[dim] for dim in RANK_ORDER if dim not in spanned)
+        groups.setdefault(key, []).append(rank)
+    return sorted(groups.values())
 
 
 @dataclass(frozen=True)

@@ -113,12 +113,7 @@ def dp_groups(degrees: Degrees) -> list[list[int]]:
 def shard_groups(degrees: Degrees) -> list[list[int]]:
     """Ranks holding the same parameters (same pp and tp: the dp x cp ranks), over which
     gradients are reduced and ZeRO shards."""
-    per_stage = degrees.dp * degrees.cp * degrees.tp
-    return [
-        [base + i * degrees.tp + t for i in range(degrees.dp * degrees.cp)]
-        for base in range(0, degrees.world_size, per_stage)
-        for t in range(degrees.tp)
-    ]
+    return groups_along(("dp", "cp"), degrees)
 
 
 def pp_groups(degrees: Degrees) -> list[list[int]]:
