@@ -149,8 +149,9 @@ def _context_reasons(spec: JobSpec, best: Choice, fitting: list[Choice]) -> list
         f"Context parallel {cp}: {why}, so each sequence is split into {2 * cp} chunks of "
         f"{seq // (2 * cp):,} tokens, rank i of a group of {cp} holding chunks i and "
         f"{2 * cp - 1}-i (every rank the same causal-attention work); each attention layer "
-        "all-gathers the whole sequence's keys and values, which shrinks activations by "
-        f"{cp}x and lets fewer sequences fill the GPUs."
+        "all-gathers the whole sequence's keys and values. A rank keeps the activations of "
+        f"1/{cp} of each sequence (the gathered keys and values aside), and fewer sequences "
+        "fill the GPUs."
     ]
     plain = next((c for c in fitting if c.layout.cp == 1), None)
     if plain is None:
