@@ -23,6 +23,8 @@ from meshrun.api.layout import (
 )
 from meshrun.api.read import read_spec
 from meshrun.cli.main import main
+from meshrun.envcontract import pod_env
+from meshrun.jobdoc import JOB_VARIABLE, read_document
 from meshrun.planner.elastic import resized
 from meshrun.planner.memory import estimate_memory, fsdp_shards, layer_activation_elements
 from meshrun.planner.plan import plan_job
@@ -361,3 +363,22 @@ def test_elastic_keeps_cp_while_dp_changes() -> None:
     assert smaller.layout.degrees == Degrees(dp=2, cp=2)
     assert sized.resources.num_nodes == 2 and sized.strategy.context_parallel == 2
     assert smaller.layout.grad_accumulation == 2 * plan.layout.grad_accumulation
+
+
+def test_the_job_document_and_env_carry_cp() -> None:
+    spec = read_spec(make_cpu_spec(strategy={"type": "zero", "zeroStage": 3, "contextParallel": 2}))
+    plan = plan_job(spec, "cp")
+    env = pod_env(plan, spec, job_name="cp", namespace="ns", pod_index=1, master_addr="m")
+    assert env["MESHRUN_CP"] == "2" and env["MESHRUN_DP"] == "4"
+    assert env["MESHRUN_RANK_ORDER"] == ",".join(RANK_ORDER)
+    document = read_document(env[JOB_VARIABLE])
+    assert document.plan == plan and document.plan.layout.degrees == Degrees(dp=4, cp=2)
+    assert json.loads(env[JOB_VARIABLE])["plan"]["layout"]["degrees"] == {
+        "dp": 4,
+        "cp": 2,
+        "pp": 1,
+        "tp": 1,
+    }
+    # Pod 1 holds ranks 4-7: data-parallel replicas 2 and 3, each over both CP ranks.
+    coords = [document.plan.coords(rank) for rank in range(4, 8)]
+    assert [(c.dp, c.cp) for c in coords] == [(2, 0), (2, 1), (3, 0), (3, 1)]
