@@ -14,6 +14,7 @@ the trainer's command.
 
 from __future__ import annotations
 
+from meshrun.api.layout import RANK_ORDER
 from meshrun.api.spec import JobSpec
 from meshrun.jobdoc import JOB_VARIABLE, JobDocument, Pod, write_document
 from meshrun.planner.plan import Plan
@@ -110,8 +111,11 @@ def pod_env(
         "MESHRUN_ATTEMPT": str(attempt),
         "MESHRUN_POD_INDEX": str(pod_index),
         "MESHRUN_DP": str(layout.dp),
+        "MESHRUN_CP": str(layout.cp),
         "MESHRUN_PP": str(layout.pp),
         "MESHRUN_TP": str(layout.tp),
+        # a process's coordinates from its RANK: mixed radix over these, outermost first
+        "MESHRUN_RANK_ORDER": ",".join(RANK_ORDER),
         "MESHRUN_CHECKPOINT_DIR": checkpoint_dir or "",
         # everything the trainer reads: the spec, the plan and this pod, as one typed value
         JOB_VARIABLE: write_document(JobDocument(spec=spec, plan=plan, pod=pod)),

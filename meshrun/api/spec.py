@@ -211,6 +211,8 @@ class Strategy:
     """ZeRO stage 0-3, or None when unset."""
     data_parallel: int | None
     """Data-parallel degree, or None to derive."""
+    context_parallel: int
+    """Context-parallel degree: ranks each sequence is split over (1: none)."""
     pipeline_parallel: int | None
     """Pipeline stages, or None to derive."""
     tensor_parallel: int | None

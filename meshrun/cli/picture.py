@@ -1,8 +1,8 @@
 """The layout as a picture: pods (rows) x processes (columns), coloured by pipeline stage.
 
-Each cell is one process, labelled with its global rank and its TP and DP indices; a frame
-goes round each TP group. SVG is written by hand (no dependency); PNG uses matplotlib, imported
-only when asked for.
+Each cell is one process, labelled with its global rank and its pipeline, data, context (when
+cp is above 1) and tensor-parallel indices; a frame goes round each TP group. SVG is written by
+hand (no dependency); PNG uses matplotlib, imported only when asked for.
 """
 
 from __future__ import annotations
@@ -69,7 +69,11 @@ def layout_boxes(
                     CELL_W,
                     CELL_H,
                     PALETTE[coords.pp % len(PALETTE)],
-                    (f"rank {coords.rank}", f"pp{coords.pp} dp{coords.dp}", f"tp{coords.tp}"),
+                    (
+                        f"rank {coords.rank}",
+                        f"pp{coords.pp} dp{coords.dp}",
+                        f"cp{coords.cp} tp{coords.tp}" if plan.layout.cp > 1 else f"tp{coords.tp}",
+                    ),
                 )
             )
             if tp > 1 and coords.tp == 0:

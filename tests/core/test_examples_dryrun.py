@@ -155,6 +155,11 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
     ),
     (strategy.TP_PROCS, {"strategy": {"tensorParallel": 3, "dataParallel": None}}),
     (strategy.DEGREES_WORLD, {"strategy": {"dataParallel": 4}}),
+    (strategy.CP_WORLD, {"strategy": {"contextParallel": 3}}),
+    (
+        strategy.CP_SEQUENCE,
+        {"strategy": {"dataParallel": 1, "contextParallel": 2}, "model": {"seqLen": 66}},
+    ),
     (strategy.BATCH, {"training": {"globalBatchSize": 9}}),
     (strategy.DP_BATCH, {"training": {"globalBatchSize": 6}}),
     (strategy.TP_MODEL, {"model": {"seqLen": 63}}),
