@@ -8,6 +8,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from meshrun.api.spec import CPU
 from meshrun.planner.auto import Choice
 from meshrun.planner.explain import parameter_text
 from meshrun.planner.fastest import layout_phrases
@@ -70,7 +71,7 @@ class Phrases:
 def render(plan: Plan) -> RenderableType:
     """Header, layout, memory, stages, pods, explanation and warnings."""
     lay = plan.layout
-    device = "CPU processes" if plan.accelerator == "cpu" else "GPUs"
+    device = "CPU processes" if plan.accelerator == CPU else "GPUs"
     header = Phrases(
         Text.assemble((plan.name, "bold"), f": {plan.strategy} ", (lay.text(), "bold cyan")),
         f"on {plan.num_nodes} pod(s) x {plan.num_proc_per_node} {device}",
@@ -114,8 +115,10 @@ def render(plan: Plan) -> RenderableType:
     if plan.num_nodes > MAX_POD_ROWS:
         pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", *[""] * (1 + len(pod_dims)))
     parts: list[RenderableType] = [header, layout, memory]
-    if plan.estimate is not None:
-        parts.append(render_estimate(plan.estimate, plan.accelerator == "cpu"))
+    if plan.published_estimate is not None:
+        parts.append(render_estimate(plan.published_estimate))
+    elif plan.accelerator == CPU:
+        parts.append(Text(NO_CPU_PREDICTION, "italic"))
     parts += [stages, pods, Text(plan.explanation)]
     parts.extend(Text(f"warning: {w}", "yellow") for w in plan.warnings)
     return Group(*parts)
@@ -171,13 +174,16 @@ PART_NAMES = {
 }
 
 
-def render_estimate(est: StepEstimate, cpu: bool) -> RenderableType:
+NO_CPU_PREDICTION = (
+    "No predicted step for a CPU job: the step-time model prices GPUs, and a CPU process's step "
+    "is set by per-operation overheads and gloo's latencies it does not model."
+)
+
+
+def render_estimate(est: StepEstimate) -> RenderableType:
     """The predicted step: time, tokens/s per GPU, MFU, and seconds by part."""
     speed = f"{est.tokens_per_second_per_gpu:,.0f} tokens/s"
-    if cpu:  # a nominal CPU profile: a ranking, not a promise, and no peak to compare with
-        said = [f"{speed} per process", "(nominal CPU figures)"]
-    else:
-        said = [f"{speed} per GPU,", f"MFU {est.mfu:.0%}"]
+    said = [f"{speed} per GPU,", f"MFU {est.mfu:.0%}"]
     title = Phrases(f"Predicted step: {seconds(est.step_seconds)},", *said, style="italic")
     table = Table(box=box.SIMPLE_HEAD)
     for column in ("part", "time", "share"):

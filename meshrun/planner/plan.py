@@ -9,7 +9,7 @@ from typing import Any
 from meshrun.api.layout import Layout, Stage
 from meshrun.api.presets import SIZES, ModelShape
 from meshrun.api.read import read_spec
-from meshrun.api.spec import JobSpec
+from meshrun.api.spec import CPU, JobSpec
 from meshrun.planner.auto import Candidate, Choice, fit_degrees, search_hybrid
 from meshrun.planner.degrees import explicit_degrees
 from meshrun.planner.explain import describe, warn
@@ -62,7 +62,7 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        return 0 if self.accelerator == "cpu" else self.world_size
+        return 0 if self.accelerator == CPU else self.world_size
 
     @property
     def stage_layers(self) -> tuple[tuple[int, int], ...]:
@@ -91,10 +91,18 @@ class Plan:
             "fits": m.fits,
         }
 
+    @property
+    def published_estimate(self) -> StepEstimate | None:
+        """The prediction the plan shows and the operator judges by: a GPU job's. A CPU job's
+        estimate (a nominal profile) only ranks its layouts: a CPU process's step is set by
+        eager PyTorch's per-operation cost and gloo's latencies, which the model does not
+        price, so its figures would promise tens of times what a CPU run measures."""
+        return None if self.accelerator == CPU else self.estimate
+
     def estimate_dict(self) -> dict[str, Any] | None:
         """``estimate`` of ``meshrun plan -o json``: step seconds, tokens/s per GPU, MFU and the
-        step's seconds by part."""
-        est = self.estimate
+        step's seconds by part (none for a CPU job)."""
+        est = self.published_estimate
         if est is None:
             return None
         return {
@@ -172,10 +180,11 @@ class Plan:
 
     def predicted_tokens_per_second(self) -> float | None:
         """The whole job's predicted tokens/s (what ``status.progress.tokensPerSecond``
-        measures)."""
-        if self.estimate is None:
+        measures); none for a CPU job."""
+        est = self.published_estimate
+        if est is None:
             return None
-        return round(self.estimate.tokens_per_second_per_gpu * self.world_size, 1)
+        return round(est.tokens_per_second_per_gpu * self.world_size, 1)
 
 
 def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:

@@ -18,7 +18,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from meshrun.api.errors import SpecError
-from meshrun.api.spec import CPU, JobSpec
+from meshrun.api.spec import JobSpec
 from meshrun.planner.plan import Plan
 from meshrun_operator import vocabulary as words
 from meshrun_operator.kueue import KueueActions, QueueRef
@@ -190,7 +190,7 @@ def _run(
         reported = pod0.progress
     if reported is not None:
         progress = progress_status(reported)
-        predicted = _predicted(spec, plan)
+        predicted = _predicted(plan)
         if predicted is not None:  # beside the measured tokensPerSecond
             progress["predictedTokensPerSecond"] = predicted
         _set_progress(draft, progress)
@@ -205,11 +205,10 @@ def _run(
     _schedule_and_run(draft, spec, current, observed.products)
 
 
-def _predicted(spec: JobSpec, plan: Plan | None) -> float | None:
-    """The plan's predicted tokens/s of the whole job (none for CPU jobs: nominal figures)."""
-    if plan is None or spec.resources.accelerator == CPU:
-        return None
-    return plan.predicted_tokens_per_second()
+def _predicted(plan: Plan | None) -> float | None:
+    """The plan's predicted tokens/s of the whole job (none for CPU jobs: the plan predicts
+    none)."""
+    return None if plan is None else plan.predicted_tokens_per_second()
 
 
 WHY_MAX = 500
