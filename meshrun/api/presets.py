@@ -1,16 +1,24 @@
 """Named model sizes shared by the planner and the trainer.
 
 The architecture is Llama-like: RMSNorm, rotary attention (grouped-query when ``kv_heads`` is
-below ``heads``), a SwiGLU MLP, untied input embedding and output head. Shapes follow the
-published Llama 2 configurations for 7b/13b/70b; ``tiny`` is small enough for CPU tests and
-still divides by every tensor-parallel degree the tests use (1, 2, 4). The architecture fields
-(RoPE base and scaling, tied embeddings, q/k/v bias, norm epsilon, explicit head size) default to
-Llama 2's choices; a Hugging Face ``config.json`` sets them (meshrun.files.hf).
+below ``heads``), a SwiGLU MLP (or the two-matrix GeLU MLP of GPT-style models), untied input
+embedding and output head. Shapes follow the published Llama 2 configurations for 7b/13b/70b;
+``tiny`` is small enough for CPU tests and still divides by every tensor-parallel degree the
+tests use (1, 2, 4). The architecture fields (RoPE base and scaling, tied embeddings, q/k/v bias,
+norm epsilon, explicit head size, the MLP) default to Llama 2's choices; a Hugging Face
+``config.json`` sets them (meshrun.files.hf).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
+
+Mlp = Literal["swiglu", "gelu"]
+"""A block's MLP: SwiGLU, ``w2(silu(w1 x) * w3 x)`` (Shazeer 2020; Llama, Mistral, Qwen2), or
+the two-matrix ``w2(gelu(w1 x))`` of GPT-2/3, GPT-NeoX, Falcon, MPT, BLOOM and Phi."""
+MLP_MATRICES: dict[str, int] = {"swiglu": 3, "gelu": 2}
+"""Weight matrices of h x f in each MLP."""
 
 
 @dataclass(frozen=True)
@@ -42,7 +50,7 @@ class ModelShape:
     seq_len: int
     """Training sequence length s."""
     ffn_hidden: int
-    """Inner width of the SwiGLU MLP."""
+    """The MLP's hidden size f (its inner width)."""
     kv_heads: int
     """Key/value heads (grouped-query attention); equal to ``heads`` for plain attention."""
     head_size: int = 0
@@ -61,6 +69,8 @@ class ModelShape:
     """RMSNorm epsilon."""
     architecture: str = "llama"
     """Hugging Face ``model_type`` of this architecture (llama, mistral or qwen2)."""
+    mlp: Mlp = "swiglu"
+    """The MLP: three h x f matrices (swiglu) or two (gelu)."""
 
     @property
     def head_dim(self) -> int:
@@ -72,7 +82,7 @@ class ModelShape:
         kv = self.kv_heads * self.head_dim
         attention = 2 * self.hidden * q + 2 * self.hidden * kv
         biases = (q + 2 * kv if self.qkv_bias else 0) + (self.hidden if self.output_bias else 0)
-        mlp = 3 * self.hidden * self.ffn_hidden
+        mlp = MLP_MATRICES[self.mlp] * self.hidden * self.ffn_hidden
         return attention + biases + mlp + 2 * self.hidden
 
     def embedding_parameters(self) -> int:

@@ -25,7 +25,7 @@ from meshrun.api.hardware import (
     job_profile,
 )
 from meshrun.api.policyspec import PodFailurePolicy
-from meshrun.api.presets import ModelShape
+from meshrun.api.presets import Mlp, ModelShape
 
 GIB = 1024**3
 CPU = "cpu"
@@ -247,7 +247,9 @@ class Model:
     seq_len: int | None
     """Training sequence length."""
     ffn_hidden: int | None
-    """SwiGLU inner width."""
+    """The MLP's hidden size."""
+    mlp: Mlp
+    """swiglu (three matrices, SiLU-gated) or gelu (two matrices)."""
 
 
 @dataclass(frozen=True, kw_only=True)

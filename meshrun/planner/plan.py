@@ -146,6 +146,7 @@ class Plan:
                 "preset": self.preset,
                 "parameters": m.parameters(),
                 **{key: getattr(m, name) for name, key in SIZES.items()},
+                "mlp": m.mlp,
             },
             "pods": pod_table(self.name, self.num_nodes, self.num_proc_per_node),
             "ranks": rank_table(self.layout.degrees, self.num_proc_per_node),

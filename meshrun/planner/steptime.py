@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from meshrun.api.hardware import AcceleratorProfile
 from meshrun.api.layout import Layout, Stage, layers_per_rank
-from meshrun.api.presets import ModelShape
+from meshrun.api.presets import MLP_MATRICES, ModelShape
 from meshrun.api.spec import CPU, JobSpec, Resources
 from meshrun.planner.memory import (
     MemoryEstimate,
@@ -174,10 +174,11 @@ def layer_gemms(shape: ModelShape, tokens: int, tp: int) -> dict[str, tuple[floa
     q = shape.heads * shape.head_dim
     kv = shape.kv_heads * shape.head_dim
     h, f = shape.hidden, shape.ffn_hidden
+    up = "w1,w3" if shape.mlp == "swiglu" else "w1"  # a GeLU MLP has no gate
     return {
         "wq,wk,wv": (tokens, (q + 2 * kv) / tp, h),  # column parallel
         "wo": (tokens, h, q / tp),  # row parallel
-        "w1,w3": (tokens, 2 * f / tp, h),  # column parallel
+        up: (tokens, (MLP_MATRICES[shape.mlp] - 1) * f / tp, h),  # column parallel
         "w2": (tokens, h, f / tp),  # row parallel
     }
 

@@ -127,6 +127,8 @@ def apply_tensor_parallel(
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": ColwiseParallel(),
     }
+    if model.shape.mlp == "gelu":  # two matrices: w1 up (column), w2 down (row), no gate
+        del block_plan["feed_forward.w3"]
     for block in model.layers.values():
         parallelize_module(block, tp_mesh, block_plan)
     # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
