@@ -32,6 +32,11 @@ class Layout:
     """Forward/backward passes (or pipeline steps) summed per optimizer step."""
     micro_batch_size: int
     """Sequences per forward pass on one rank: the spec's, or the one auto chose."""
+    ep: int = 1
+    """Expert-parallel degree: ranks of one pipeline stage over which a MoE layer's experts are
+    spread (folded from dp, and tp when etp is 1; not counted in the world size)."""
+    etp: int = 1
+    """Expert tensor-parallel degree: tp (each expert split like the dense MLP) or 1."""
 
     @property
     def world_size(self) -> int:
@@ -50,7 +55,8 @@ class Layout:
         return (self.pp - 1) / (chunks + self.pp - 1)
 
     def text(self) -> str:
-        return f"dp{self.dp} x pp{self.pp} x tp{self.tp}"
+        experts = f" (ep{self.ep})" if self.ep > 1 else ""
+        return f"dp{self.dp} x pp{self.pp} x tp{self.tp}{experts}"
 
 
 @dataclass(frozen=True)

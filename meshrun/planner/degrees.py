@@ -129,6 +129,8 @@ def complete_layout(
         virtual_stages=virtual if pp > 1 else 1,
         grad_accumulation=max(1, passes // micro),
         micro_batch_size=size,
+        ep=s.expert_parallel or 1,
+        etp=s.expert_tensor_parallel or tp,
     )
     check_layout(
         layout,
