@@ -86,11 +86,12 @@ def check_moe(shape: ModelShape, model: Model) -> ModelShape:
                 f"{getattr(given, name)}, but config.json in spec.model.hf.path gives "
                 f"{getattr(folder, name)}",
             )
-    balancing = {
-        "aux_loss_coefficient": given.aux_loss_coefficient,
-        "bias_balancing": given.bias_balancing,
-    }
-    return dataclasses.replace(shape, moe=dataclasses.replace(folder, **balancing))
+    trained = dataclasses.replace(
+        folder,
+        aux_loss_coefficient=given.aux_loss_coefficient,
+        bias_balancing=given.bias_balancing,
+    )
+    return dataclasses.replace(shape, moe=trained)
 
 
 def default_ffn_hidden(hidden: int) -> int:

@@ -203,12 +203,7 @@ def moe_from_config(config: dict[str, Any], field: str = FIELD) -> MoeShape | No
 
 def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     """transformers' tensor names and shapes for ``shape`` (lm_head absent when tied)."""
-    q, kv, h, f = (
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-        shape.hidden,
-        shape.ffn_hidden,
-    )
+    q, kv, h = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab, h)}
     for i in range(shape.layers):
         p = f"model.layers.{i}."

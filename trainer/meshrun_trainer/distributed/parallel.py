@@ -45,6 +45,14 @@ from torch.nn.parallel import DistributedDataParallel
 from meshrun.api.layout import Layout
 from meshrun.jobdoc import JobDocument
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
+from meshrun_trainer.distributed.experts import (
+    check_runnable,
+    ddp_ignore,
+    expert_mesh,
+    expert_params,
+    place_experts,
+    shard_experts,
+)
 from meshrun_trainer.distributed.gather import gather_inputs, placed
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.models.llama import Transformer
@@ -181,9 +189,15 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
         reduce_dtype=torch.float32 if bf16 else None,
     )
 
+    experts = set(expert_params([model]))  # reduced by meshrun_trainer.distributed.experts
+
     def shard(modules: nn.Module | list[nn.Module], reshard_after_forward: bool) -> None:
         fully_shard(
-            modules, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy
+            modules,
+            mesh=dp_mesh,
+            reshard_after_forward=reshard_after_forward,
+            mp_policy=policy,
+            ignored_params=experts or None,
         )
 
     separate = not model.shape.tie_embeddings
@@ -211,6 +225,8 @@ def build_parts(
     layout, shape = job.plan.layout, job.plan.model
     bf16 = job.spec.training.precision == "bf16"
     fsdp = uses_fsdp(layout)
+    check_runnable(layout, shape.moe is not None)
+    ep_mesh = expert_mesh(layout, mesh.device) if shape.moe is not None else None
     parts: list[nn.Module] = []
     for stage_id in stage_ids:
         with torch.device("meta"):
@@ -218,6 +234,7 @@ def build_parts(
             model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 and not fsdp else None)
         if layout.pp > 1:
             model.keep_layers(*job.plan.stage_layers[stage_id])
+        shard_experts(model, ep_mesh)
         if layout.tp > 1:
             keep_shards = options.activation_checkpointing == "none" and not options.compile
             apply_tensor_parallel(model, mesh, options.loss_parallel, keep_shards)
@@ -230,11 +247,13 @@ def build_parts(
         parts.append(model)
     seeded = SeededInit(job.spec.training.seed, shape.tie_embeddings)
     materialize(parts, mesh.device, source or seeded)
+    place_experts(parts, layout, mesh, ep_mesh)
     if layout.tp > 1 and not fsdp:
         for part in parts:
             shard_embedding_gradient(part)
     if gradients_in_buckets(layout):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
+        ddp_ignore(parts[0])
         # The gradients are views into DDP's all-reduce buckets instead of a second copy of
         # every gradient beside them (torch's DDP documentation: it saves the gradients' size).
         ddp = DistributedDataParallel(
