@@ -42,6 +42,15 @@ from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import CPU, JobSpec, Resources
 from meshrun.planner.memory import MemoryEstimate, element_bytes, layer_activation_elements
+from meshrun.planner.moe import (
+    ALL_TO_ALLS,
+    active_flops_parameters,
+    all_to_all_bytes,
+    compute_shape,
+    ep_stride,
+    expert_parameters,
+    routed_parameters,
+)
 
 GEMM_EFFICIENCY = 0.72
 """Share of the dense peak a large bf16 matrix multiply reaches (cuBLAS on H100 and A100 runs
@@ -242,7 +251,10 @@ def rank_work(
 ) -> RankWork:
     """The compute, element-wise and TP time of one micro-batch on a rank holding ``layers``
     blocks (and the embedding when ``first``, the output head when ``last``)."""
-    shape, t, res = spec.shape, layout.tp, spec.resources
+    # A mixture of experts computes as the dense MLP its busiest rank runs; the experts it
+    # holds are its share of them (meshrun.planner.moe).
+    model, t, res = spec.shape, layout.tp, spec.resources
+    shape = compute_shape(model)
     profile = res.profile
     peak = profile.peak_tflops * 1e12
     memory_rate = profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY
@@ -284,6 +296,12 @@ def rank_work(
         )
         head += tokens * shape.vocab / t * LOSS_BYTES_PER_LOGIT / memory_rate
     tp_layer = 2 * tp_forward + tp_recompute
+    # Two all-to-alls forward and two in backward per MoE layer, waited for (no overlap).
+    dispatch = collective_seconds(
+        all_to_all_bytes(model, layout, tokens, act_bytes),
+        group_of(res, layout.ep, ep_stride(layout)),
+    )
+    expert_layer = ALL_TO_ALLS * dispatch if model.moe is not None and layout.ep > 1 else 0.0
     # A block whose GPU work is shorter than the host's launching of it waits on the host.
     busy = layer + elementwise + recompute + tp_layer
     host = 0.0 if res.accelerator == CPU else (HOST_TP_LAYER_S if t > 1 else HOST_LAYER_S)
@@ -293,13 +311,17 @@ def rank_work(
         "elementwise": layers * elementwise,
         "tensorParallel": layers * tp_layer,
         "launch": layers * max(0.0, host - busy),
+        "expertParallel": layers * expert_layer,
     }
     # The host launches a forward's kernels in about a third of a block's time.
     forward = (
-        layers * (layer_forward + elementwise / 2 + tp_forward) + parts["launch"] / 3 + head_forward
+        layers * (layer_forward + elementwise / 2 + tp_forward + expert_layer / 2)
+        + parts["launch"] / 3
+        + head_forward
     )
     total = sum(parts.values())
-    parameters = layers * shape.layer_parameters()
+    dense_layer = model.layer_parameters() - routed_parameters(model)
+    parameters = layers * dense_layer + expert_parameters(model, layers, layout.ep)
     if first:
         parameters += shape.vocab * shape.hidden
     if last:
@@ -416,7 +438,7 @@ def estimate_step(
     gpus = res.world_size
     per_gpu = tokens / step / gpus
     model_flops = (
-        6 * (shape.layers * shape.layer_parameters() + shape.vocab * shape.hidden)
+        6 * active_flops_parameters(shape)
         + 12 * shape.layers * shape.seq_len * shape.heads * shape.head_dim
     )
     mfu = per_gpu * model_flops / (profile.peak_tflops * 1e12) if res.accelerator != CPU else 0.0

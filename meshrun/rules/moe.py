@@ -69,6 +69,13 @@ def check_expert_layout(layout: Layout, shape: ModelShape) -> None:
     """Expert parallelism inside one pipeline stage: ep x etp divides its dp x tp ranks, and
     the expert tensor-parallel degree is 1 or tp."""
     check_experts(layout.ep, shape)
+    if shape.moe is not None and layout.tp > 1:
+        raise SpecError(
+            f"{STRATEGY}.tensorParallel",
+            f"{layout.tp}: a mixture of experts (spec.model.moe) trains without tensor "
+            "parallelism (tensorParallel 1); spread it with expertParallel, pipelineParallel "
+            "and ZeRO",
+        )
     if layout.etp not in (1, layout.tp):
         raise ETP_VALUES.error(f"got {layout.etp} with tensorParallel {layout.tp}")
     stage_ranks = layout.dp * layout.tp

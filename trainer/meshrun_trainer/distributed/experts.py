@@ -13,7 +13,8 @@ backward each expert gradient is summed over its edp group and divided by the de
 data-parallel degree, which makes it the gradient of the global batch's mean loss, as the dense
 part's average over dp does (each rank's expert gradient already sums the contributions of
 every token of its EP group that reached it). Expert weights are not sharded further by ZeRO.
-The trainer runs expert parallelism with expertTensorParallel 1 and tensorParallel 1.
+Tensor parallelism with MoE layers is not run (meshrun.rules.moe refuses tensorParallel above 1
+with spec.model.moe).
 """
 
 from __future__ import annotations
@@ -26,20 +27,9 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.tensor import DTensor, Shard, distribute_tensor
 
-from meshrun.api.errors import SpecError
 from meshrun.api.layout import Layout
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.models.moe import Experts, moe_layers
-
-
-def check_runnable(layout: Layout, moe: bool) -> None:
-    """What this trainer runs of a MoE layout (SpecError naming the field otherwise)."""
-    if moe and layout.tp > 1:
-        raise SpecError(
-            "spec.strategy.tensorParallel",
-            f"{layout.tp}: the trainer runs a mixture of experts without tensor parallelism "
-            "(tensorParallel 1)",
-        )
 
 
 def expert_mesh(layout: Layout, device: torch.device) -> DeviceMesh | None:

@@ -46,7 +46,6 @@ from meshrun.api.layout import Layout
 from meshrun.jobdoc import JobDocument
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
 from meshrun_trainer.distributed.experts import (
-    check_runnable,
     ddp_ignore,
     expert_mesh,
     expert_params,
@@ -225,7 +224,6 @@ def build_parts(
     layout, shape = job.plan.layout, job.plan.model
     bf16 = job.spec.training.precision == "bf16"
     fsdp = uses_fsdp(layout)
-    check_runnable(layout, shape.moe is not None)
     ep_mesh = expert_mesh(layout, mesh.device) if shape.moe is not None else None
     parts: list[nn.Module] = []
     for stage_id in stage_ids:
