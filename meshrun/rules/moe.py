@@ -69,12 +69,12 @@ def check_expert_layout(layout: Layout, shape: ModelShape) -> None:
     """Expert parallelism inside one pipeline stage: ep x etp divides its dp x tp ranks, and
     the expert tensor-parallel degree is 1 or tp."""
     check_experts(layout.ep, shape)
-    if shape.moe is not None and layout.tp > 1:
+    if shape.moe is not None and layout.tp > 1 and layout.etp != 1:
         raise SpecError(
-            f"{STRATEGY}.tensorParallel",
-            f"{layout.tp}: a mixture of experts (spec.model.moe) trains without tensor "
-            "parallelism (tensorParallel 1); spread it with expertParallel, pipelineParallel "
-            "and ZeRO",
+            f"{STRATEGY}.expertTensorParallel",
+            f"{layout.etp}: the trainer keeps each expert whole (expertTensorParallel 1) under "
+            f"tensorParallel {layout.tp}; set expertTensorParallel: 1 (the tensor-parallel "
+            "ranks then join the expert-parallel group)",
         )
     if layout.etp not in (1, layout.tp):
         raise ETP_VALUES.error(f"got {layout.etp} with tensorParallel {layout.tp}")

@@ -90,7 +90,9 @@ def test_auto_chooses_expert_parallelism_and_says_why() -> None:
     assert "all-to-alls take" in plan.explanation
 
 
-def test_tensor_parallel_with_experts_is_refused_by_name() -> None:
+def test_expert_tensor_parallel_above_one_is_refused_by_name() -> None:
     with pytest.raises(SpecError) as caught:
         _plan(_hybrid(2, dp=4, pp=2) | {"tensorParallel": 2})
-    assert caught.value.field == "spec.strategy.tensorParallel"
+    assert caught.value.field == "spec.strategy.expertTensorParallel"
+    plan = _plan(_hybrid(4, dp=4, pp=2) | {"tensorParallel": 2, "expertTensorParallel": 1})
+    assert (plan.layout.tp, plan.layout.ep, plan.layout.etp) == (2, 4, 1)

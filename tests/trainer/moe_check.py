@@ -55,6 +55,8 @@ RUNS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"dp": 2, "pp": 2, "ep": 2, "schedule": "1f1b", "micro_batches": 2, "grad_accumulation": 2},
     ),
     "ep1-zero2-dp4": (SOFTMAX, {"dp": 4, "zero_stage": 2}),
+    "ep4-tp2-dp2": (SOFTMAX, {"dp": 2, "tp": 2, "ep": 4}),
+    "ep2-tp2-zero3-dp2": (SIGMOID, {"dp": 2, "tp": 2, "ep": 2, "zero_stage": 3}),
     "sigmoid-bias-ep4": (SIGMOID, {"dp": 4, "ep": 4}),
     "saved-ep4": (SOFTMAX, {"dp": 4, "ep": 4}),
     "resumed-ep2": (SOFTMAX, {"dp": 4, "ep": 2, "zero_stage": 3}),
@@ -86,7 +88,19 @@ def reference_run(job: JobDocument) -> dict[str, Any]:
             layer.aux_sum = 0.0
             layer.update_bias(None)
         result["losses"].append(loss.item())
+    result["biases"] = biases([model])
     return result
+
+
+def biases(parts: list[torch.nn.Module]) -> list[list[float]]:
+    """Each MoE layer's balancing bias, in layer order."""
+    found = {
+        name: module.get_buffer("expert_bias").tolist()
+        for part in parts
+        for name, module in part.named_modules()
+        if module in moe_layers(part)
+    }
+    return [found[name] for name in sorted(found)]
 
 
 def expert_grads(model: torch.nn.Module) -> dict[str, list[float]]:
@@ -161,18 +175,22 @@ def main(out: str, folder: str) -> None:
                 job, build_mesh(job.plan.layout, device), on_step=observed.on_step
             )
         gathered: list[Any] = [None] * world
-        dist.all_gather_object(gathered, (observed.aux, observed.grads))
+        dist.all_gather_object(gathered, (observed.aux, observed.grads, biases(observed.parts)))
         dp = job.plan.layout.dp
         aux = [sum(rank[0][i] for rank in gathered) / dp for i in range(len(observed.aux))]
         grads: dict[str, list[float]] = {}
-        for _, rank_grads in gathered:
+        for _, rank_grads, _ in gathered:
             grads.update(rank_grads or {})
+        lay = job.plan.layout
+        stage_ranks = range(0, world, lay.dp * lay.tp)  # the first rank of each stage
+        held = [bias for first in stage_ranks for bias in gathered[first][2]]
         results[name] = {
             "losses": [r.loss for r in result.records],
             "gradNorms": [r.grad_norm for r in result.records],
             "aux": aux,
             "expertGrads": grads,
             "resumedFrom": result.resumed_from,
+            "biases": held,
             "reference": references.get(key),
         }
         if name == "saved-ep4" and dist.get_rank() == 0:

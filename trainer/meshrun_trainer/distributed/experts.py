@@ -44,12 +44,46 @@ def expert_mesh(layout: Layout, device: torch.device) -> DeviceMesh | None:
     )
 
 
+def stage_group(layout: Layout, device: torch.device) -> dist.ProcessGroup | None:
+    """The dp x tp ranks of this rank's pipeline stage, which see different tokens of a MoE
+    layer (None: this rank alone)."""
+    if layout.dp * layout.tp == 1:
+        return None
+    if layout.tp == 1:
+        return None  # the dp group; see :func:`place_experts`
+    mesh = init_device_mesh(
+        device.type, (layout.pp, layout.dp * layout.tp), mesh_dim_names=("pp", "stage")
+    )
+    return mesh["stage"].get_group()
+
+
 def expert_modules(parts: Iterable[nn.Module]) -> list[Experts]:
     return [m for part in parts for m in part.modules() if isinstance(m, Experts)]
 
 
 def expert_params(parts: Iterable[nn.Module]) -> list[nn.Parameter]:
     return [p for m in expert_modules(parts) for p in m.parameters()]
+
+
+def routing_params(parts: Iterable[nn.Module], layout: Layout) -> list[nn.Parameter]:
+    """A MoE layer's other weights (router, shared experts, their gate) where the trainer
+    reduces their gradients itself: under tensor parallelism, whose ranks see different
+    tokens of the layer (the sequence is sharded) but hold the same weights."""
+    if layout.tp == 1:
+        return []
+    return [
+        p
+        for part in parts
+        for layer in moe_layers(part)
+        for name, p in layer.named_parameters()
+        if not name.startswith("experts.")
+    ]
+
+
+def own_params(parts: Iterable[nn.Module], layout: Layout) -> list[nn.Parameter]:
+    """Parameters whose gradients this module reduces (DDP and FSDP2 leave them alone)."""
+    parts = list(parts)
+    return expert_params(parts) + routing_params(parts, layout)
 
 
 def shard_experts(model: nn.Module, mesh: DeviceMesh | None) -> None:
@@ -75,55 +109,70 @@ def ddp_ignore(model: nn.Module) -> None:
         ddp._set_params_and_buffers_to_ignore_for_model(model, names)  # type: ignore[no-untyped-call]
 
 
-def edp_group(layout: Layout, mesh: Mesh, ep_mesh: DeviceMesh | None) -> dist.ProcessGroup | None:
-    """The ranks holding the same experts (None: this rank alone)."""
-    if ep_mesh is not None:
-        return ep_mesh["edp"].get_group() if layout.dp * layout.tp > layout.ep else None
-    return mesh.group("dp") if layout.dp > 1 else None
-
-
 def place_experts(
-    parts: list[nn.Module], layout: Layout, mesh: Mesh, ep_mesh: DeviceMesh | None
+    parts: list[nn.Module],
+    layout: Layout,
+    mesh: Mesh,
+    ep_mesh: DeviceMesh | None,
+    stage: dist.ProcessGroup | None,
 ) -> None:
-    """Tell every experts module of ``parts`` the ranks that hold the same experts."""
-    group = edp_group(layout, mesh, ep_mesh)
-    for module in expert_modules(parts):
-        module.edp_group = group
+    """Tell every MoE layer of ``parts`` its groups: the ranks of its stage (the whole batch's
+    tokens) and, for its experts, the ranks holding the same experts."""
+    if stage is None and layout.dp > 1:
+        stage = mesh.group("dp")
+    edp = stage
+    if ep_mesh is not None:
+        edp = ep_mesh["edp"].get_group() if layout.dp * layout.tp > layout.ep else None
+    for part in parts:
+        for layer in moe_layers(part):
+            layer.stage_group = stage
+            layer.experts.edp_group = edp
 
 
 def reduce_expert_grads(parts: list[nn.Module], layout: Layout) -> None:
-    """Each expert gradient summed over its edp group and divided by the data-parallel degree."""
-    for module in expert_modules(parts):
-        for param in module.parameters():
-            if param.grad is None:
-                continue
-            grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
-            if module.edp_group is not None:
-                dist.all_reduce(grad, group=module.edp_group)
-            if layout.dp > 1:
-                grad.div_(layout.dp)
+    """Each gradient of :func:`own_params` summed over the ranks holding the same weights (the
+    experts': their edp group; the routing weights': the stage) and divided by the
+    data-parallel degree."""
+    routing = {id(p) for p in routing_params(parts, layout)}
+    for part in parts:
+        for layer in moe_layers(part):
+            for name, param in layer.named_parameters():
+                expert = name.startswith("experts.")
+                if param.grad is None or not (expert or id(param) in routing):
+                    continue
+                grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
+                group = layer.experts.edp_group if expert else layer.stage_group
+                if group is not None:
+                    dist.all_reduce(grad, group=group)
+                if layout.dp > 1:
+                    grad.div_(layout.dp)
 
 
-def expert_grad_square(parts: list[nn.Module]) -> torch.Tensor | None:
-    """The squared norm of the experts' gradients over the whole EP group (None: no experts)."""
+def expert_grad_square(parts: list[nn.Module], layout: Layout) -> torch.Tensor | None:
+    """The squared norm of the gradients of :func:`own_params`: the experts' over the whole EP
+    group, the routing weights' (the same on every rank of the stage) once (None: none)."""
     modules = expert_modules(parts)
     if not modules:
         return None
-    total = torch.zeros((), dtype=torch.float32)
-    for module in modules:
-        for param in module.parameters():
+
+    def square(params: Iterable[nn.Parameter]) -> torch.Tensor:
+        total = torch.zeros((), dtype=torch.float32)
+        for param in params:
             if param.grad is not None:
                 grad = param.grad.to_local() if isinstance(param.grad, DTensor) else param.grad
                 total = total.to(grad.device) + grad.float().pow(2).sum()
+        return total
+
+    experts = square(expert_params(parts))
     group = modules[0].ep_group
     if group is not None:
-        dist.all_reduce(total, group=group)
-    return total
+        dist.all_reduce(experts, group=group)
+    routing = square(routing_params(parts, layout))
+    return experts + routing.to(experts.device)
 
 
-def update_biases(parts: list[nn.Module], layout: Layout, mesh: Mesh) -> None:
+def update_biases(parts: list[nn.Module]) -> None:
     """Bias balancing after each optimizer step, on the loads of the whole global batch."""
-    group = mesh.group("dp") if layout.dp > 1 else None
     for part in parts:
         for layer in moe_layers(part):
-            layer.update_bias(group)
+            layer.update_bias(layer.stage_group)

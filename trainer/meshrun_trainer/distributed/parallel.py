@@ -36,6 +36,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -48,9 +49,10 @@ from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, a
 from meshrun_trainer.distributed.experts import (
     ddp_ignore,
     expert_mesh,
-    expert_params,
+    own_params,
     place_experts,
     shard_experts,
+    stage_group,
 )
 from meshrun_trainer.distributed.gather import gather_inputs, placed
 from meshrun_trainer.distributed.mesh import Mesh
@@ -134,8 +136,22 @@ def apply_tensor_parallel(
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": ColwiseParallel(),
     }
+    # A MoE layer routes the tokens of its sequence shard (expertTensorParallel 1): its input
+    # is the norm's shard as a plain tensor, its output joins the residual stream's shard
+    # (plain, as the row-parallel outputs are), and its weights are whole on every rank
+    # (meshrun_trainer.distributed.experts reduces their gradients).
+    dense = {k: v for k, v in block_plan.items() if not k.startswith("feed_forward.")}
+    moe_plan = {
+        **dense,
+        "moe": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+    }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)
+        moe = getattr(block, "moe", None)
+        parallelize_module(block, tp_mesh, block_plan if moe is None else moe_plan)
+        if moe is not None:
+            moe.tp_group = tp_mesh.get_group()
     # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
     # checkpointing; under selective checkpointing the gathers are redone anyway, and a
     # compiled block's saved tensors are the compiler's to choose).
@@ -188,7 +204,7 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
         reduce_dtype=torch.float32 if bf16 else None,
     )
 
-    experts = set(expert_params([model]))  # reduced by meshrun_trainer.distributed.experts
+    experts = set(own_params([model], layout))  # reduced by meshrun_trainer.distributed.experts
 
     def shard(modules: nn.Module | list[nn.Module], reshard_after_forward: bool) -> None:
         fully_shard(
@@ -225,6 +241,7 @@ def build_parts(
     bf16 = job.spec.training.precision == "bf16"
     fsdp = uses_fsdp(layout)
     ep_mesh = expert_mesh(layout, mesh.device) if shape.moe is not None else None
+    stage = stage_group(layout, mesh.device) if shape.moe is not None else None
     parts: list[nn.Module] = []
     for stage_id in stage_ids:
         with torch.device("meta"):
@@ -245,7 +262,7 @@ def build_parts(
         parts.append(model)
     seeded = SeededInit(job.spec.training.seed, shape.tie_embeddings)
     materialize(parts, mesh.device, source or seeded)
-    place_experts(parts, layout, mesh, ep_mesh)
+    place_experts(parts, layout, mesh, ep_mesh, stage)
     if layout.tp > 1 and not fsdp:
         for part in parts:
             shard_embedding_gradient(part)

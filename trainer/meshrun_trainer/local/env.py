@@ -126,6 +126,7 @@ def layout_env(
         strategy["virtualStages"] = virtual_stages
     if ep > 1:
         strategy["expertParallel"] = ep
+        strategy["expertTensorParallel"] = 1
     job = read_with_files(
         {
             "image": "local",

@@ -19,7 +19,7 @@ from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
 from meshrun_trainer.config.files import open_files
 from meshrun_trainer.distributed.experts import (
     expert_grad_square,
-    expert_params,
+    own_params,
     reduce_expert_grads,
     update_biases,
 )
@@ -169,7 +169,7 @@ def train(
     stream = hooks.stream
     pp_group = mesh.group("pp") if layout.pp > 1 else None
     params = runner.parameters()
-    experts = expert_params(runner.parts)
+    experts = own_params(runner.parts, layout)
     # DDP's gradients are views into its all-reduce buckets, which stay allocated: zeroing them
     # in place keeps it that way (set to None, each first micro-step under no_sync would
     # allocate a second set of gradients beside the buckets). Except after this process's
@@ -192,12 +192,12 @@ def train(
             pp_group,
             hooks.duplicates,
             experts,
-            expert_grad_square(runner.parts),
+            expert_grad_square(runner.parts, layout),
         )
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=not buckets or step == first)
-        update_biases(runner.parts, layout, mesh)
+        update_biases(runner.parts)
         loss = global_loss(layout, mesh, local)  # the same value on every rank
         if not math.isfinite(loss):
             # Stopped before this step is reported or checkpointed: every checkpoint stays

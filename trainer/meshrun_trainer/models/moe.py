@@ -34,6 +34,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.distributed._functional_collectives import all_to_all_single_autograd, wait_tensor
+from torch.distributed.nn.functional import all_reduce as differentiable_all_reduce
 from torch.distributed.tensor import DTensor
 
 from meshrun.api.moe import BIAS_UPDATE_RATE
@@ -175,6 +176,10 @@ class MoE(nn.Module):
         )
         self.register_buffer("expert_bias", torch.zeros(moe.experts))
         self.register_buffer("expert_load", torch.zeros(moe.experts), persistent=False)
+        self.tp_group: dist.ProcessGroup | None = None
+        """Under tensor parallelism: the ranks holding the other shards of each sequence."""
+        self.stage_group: dist.ProcessGroup | None = None
+        """The ranks of the pipeline stage that see the rest of the batch (loads summed)."""
         self.aux_sum = 0.0
         """The auxiliary losses (before the coefficient) of this step's passes, each divided by
         the passes: this replica's mean for the step."""
@@ -198,13 +203,20 @@ class MoE(nn.Module):
         return chosen, weights, scores
 
     def aux_loss(self, chosen: torch.Tensor, scores: torch.Tensor, batch: int) -> torch.Tensor:
-        """Switch's balancing loss per sequence, averaged over the ``batch`` sequences."""
+        """Switch's balancing loss per sequence, averaged over the ``batch`` sequences (under
+        tensor parallelism the sequence's shards' sums are added up over the group first)."""
         experts, k = self.moe.experts, self.moe.experts_per_token
-        picked = F.one_hot(chosen, experts).sum(1).float().view(batch, -1, experts)
-        share = picked.mean(1) / k  # f_i per sequence
+        picked = F.one_hot(chosen, experts).sum(1).float().view(batch, -1, experts).sum(1)
         if self.moe.router == "sigmoid":
             scores = scores / scores.sum(-1, keepdim=True)
-        probability = scores.view(batch, -1, experts).mean(1)  # P_i per sequence
+        summed = scores.view(batch, -1, experts).sum(1)
+        tokens = float(scores.shape[0] // batch)
+        if self.tp_group is not None:
+            dist.all_reduce(picked, group=self.tp_group)
+            summed = differentiable_all_reduce(summed, group=self.tp_group)  # type: ignore[no-untyped-call]
+            tokens *= dist.get_world_size(self.tp_group)
+        share = picked / (tokens * k)  # f_i per sequence
+        probability = summed / tokens  # P_i per sequence
         return experts * (share * probability).sum(-1).mean()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -229,6 +241,10 @@ class MoE(nn.Module):
         coefficient = self.moe.aux_loss_coefficient
         if coefficient > 0 and torch.is_grad_enabled():
             aux = self.aux_loss(chosen, scores, batch) * coefficient
+            if self.tp_group is not None:
+                # Every rank of the group holds the same loss, and backward sums their
+                # gradients over it: each injects its share.
+                aux = aux / dist.get_world_size(self.tp_group)
             out = _AuxLoss.apply(out, aux, self)  # type: ignore[no-untyped-call]
         return out.view(x.shape)
 
