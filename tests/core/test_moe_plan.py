@@ -13,6 +13,7 @@ from meshrun.api.errors import SpecError
 from meshrun.api.presets import PRESETS
 from meshrun.api.read import read_spec
 from meshrun.planner.memory import bytes_per_parameter
+from meshrun.planner.elastic import elastic_degrees, resized
 from meshrun.planner.plan import Plan, plan_job
 
 pytestmark = pytest.mark.unit
@@ -96,3 +97,25 @@ def test_expert_tensor_parallel_above_one_is_refused_by_name() -> None:
     assert caught.value.field == "spec.strategy.expertTensorParallel"
     plan = _plan(_hybrid(4, dp=4, pp=2) | {"tensorParallel": 2, "expertTensorParallel": 1})
     assert (plan.layout.tp, plan.layout.ep, plan.layout.etp) == (2, 4, 1)
+
+
+def test_elastic_resizing_reshards_the_experts() -> None:
+    spec = read_spec(
+        {
+            "image": "x",
+            "resources": {"numNodes": 4, "numProcPerNode": 1, "accelerator": "cpu"},
+            "strategy": {
+                "type": "hybrid",
+                "dataParallel": 4,
+                "pipelineParallel": 1,
+                "tensorParallel": 1,
+                "expertParallel": 4,
+            },
+            "model": {"preset": "tiny", "moe": {"experts": 4}},
+            "training": {"globalBatchSize": 12, "dataset": "synthetic"},
+            "elastic": {"minDataParallel": 2},
+        }
+    )
+    plan = plan_job(spec, "moe")
+    assert elastic_degrees(spec, plan) == [2, 3, 4]
+    assert [resized(spec, plan, dp)[1].layout.ep for dp in (2, 3)] == [2, 1]
