@@ -12,8 +12,8 @@ import pytest
 from meshrun.api.errors import SpecError
 from meshrun.api.presets import PRESETS
 from meshrun.api.read import read_spec
-from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.elastic import elastic_degrees, resized
+from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import Plan, plan_job
 
 pytestmark = pytest.mark.unit
