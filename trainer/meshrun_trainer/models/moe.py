@@ -87,9 +87,16 @@ def _local(weight: torch.Tensor) -> torch.Tensor:
     return weight.to_local() if isinstance(weight, DTensor) else weight
 
 
+def grouped_kernel(device: torch.device) -> bool:
+    """Whether ``torch._grouped_mm`` runs on ``device`` (CUDA compute capability 9.0 on)."""
+    return hasattr(torch, "_grouped_mm") and torch.cuda.get_device_capability(device) >= (9, 0)
+
+
 def grouped_matmul(x: torch.Tensor, weight: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-    """Rows of ``x`` sorted by group, group g (``counts[g]`` rows) times ``weight[g]``^T."""
-    if x.is_cuda and x.dtype == torch.bfloat16 and hasattr(torch, "_grouped_mm"):
+    """Rows of ``x`` sorted by group, group g (``counts[g]`` rows) times ``weight[g]``^T:
+    ``torch._grouped_mm`` on Hopper or later in bf16 (its kernel's domain), else ``bmm`` over
+    the groups padded to the largest."""
+    if x.is_cuda and x.dtype == torch.bfloat16 and grouped_kernel(x.device):
         offsets = torch.cumsum(counts, 0, dtype=torch.int32)
         return torch._grouped_mm(x, weight.transpose(-2, -1), offs=offsets)
     groups = weight.shape[0]
