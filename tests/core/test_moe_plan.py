@@ -12,6 +12,7 @@ import pytest
 from meshrun.api.errors import SpecError
 from meshrun.api.presets import PRESETS
 from meshrun.api.read import read_spec
+from meshrun.cli.picture import layout_boxes
 from meshrun.planner.elastic import elastic_degrees, resized
 from meshrun.planner.memory import bytes_per_parameter
 from meshrun.planner.plan import Plan, plan_job
@@ -119,3 +120,11 @@ def test_elastic_resizing_reshards_the_experts() -> None:
     plan = plan_job(spec, "moe")
     assert elastic_degrees(spec, plan) == [2, 3, 4]
     assert [resized(spec, plan, dp)[1].layout.ep for dp in (2, 3)] == [2, 1]
+
+
+def test_the_picture_says_which_experts_live_where() -> None:
+    plan = _plan(_hybrid(4, dp=8, pp=2), nodes=2)
+    cells, _, labels, _, _ = layout_boxes(plan)
+    thirds = [cell.lines[2] for cell in cells[:8]]  # pod 0: stage 0's 8 ranks
+    assert thirds == ["tp0 e0-1", "tp0 e2-3", "tp0 e4-5", "tp0 e6-7"] * 2
+    assert "eA-B = the routed experts held" in labels[0][2]
