@@ -38,12 +38,46 @@ MOE_RULES = (EP_NEEDS_MOE, EP_EXPERTS, ETP_VALUES, TOP_K, FIRST_DENSE)
 def check_moe_spec(spec: JobSpec) -> None:
     """The mixture of experts against the model, and the expert degrees as given."""
     check_moe_shape(spec.shape)
+    check_moe_export(spec)
     s = spec.strategy
     ep, etp = s.expert_parallel, s.expert_tensor_parallel
     if etp not in (None, 1) and etp != s.tensor_parallel:
         raise ETP_VALUES.error(f"got {etp} with tensorParallel {s.tensor_parallel}")
     if ep is not None:
         check_experts(ep, spec.shape)
+
+
+def check_moe_export(spec: JobSpec) -> None:
+    """What a Hugging Face folder can hold of a mixture of experts: no routing bias in any of
+    the formats; a model not read from a folder is written as Mixtral, which has neither
+    shared experts nor dense layers nor a sigmoid router, and a qkv or output bias."""
+    moe = spec.shape.moe
+    if moe is None or spec.training.export is None:
+        return
+    field = "spec.training.export"
+    if moe.bias_balancing:
+        raise SpecError(
+            field,
+            "a Hugging Face folder holds no routing bias: a model trained with "
+            f"{MOE}.biasBalancing would route differently once exported",
+        )
+    if spec.model.hf is not None:
+        return
+    shape = spec.shape
+    mixtral = (
+        not moe.shared_width
+        and moe.first_dense_layers == 0
+        and moe.router == "softmax"
+        and moe.normalize_top_k
+        and not (shape.qkv_bias or shape.output_bias or shape.tie_embeddings)
+    )
+    if not mixtral:
+        raise SpecError(
+            field,
+            f"a {MOE} not read from spec.model.hf is exported as Mixtral, which has no shared "
+            "experts, dense first layers, sigmoid router or tied embeddings: start from a "
+            "Hugging Face folder of the architecture (Qwen2-MoE for shared experts) instead",
+        )
 
 
 def check_moe_shape(shape: ModelShape) -> None:

@@ -96,3 +96,19 @@ def test_the_layout_carries_ep_through_the_job_document() -> None:
     document = read_document(write_document(JobDocument(spec=spec, plan=plan, pod=pod)))
     assert document.plan.layout == plan.layout
     assert document.plan.model.moe == spec.shape.moe
+
+
+@pytest.mark.parametrize(
+    ("moe", "words"),
+    [
+        ({"experts": 4, "biasBalancing": True}, "no routing bias"),
+        ({"experts": 4, "sharedExperts": 1}, "exported as Mixtral"),
+        ({"experts": 4, "firstDenseLayers": 1}, "exported as Mixtral"),
+    ],
+)
+def test_an_export_holds_what_the_format_describes(moe: dict[str, Any], words: str) -> None:
+    spec = _spec(moe)
+    spec["training"]["export"] = {"path": "/out"}
+    with pytest.raises(SpecError, match=words) as caught:
+        plan_job(read_spec(spec), "moe")
+    assert caught.value.field == "spec.training.export"

@@ -1,14 +1,17 @@
 """The MoE layer in one process: grouped experts against a loop over experts, dropless routing,
-the bias steering the choice but not the weights, and the auxiliary loss against Switch's
-formula."""
+the bias steering the choice but not the weights, the auxiliary loss against Switch's formula,
+and a mixture not read from a Hugging Face folder exported as a Mixtral transformers runs."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+import transformers
+from meshrun_trainer.models.hf import export
 from meshrun_trainer.models.llama import build_model
 from meshrun_trainer.models.moe import MoE, grouped_matmul
 
@@ -86,3 +89,17 @@ def test_aux_loss_is_switch_per_sequence() -> None:
         share = F.one_hot(chosen[rows], 4).sum((0, 1)).float() / (8 * 2)
         want.append(4 * (share * scores[rows].mean(0)).sum())
     torch.testing.assert_close(got, torch.stack(want).mean())
+
+
+def test_a_preset_mixture_exports_as_a_mixtral_transformers_runs(tmp_path: Path) -> None:
+    shape = dataclasses.replace(
+        PRESETS["tiny"],
+        moe=MoeShape(experts=4, experts_per_token=2, expert_ffn_hidden=32),
+    )
+    model = build_model(shape, 5)
+    folder = export([model], tmp_path / "out", shape)
+    loaded = transformers.AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    assert type(loaded).__name__ == "MixtralForCausalLM"
+    ids = torch.randint(0, 256, (2, 16), generator=torch.Generator().manual_seed(4))
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, model(ids), rtol=1e-4, atol=1e-5)

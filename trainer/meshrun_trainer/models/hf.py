@@ -150,7 +150,7 @@ def hf_config(shape: ModelShape, source: dict[str, Any] | None, dtype: str) -> d
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position,
         }
-    return {
+    config = {
         "architectures": [SUPPORTED[shape.architecture]],
         "model_type": shape.architecture,
         "hidden_size": shape.hidden,
@@ -170,6 +170,18 @@ def hf_config(shape: ModelShape, source: dict[str, Any] | None, dtype: str) -> d
         "hidden_act": "silu",
         "dtype": dtype,
     }
+    if shape.moe is not None:
+        # A mixture of experts not read from a folder is written as Mixtral (its names are
+        # moe_names'; meshrun.rules.moe admits only what Mixtral describes).
+        config |= {
+            "architectures": [SUPPORTED["mixtral"]],
+            "model_type": "mixtral",
+            "intermediate_size": shape.moe.expert_ffn_hidden,
+            "num_local_experts": shape.moe.experts,
+            "num_experts_per_tok": shape.moe.experts_per_token,
+            "router_aux_loss_coef": shape.moe.aux_loss_coefficient,
+        }
+    return config
 
 
 def _publish(tmp: Path, final: Path) -> None:
