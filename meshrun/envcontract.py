@@ -97,6 +97,8 @@ def pod_env(
         "MESHRUN_DP": str(layout.dp),
         "MESHRUN_PP": str(layout.pp),
         "MESHRUN_TP": str(layout.tp),
+        "MESHRUN_EP": str(layout.ep),
+        "MESHRUN_ETP": str(layout.etp),
         "MESHRUN_CHECKPOINT_DIR": checkpoint_dir or "",
         # everything the trainer reads: the spec, the plan and this pod, as one typed value
         JOB_VARIABLE: write_document(JobDocument(spec=spec, plan=plan, pod=pod)),
