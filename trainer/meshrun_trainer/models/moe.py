@@ -189,7 +189,8 @@ class MoE(nn.Module):
         """The ranks of the pipeline stage that see the rest of the batch (loads summed)."""
         self.aux_sum = 0.0
         """The auxiliary losses (before the coefficient) of this step's passes, each divided by
-        the passes: this replica's mean for the step."""
+        the passes: this replica's mean for the step (under tensor parallelism each rank of the
+        group holds 1/tp of it); whoever reads it resets it."""
 
     def reset_buffers(self) -> None:
         with torch.no_grad():
