@@ -55,6 +55,8 @@ RUNS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
         {"dp": 2, "pp": 2, "ep": 2, "schedule": "1f1b", "micro_batches": 2, "grad_accumulation": 2},
     ),
     "ep1-zero2-dp4": (SOFTMAX, {"dp": 4, "zero_stage": 2}),
+    "ep2-zero1-dp4": (SOFTMAX, {"dp": 4, "ep": 2, "zero_stage": 1}),
+    "ep1-zero1-dp4": (SOFTMAX, {"dp": 4, "zero_stage": 1}),
     "ep4-tp2-dp2": (SOFTMAX, {"dp": 2, "tp": 2, "ep": 4}),
     "ep2-tp2-zero3-dp2": (SIGMOID, {"dp": 2, "tp": 2, "ep": 2, "zero_stage": 3}),
     "sigmoid-bias-ep4": (SIGMOID, {"dp": 4, "ep": 4}),

@@ -84,7 +84,10 @@ def data_parallel_kind(layout: Layout) -> str:
     pure = layout.pp == 1 and layout.tp == 1
     if pure and layout.zero_stage == 0:
         return "ddp"
-    if pure and layout.zero_stage == 1:
+    # ZeroRedundancyOptimizer broadcasts each parameter from the rank that updates it: experts
+    # sharded over an EP group differ from rank to rank, so ZeRO-1 with expert parallelism
+    # takes FSDP2's (which leaves the experts alone and shards gradients too, as in hybrids).
+    if pure and layout.zero_stage == 1 and layout.ep == 1:
         return "ddp+zero1"
     if layout.zero_stage == 0:
         return "hsdp-replicate"
