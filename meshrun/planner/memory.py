@@ -104,11 +104,14 @@ def loss_slice_rows(vocab: int) -> int:
 
 def sharded_by_fsdp(layout: Layout) -> bool:
     """Whether the trainer's data parallelism is FSDP2 sharding
-    (meshrun_trainer.distributed.parallel): ZeRO-2 and 3, and ZeRO-1 beside tensor or pipeline
-    parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients too)."""
+    (meshrun_trainer.distributed.parallel): ZeRO-2 and 3, and ZeRO-1 beside tensor, pipeline or
+    expert parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients
+    too)."""
     if layout.dp == 1 or layout.zero_stage == 0:
         return False
-    return layout.zero_stage >= 2 or layout.pp > 1 or layout.tp > 1
+    # Expert parallelism runs ZeRO-1 through FSDP2 too (ZeroRedundancyOptimizer would
+    # broadcast one rank's experts over another's).
+    return layout.zero_stage >= 2 or layout.pp > 1 or layout.tp > 1 or layout.ep > 1
 
 
 def fsdp_states(local: int, n: int, layout: Layout, precision: str) -> tuple[int, int, int]:
