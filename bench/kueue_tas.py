@@ -41,9 +41,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from meshrun.api.layout import coordinates_of, rank_at
 from meshrun.localnet import free_port
 from meshrun.planner.plan import plan_job
-from meshrun.planner.ranks import rank_of
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBECONFIG = ROOT / ".cluster" / "kubeconfig"
@@ -143,9 +143,9 @@ def neighbours(spec: dict[str, Any], name: str) -> set[tuple[int, int]]:
     layout, per_pod = plan.layout, plan.num_proc_per_node
     pairs = set()
     for rank in range(plan.world_size):
-        c = plan.coords(rank)
-        if c.pp + 1 < layout.pp:
-            peer = rank_of(c.pp + 1, c.dp, c.tp, layout.dp, layout.tp)
+        c = coordinates_of(rank, layout.degrees)
+        if c["pp"] + 1 < layout.pp:
+            peer = rank_at({**c, "pp": c["pp"] + 1}, layout.degrees)
             pairs.add((rank // per_pod, peer // per_pod))
     return pairs
 

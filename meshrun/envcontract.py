@@ -14,6 +14,7 @@ the trainer's command.
 
 from __future__ import annotations
 
+from meshrun.api.layout import RANK_ORDER
 from meshrun.api.spec import JobSpec
 from meshrun.jobdoc import JOB_VARIABLE, JobDocument, Pod, write_document
 from meshrun.planner.plan import Plan
@@ -28,6 +29,9 @@ TRAINER_COMMAND = ("python", "-m", "torch.distributed.run", "-m", "meshrun_train
 """The pod's default command: torchrun (configured by PET_*) running the trainer module."""
 CHECKPOINT_KEEP = 2
 """Complete checkpoints kept, newest first (older ones are deleted after each save)."""
+METRICS_FOLDER = "tensorboard"
+"""Where rank 0's TensorBoard event files go in the checkpoint folder unless
+spec.training.metrics.path says otherwise."""
 EXIT_CONFIG_ERROR = 2
 """The trainer's exit code for a configuration a restart cannot fix (reason ConfigError)."""
 EXIT_NO_ACCELERATOR = 3
@@ -48,6 +52,18 @@ PERMANENT_REASONS = {
 """Permanent trainer failures by exit code. torchrun exits 1 whatever its worker's code, so the
 trainer also writes ``{"status": "Failed", "reason": ..., "permanent": true, "error": ...}`` to
 the termination log, which the operator reads."""
+
+
+def metrics_dir(spec: JobSpec, checkpoint_dir: str | None) -> str | None:
+    """The folder of rank 0's TensorBoard event files: spec.training.metrics.path, else
+    tensorboard/ in the checkpoint folder; None when the spec turns them off or there is
+    neither (a local run without a checkpoint folder)."""
+    metrics = spec.training.metrics
+    if not metrics.tensorboard:
+        return None
+    if metrics.path is not None:
+        return metrics.path
+    return f"{checkpoint_dir.rstrip('/')}/{METRICS_FOLDER}" if checkpoint_dir else None
 
 
 def pod_env(
@@ -95,10 +111,13 @@ def pod_env(
         "MESHRUN_ATTEMPT": str(attempt),
         "MESHRUN_POD_INDEX": str(pod_index),
         "MESHRUN_DP": str(layout.dp),
+        "MESHRUN_CP": str(layout.cp),
         "MESHRUN_PP": str(layout.pp),
         "MESHRUN_TP": str(layout.tp),
         "MESHRUN_EP": str(layout.ep),
         "MESHRUN_ETP": str(layout.etp),
+        # a process's coordinates from its RANK: mixed radix over these, outermost first
+        "MESHRUN_RANK_ORDER": ",".join(RANK_ORDER),
         "MESHRUN_CHECKPOINT_DIR": checkpoint_dir or "",
         # everything the trainer reads: the spec, the plan and this pod, as one typed value
         JOB_VARIABLE: write_document(JobDocument(spec=spec, plan=plan, pod=pod)),

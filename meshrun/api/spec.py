@@ -212,6 +212,8 @@ class Strategy:
     """ZeRO stage 0-3, or None when unset."""
     data_parallel: int | None
     """Data-parallel degree, or None to derive."""
+    context_parallel: int
+    """Context-parallel degree: ranks each sequence is split over (1: none)."""
     pipeline_parallel: int | None
     """Pipeline stages, or None to derive."""
     tensor_parallel: int | None
@@ -266,6 +268,16 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Metrics:
+    """``spec.training.metrics``: rank 0's TensorBoard event files."""
+
+    tensorboard: bool
+    """Write TensorBoard event files."""
+    path: str | None
+    """Their folder; None: ``tensorboard/`` in the checkpoint folder."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Training:
     """``spec.training``: the training loop."""
 
@@ -300,6 +312,8 @@ class Training:
     """Warmup and decay of the learning rate."""
     export: Export | None
     """Where to write the trained model as a Hugging Face folder, or None."""
+    metrics: Metrics
+    """Where rank 0 writes its TensorBoard event files, or that it writes none."""
 
 
 @dataclass(frozen=True, kw_only=True)

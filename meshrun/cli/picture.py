@@ -1,8 +1,8 @@
 """The layout as a picture: pods (rows) x processes (columns), coloured by pipeline stage.
 
-Each cell is one process, labelled with its global rank and its TP and DP indices; a frame
-goes round each TP group. SVG is written by hand (no dependency); PNG uses matplotlib, imported
-only when asked for.
+Each cell is one process, labelled with its global rank and its pipeline, data, context (when
+cp is above 1) and tensor-parallel indices; a frame goes round each TP group. SVG is written by
+hand (no dependency); PNG uses matplotlib, imported only when asked for.
 """
 
 from __future__ import annotations
@@ -65,8 +65,8 @@ def layout_boxes(
         for local in range(cols):
             coords = plan.coords(pod * cols + local)
             x = left + local * (CELL_W + GAP)
-            third = f"tp{coords.tp}"
-            held = held_experts(plan.model, plan.layout, coords.dp, coords.tp)
+            third = f"cp{coords.cp} tp{coords.tp}" if plan.layout.cp > 1 else f"tp{coords.tp}"
+            held = held_experts(plan.model, plan.layout, coords.dp, coords.cp, coords.tp)
             if held is not None:
                 third += f" e{held[0]}" + (f"-{held[1]}" if held[1] > held[0] else "")
             cells.append(

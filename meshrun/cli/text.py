@@ -77,13 +77,13 @@ def render(plan: Plan) -> RenderableType:
         f"(world size {plan.world_size}),",
         f"model {plan.preset or 'custom'} ({parameter_text(plan.model.parameters())} parameters)",
     )
+    # Context parallelism shows only above 1, as in the layout string.
+    dims = ("dp", "cp", "pp", "tp") if lay.cp > 1 else ("dp", "pp", "tp")
     layout = Table(box=box.SIMPLE_HEAD, title="Layout", title_justify="left")
-    for column in ("dp", "pp", "tp", "ZeRO", "schedule", "micro", "virtual", "accum", "bubble"):
+    for column in (*dims, "ZeRO", "schedule", "micro", "virtual", "accum", "bubble"):
         layout.add_column(column, justify="right")
     layout.add_row(
-        str(lay.dp),
-        str(lay.pp),
-        str(lay.tp),
+        *(str(lay.degrees.size(dim)) for dim in dims),
         str(lay.zero_stage),
         lay.schedule,
         str(lay.micro_batches),
@@ -100,7 +100,8 @@ def render(plan: Plan) -> RenderableType:
         layers = compress_ranks(range(stage.first, stage.last + 1))
         stages.add_row(str(stage.pp), str(stage.virtual), layers)
     pods = Table(box=box.SIMPLE_HEAD, title="Pods", title_justify="left")
-    for column in ("pod", "ranks", "pp", "dp", "tp"):
+    pod_dims = ("pp", "dp", "cp", "tp") if lay.cp > 1 else ("pp", "dp", "tp")
+    for column in ("pod", "ranks", *pod_dims):
         pods.add_column(column)
     for pod in range(min(plan.num_nodes, MAX_POD_ROWS)):
         per_pod = plan.num_proc_per_node
@@ -108,12 +109,10 @@ def render(plan: Plan) -> RenderableType:
         pods.add_row(
             f"{plan.name}-{pod}",
             compress_ranks([c.rank for c in coords]),
-            compress_ranks([c.pp for c in coords]),
-            compress_ranks([c.dp for c in coords]),
-            compress_ranks([c.tp for c in coords]),
+            *(compress_ranks([getattr(c, dim) for c in coords]) for dim in pod_dims),
         )
     if plan.num_nodes > MAX_POD_ROWS:
-        pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", "", "", "", "")
+        pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", *[""] * (1 + len(pod_dims)))
     parts: list[RenderableType] = [header, layout, memory]
     if plan.estimate is not None:
         parts.append(render_estimate(plan.estimate, plan.accelerator == "cpu"))
@@ -162,6 +161,7 @@ PART_NAMES = {
     "recompute": "activation recomputation",
     "elementwise": "element-wise (memory bound)",
     "tensorParallel": "tensor-parallel collectives",
+    "contextParallel": "context-parallel key/value exchange",
     "launch": "waiting on kernel launches",
     "pipelineBubble": "pipeline bubble",
     "pipelineTransfer": "stage-to-stage transfers",
@@ -217,12 +217,12 @@ def render_candidates(choices: list[Choice]) -> RenderableType:
 
 def render_elastic(plan: Plan, degrees: list[int]) -> RenderableType:
     """The sizes an elastic job may run at (spec.elastic), in one sentence."""
-    per_replica = plan.layout.pp * plan.layout.tp
+    per_replica = plan.layout.world_size // plan.layout.dp
     sizes = [f"dp{dp} ({dp * per_replica // plan.num_proc_per_node} pod(s))," for dp in degrees]
     return Phrases(
         "Elastic: may run at",
         *sizes,
-        f"the same pp{plan.layout.pp} x tp{plan.layout.tp}",
+        f"the same {plan.layout.degrees.text(without='dp')}",
         "and global batch",
         "(gradient accumulation follows the degree).",
     )

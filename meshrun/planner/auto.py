@@ -25,9 +25,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from meshrun.api.errors import SpecError
-from meshrun.api.layout import Layout, Stage, divisors, split_layers
+from meshrun.api.layout import Degrees, Layout, Stage, divisors, split_layers
 from meshrun.api.spec import GIB, JobSpec
 from meshrun.planner.degrees import complete_layout, micro_batch_size_of, stage_split
 from meshrun.planner.explain import parameter_text
@@ -40,8 +41,14 @@ from meshrun.planner.memory import (
 )
 from meshrun.planner.steptime import StepEstimate, estimate_step, pressure_slowdown
 
-Degrees = tuple[int, int, int, int]
-"""(dp, pp, tp, zeroStage)."""
+
+class Candidate(NamedTuple):
+    """Degrees to try and the ZeRO stage over their data-parallel ranks."""
+
+    degrees: Degrees
+    """The parallel degrees."""
+    zero_stage: int
+    """ZeRO stage 0-3."""
 
 
 @dataclass(frozen=True)
@@ -64,8 +71,10 @@ class Choice:
     """The predicted step (None when the layout was not timed)."""
 
 
-def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
-    """The strategy type a set of degrees amounts to."""
+def strategy_name(degrees: Degrees, zero_stage: int) -> str:
+    """The strategy type a set of degrees amounts to (context parallelism goes with any: it
+    does not name one)."""
+    dp, pp, tp = degrees.dp, degrees.pp, degrees.tp
     if pp > 1 and tp > 1:
         return "hybrid"
     if pp > 1:
@@ -77,18 +86,18 @@ def strategy_name(dp: int, pp: int, tp: int, zero_stage: int) -> str:
 
 def evaluate(
     spec: JobSpec,
-    degrees: Degrees,
+    candidate: Candidate,
     strategy: str | None = None,
     checkpointing: str = "none",
     given: bool = False,
 ) -> Choice:
     """Plan these degrees (SpecError when they break a rule); ``given``: the spec's own, where
     1F1B with fewer micro-batches than stages runs as GPipe (a search skips such layouts)."""
-    dp, pp, tp, zero = degrees
-    layout = complete_layout(spec, dp, pp, tp, zero, gpipe_below_stages=given)
-    stages = stage_split(spec.shape, pp, layout.virtual_stages)
+    degrees, zero = candidate
+    layout = complete_layout(spec, degrees, zero, gpipe_below_stages=given)
+    stages = stage_split(spec.shape, degrees.pp, layout.virtual_stages)
     memory = estimate_memory(spec, layout, stages, checkpointing)
-    name = strategy or strategy_name(dp, pp, tp, zero)
+    name = strategy or strategy_name(degrees, zero)
     estimate = estimate_step(spec, layout, stages, checkpointing, memory=memory)
     return Choice(name, layout, stages, memory, checkpointing, estimate=estimate)
 
@@ -100,7 +109,7 @@ def checkpointing_modes(spec: JobSpec) -> tuple[str, ...]:
     return CHECKPOINTING if chosen is None else (chosen,)
 
 
-def first_fit(spec: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
+def first_fit(spec: JobSpec, candidates: Iterable[Candidate]) -> Choice | None:
     """The first valid candidate that fits without activation checkpointing, else with the
     next mode (unless the spec sets one); failing all, the valid one with the smallest
     estimate."""
@@ -108,14 +117,14 @@ def first_fit(spec: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
     smallest: Choice | None = None
     modes = checkpointing_modes(spec)
     for mode in modes:
-        for degrees in candidates:
+        for candidate in candidates:
             try:
-                choice = evaluate(spec, degrees, checkpointing=mode)
+                choice = evaluate(spec, candidate, checkpointing=mode)
             except SpecError:
                 continue
             if choice.memory.fits:
                 if mode != modes[0]:
-                    choice.reasons.append(checkpointing_reason(spec, degrees, choice))
+                    choice.reasons.append(checkpointing_reason(spec, candidate, choice))
                 return choice
             if smallest is None or choice.memory.total < smallest.memory.total:
                 smallest = choice
@@ -123,10 +132,10 @@ def first_fit(spec: JobSpec, candidates: Iterable[Degrees]) -> Choice | None:
 
 
 def checkpointing_reason(
-    spec: JobSpec, degrees: Degrees, choice: Choice, what: str = "no layout of the row fits"
+    spec: JobSpec, candidate: Candidate, choice: Choice, what: str = "no layout of the row fits"
 ) -> str:
     """Why activation checkpointing is on: the layout's activations with and without it."""
-    plain = evaluate(spec, degrees, given=True).memory
+    plain = evaluate(spec, candidate, given=True).memory
     return (
         f"Activation checkpointing ({choice.checkpointing}) is on: without it {what} "
         f"(this one would hold {plain.activations / GIB:.1f} GiB of activations, "
@@ -135,7 +144,7 @@ def checkpointing_reason(
     )
 
 
-def fit_degrees(spec: JobSpec, degrees: Degrees, strategy: str) -> Choice:
+def fit_degrees(spec: JobSpec, degrees: Candidate, strategy: str) -> Choice:
     """Given degrees (SpecError when they break a rule), with the spec's activation
     checkpointing, or unset the least that fits (more when that fits with too little headroom
     and recomputing is predicted faster); a sentence when more would fit."""
@@ -175,22 +184,24 @@ def fit_degrees(spec: JobSpec, degrees: Degrees, strategy: str) -> Choice:
     return choice
 
 
-def model_parallel(spec: JobSpec, zero_stage: int, need_both: bool = False) -> list[Degrees]:
-    """(dp, pp, tp) with TP inside a node, least model parallelism first.
+def model_parallel(spec: JobSpec, zero_stage: int, need_both: bool = False) -> list[Candidate]:
+    """Degrees with TP inside a node and the spec's contextParallel, least model parallelism
+    first.
 
     Ties prefer layouts using both PP and TP (3D), then a wider TP on NVLink nodes (TP's
     per-layer all-reduces want NVLink) or a deeper PP on PCIe nodes.
     """
-    res = spec.resources
-    world, fast = res.world_size, res.fast_intra_node
+    res, cp = spec.resources, spec.strategy.context_parallel
+    world, fast = res.world_size // cp, res.fast_intra_node
     found = []
     for tp in divisors(res.num_proc_per_node):
         for pp in divisors(world // tp, spec.shape.layers):  # a stage needs a layer
             if (tp == 1 and pp == 1) or (need_both and (tp == 1 or pp == 1)):
                 continue
             key = (tp * pp, 0 if tp > 1 and pp > 1 else 1, -tp if fast else tp)
-            found.append((key, (world // (tp * pp), pp, tp, zero_stage)))
-    return [degrees for _, degrees in sorted(found)]
+            degrees = Degrees(dp=world // (tp * pp), cp=cp, pp=pp, tp=tp)
+            found.append((key, Candidate(degrees, zero_stage)))
+    return [candidate for _, candidate in sorted(found)]
 
 
 def situation(spec: JobSpec) -> tuple[bool, bool, str]:
@@ -198,7 +209,7 @@ def situation(spec: JobSpec) -> tuple[bool, bool, str]:
     res, model = spec.resources, spec.shape
     size = micro_batch_size_of(spec)
     single = estimate_memory(
-        spec, Layout(1, 1, 1, 0, "1f1b", 1, 1, 1, size), split_layers(model.layers, 1, 1)
+        spec, Layout(Degrees(), 0, "1f1b", 1, 1, 1, size), split_layers(model.layers, 1, 1)
     )
     largest = max(model.layer_parameters(), model.vocab * model.hidden)
     layer_bytes = largest * sum(bytes_per_parameter(spec.training.precision))
@@ -221,19 +232,25 @@ def situation(spec: JobSpec) -> tuple[bool, bool, str]:
     return single.fits, layer_fits, sentence
 
 
-def table_row(spec: JobSpec) -> tuple[str, list[Degrees]]:
+def data_parallel(spec: JobSpec) -> Candidate:
+    """Every process data-parallel (with the spec's contextParallel): DDP, the fallback."""
+    cp = spec.strategy.context_parallel
+    return Candidate(Degrees(dp=spec.resources.world_size // cp, cp=cp), 0)
+
+
+def table_row(spec: JobSpec) -> tuple[str, list[Candidate]]:
     """The strategy table's row for this job (docs/planner.md) and its candidates in order."""
     res, world = spec.resources, spec.resources.world_size
-    ddp: Degrees = (world, 1, 1, 0)
+    ddp = data_parallel(spec)
     fits_one, layer_fits, _ = situation(spec)
-    zero = [(world, 1, 1, stage) for stage in (1, 2, 3)]
+    zero = [Candidate(ddp.degrees, stage) for stage in (1, 2, 3)]
     if world == 1:
         return "a single GPU: DDP with one process", [ddp]
     if res.num_nodes == 1 and fits_one:
         return "one node, model fits one GPU: DDP (ZeRO also works but communicates more)", [ddp]
     if res.num_nodes == 1 and layer_fits:
-        tensor = [d for d in model_parallel(spec, 0) if d[1] == 1]
-        pipeline = [d for d in model_parallel(spec, 0) if d[2] == 1]
+        tensor = [c for c in model_parallel(spec, 0) if c.degrees.pp == 1]
+        pipeline = [c for c in model_parallel(spec, 0) if c.degrees.tp == 1]
         if res.fast_intra_node:
             row = "one node, model does not fit one GPU, NVLink: ZeRO, PP and TP are on par; "
             row += "ZeRO first, as it needs no model changes"
@@ -243,7 +260,7 @@ def table_row(spec: JobSpec) -> tuple[str, list[Degrees]]:
         return row, [*pipeline, *zero, *tensor]
     if res.num_nodes == 1:
         row = "one node, largest layer does not fit one GPU: TP (PP and ZeRO-3 hold whole layers)"
-        return row, [d for z in (0, 1, 2, 3) for d in model_parallel(spec, z) if d[1] == 1]
+        return row, [c for z in (0, 1, 2, 3) for c in model_parallel(spec, z) if c.degrees.pp == 1]
     if res.fast_inter_node:
         row = "many nodes, fast interconnect: ZeRO (no model changes), else 3D (PP + TP + DP)"
         return row, [*zero, *model_parallel(spec, 1)]
@@ -255,11 +272,9 @@ def table_row(spec: JobSpec) -> tuple[str, list[Degrees]]:
 def table_choice(spec: JobSpec) -> Choice:
     """Apply the strategy table (docs/planner.md) to this job; its first reasons are the
     situation and the row."""
-    world = spec.resources.world_size
-    ddp: Degrees = (world, 1, 1, 0)
     _, _, sentence = situation(spec)
     row, candidates = table_row(spec)
-    choice = first_fit(spec, candidates) or evaluate(spec, ddp, "ddp")
+    choice = first_fit(spec, candidates) or evaluate(spec, data_parallel(spec), "ddp")
     choice.reasons.insert(0, f"Strategy table row (docs/planner.md): {row}.")
     choice.reasons.insert(0, sentence)
     if not choice.memory.fits:
@@ -274,17 +289,18 @@ def search_hybrid(spec: JobSpec) -> Choice:
     s = spec.strategy
     zero = s.zero_stage or 0
     candidates = [
-        d
-        for d in model_parallel(spec, zero)
-        if (s.data_parallel is None or d[0] == s.data_parallel)
-        and (s.pipeline_parallel is None or d[1] == s.pipeline_parallel)
-        and (s.tensor_parallel is None or d[2] == s.tensor_parallel)
+        c
+        for c in model_parallel(spec, zero)
+        if (s.data_parallel is None or c.degrees.dp == s.data_parallel)
+        and (s.pipeline_parallel is None or c.degrees.pp == s.pipeline_parallel)
+        and (s.tensor_parallel is None or c.degrees.tp == s.tensor_parallel)
     ]
     choice = first_fit(spec, candidates)
     if choice is None:
         raise SpecError(
             "spec.strategy",
-            "no dataParallel x pipelineParallel x tensorParallel layout satisfies the given "
+            "no dataParallel x contextParallel x pipelineParallel x tensorParallel layout "
+            "satisfies the given "
             "degrees, spec.resources and spec.model (tensorParallel must divide "
             "numProcPerNode and the head counts; pipelineParallel at most spec.model.layers)",
         )

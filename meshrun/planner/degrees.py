@@ -8,7 +8,7 @@ check_layout`, the rules the trainer checks too.
 from __future__ import annotations
 
 from meshrun.api.errors import SpecError
-from meshrun.api.layout import Layout, Stage, divisors
+from meshrun.api.layout import Degrees, Layout, Stage, divisors
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import JobSpec
 from meshrun.rules.strategy import check_layout, tp_unsplit
@@ -16,17 +16,19 @@ from meshrun.rules.strategy import check_layout, tp_unsplit
 STRATEGY = "spec.strategy"
 
 
-def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
-    """(dp, pp, tp) for the types whose degrees follow from the spec alone.
+def explicit_degrees(spec: JobSpec) -> Degrees:
+    """The degrees of the types whose degrees follow from the spec alone.
 
-    ddp/zero: all processes data-parallel. tensor: the widest TP inside a pod that the model's
+    contextParallel is the spec's; the rest split the world size divided by it. ddp/zero: all
+    those processes data-parallel. tensor: the widest TP inside a pod that the model's
     head counts and widths allow. pipeline: one stage per pod when there are several pods, else
     one per process, capped by the layers. hybrid: the missing one of the three from the world
     size (the planner searches when two or more are missing).
     """
-    s, world = spec.strategy, spec.resources.world_size
+    s, cp = spec.strategy, spec.strategy.context_parallel
+    world = spec.resources.world_size // cp  # check_spec: cp divides the world size
     if s.type in ("ddp", "zero"):
-        return world, 1, 1
+        return Degrees(dp=world, cp=cp)
     if s.type == "tensor":
         tp = s.tensor_parallel or (
             _quotient(world, s.data_parallel, "dataParallel") if s.data_parallel else None
@@ -36,7 +38,7 @@ def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
             for t in divisors(spec.resources.num_proc_per_node)
             if tp_unsplit(spec.shape, t) is None
         )
-        return _quotient(world, tp, "tensorParallel"), 1, tp
+        return Degrees(dp=_quotient(world, tp, "tensorParallel"), cp=cp, tp=tp)
     if s.type == "pipeline":
         pp = s.pipeline_parallel or (
             _quotient(world, s.data_parallel, "dataParallel") if s.data_parallel else None
@@ -45,7 +47,7 @@ def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
             wanted = spec.resources.num_nodes if spec.resources.num_nodes > 1 else world
             deepest = max(1, spec.shape.layers // chunks_per_rank(spec, 2))
             pp = max(p for p in divisors(world) if p <= min(wanted, deepest))
-        return _quotient(world, pp, "pipelineParallel"), pp, 1
+        return Degrees(dp=_quotient(world, pp, "pipelineParallel"), cp=cp, pp=pp)
     given = {
         "dataParallel": s.data_parallel,
         "pipelineParallel": s.pipeline_parallel,
@@ -53,7 +55,12 @@ def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
     }
     missing = [name for name, value in given.items() if value is None]
     if not missing:
-        return s.data_parallel or 1, s.pipeline_parallel or 1, s.tensor_parallel or 1
+        return Degrees(
+            dp=s.data_parallel or 1,
+            cp=cp,
+            pp=s.pipeline_parallel or 1,
+            tp=s.tensor_parallel or 1,
+        )
     if len(missing) != 1:
         raise AssertionError("hybrid with several degrees unset is searched by auto")
     known = 1
@@ -64,10 +71,15 @@ def explicit_degrees(spec: JobSpec) -> tuple[int, int, int]:
                 raise SpecError(
                     f"{STRATEGY}.{name}",
                     f"{value} times the other given degrees ({known}) must divide the world "
-                    f"size {world} (spec.resources.numNodes x numProcPerNode)",
+                    f"size {world} (spec.resources.numNodes x numProcPerNode / contextParallel)",
                 )
     given[missing[0]] = world // known
-    return given["dataParallel"] or 1, given["pipelineParallel"] or 1, given["tensorParallel"] or 1
+    return Degrees(
+        dp=given["dataParallel"] or 1,
+        cp=cp,
+        pp=given["pipelineParallel"] or 1,
+        tp=given["tensorParallel"] or 1,
+    )
 
 
 def _quotient(world: int, degree: int, name: str) -> int:
@@ -75,7 +87,7 @@ def _quotient(world: int, degree: int, name: str) -> int:
         raise SpecError(
             f"{STRATEGY}.{name}",
             f"{degree} must divide the world size {world} "
-            "(spec.resources.numNodes x numProcPerNode)",
+            "(spec.resources.numNodes x numProcPerNode / contextParallel)",
         )
     return world // degree
 
@@ -97,9 +109,7 @@ def micro_batch_size_of(spec: JobSpec) -> int:
 
 def complete_layout(
     spec: JobSpec,
-    dp: int,
-    pp: int,
-    tp: int,
+    degrees: Degrees,
     zero_stage: int,
     schedule: tuple[str, int] | None = None,
     gpipe_below_stages: bool = False,
@@ -109,10 +119,10 @@ def complete_layout(
     """The full layout for these degrees (micro-batches, virtual stages, gradient accumulation),
     checked by the rules every component shares; ``schedule`` (name, virtual stages) replaces
     the spec's, ``micro_batch_size`` the spec's (:func:`micro_batch_size_of`), ``ep`` the spec's
-    expertParallel. With
-    ``gpipe_below_stages`` (degrees the spec gives), 1F1B with fewer micro-batches than stages
-    runs GPipe's order instead of breaking torch's rule."""
+    expertParallel. With ``gpipe_below_stages`` (degrees the spec gives), 1F1B with fewer
+    micro-batches than stages runs GPipe's order instead of breaking torch's rule."""
     s, t = spec.strategy, spec.training
+    dp, pp = degrees.dp, degrees.pp
     size = micro_batch_size or micro_batch_size_of(spec)
     passes = max(1, t.global_batch_size // (dp * size))
     micro = 1 if pp == 1 else s.micro_batches or passes
@@ -122,9 +132,7 @@ def complete_layout(
         # GPipe's order, the same bubble; torch's Schedule1F1B refuses it, ScheduleGPipe runs it.
         name = "gpipe"
     layout = Layout(
-        dp=dp,
-        pp=pp,
-        tp=tp,
+        degrees=degrees,
         zero_stage=zero_stage,
         schedule=name,
         micro_batches=micro,
@@ -132,7 +140,7 @@ def complete_layout(
         grad_accumulation=max(1, passes // micro),
         micro_batch_size=size,
         ep=ep or s.expert_parallel or 1,
-        etp=s.expert_tensor_parallel or tp,
+        etp=s.expert_tensor_parallel or degrees.tp,
     )
     check_layout(
         layout,

@@ -1,6 +1,6 @@
-"""An elastic job planned at another data-parallel degree: the same tensor and pipeline layout,
-the same global batch, micro-batch size and pipeline micro-batches, more (or less) gradient
-accumulation per replica.
+"""An elastic job planned at another data-parallel degree: the same tensor, context and pipeline
+layout, the same global batch, micro-batch size and pipeline micro-batches, more (or less)
+gradient accumulation per replica.
 
 The data stream is a function of the step (every replica slices its rows out of the same global
 batch) and DCP reshards model and optimizer state to any layout, so a job resumed from its
@@ -21,8 +21,8 @@ from meshrun.planner.plan import Plan, plan_job
 
 def pods_at(spec: JobSpec, plan: Plan, dp: int) -> int | None:
     """Pods of ``num_proc_per_node`` processes the job needs at degree ``dp``; None when
-    dp x pp x tp does not fill whole pods."""
-    world = dp * plan.layout.pp * plan.layout.tp
+    dp x cp x pp x tp does not fill whole pods."""
+    world = replace(plan.layout.degrees, dp=dp).world_size
     per_pod = spec.resources.num_proc_per_node
     return None if world % per_pod else world // per_pod
 
@@ -37,7 +37,7 @@ def resized(spec: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
     if pods is None:
         raise SpecError(
             "spec.elastic",
-            f"data-parallel degree {dp} x pp{plan.layout.pp} x tp{plan.layout.tp} does not fill "
+            f"data-parallel degree {dp} x {plan.layout.degrees.text(without='dp')} does not fill "
             f"whole pods of {spec.resources.num_proc_per_node} processes",
         )
     if dp == plan.layout.dp and pods == spec.resources.num_nodes:
@@ -47,14 +47,16 @@ def resized(spec: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
         spec.strategy,
         type="hybrid",
         data_parallel=dp,
+        context_parallel=lay.cp,
         pipeline_parallel=lay.pp,
         tensor_parallel=lay.tp,
         zero_stage=lay.zero_stage,
         micro_batches=lay.micro_batches if lay.pp > 1 else None,
         virtual_stages=lay.virtual_stages if lay.virtual_stages > 1 else None,
         # Expert parallelism follows the ranks a stage has now: the largest degree that
-        # divides both the planned one and dp x tp; the experts reshard through the checkpoint.
-        expert_parallel=gcd(lay.ep, dp * lay.tp) if spec.shape.moe is not None else None,
+        # divides both the planned one and dp x cp x tp; the experts reshard through the
+        # checkpoint.
+        expert_parallel=gcd(lay.ep, dp * lay.cp * lay.tp) if spec.shape.moe is not None else None,
         expert_tensor_parallel=lay.etp if spec.shape.moe is not None else None,
     )
     checkpointing = cast(Checkpointing, plan.activation_checkpointing)

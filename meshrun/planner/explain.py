@@ -7,6 +7,8 @@ from meshrun.api.layout import Layout
 from meshrun.api.spec import CPU, DEFAULT_GPU_MEMORY_GIB, JobSpec
 from meshrun.planner.memory import MemoryEstimate
 
+SHORT_CHUNK = 1024
+"""Context-parallel chunks (seqLen / (2 x cp)) shorter than this get a warning."""
 ZERO_WHAT = {
     1: "optimizer state",
     2: "optimizer state and gradients",
@@ -36,11 +38,22 @@ def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
             "GPU 0 scatters inputs and gathers outputs every step."
         )
     if layout.zero_stage:
+        over = f"{dp} data-parallel ranks"
+        if layout.cp > 1:
+            over = f"{layout.data_shards} data- and context-parallel ranks"
         lines.append(
-            f"ZeRO-{layout.zero_stage} shards {ZERO_WHAT[layout.zero_stage]} over the {dp} "
-            "data-parallel ranks."
+            f"ZeRO-{layout.zero_stage} shards {ZERO_WHAT[layout.zero_stage]} over the {over}."
         )
     per_pod = spec.resources.num_proc_per_node
+    cp = layout.cp
+    if cp > 1:
+        span = "inside one pod" if cp * tp <= per_pod else f"over {cp * tp // per_pod} pods"
+        lines.append(
+            f"Context parallel {cp} splits each sequence of {spec.shape.seq_len:,} tokens over "
+            f"{cp} ranks {span} (2 x {cp} chunks, rank i holding chunks i and {2 * cp - 1}-i, so "
+            "causal attention costs each the same); every attention layer all-gathers the "
+            "sequence's keys and values and reduce-scatters their gradients in backward."
+        )
     if 1 < tp <= per_pod:
         lines.append(
             f"Tensor parallel {tp} splits every layer's matrices over {tp} processes of one pod "
@@ -69,11 +82,12 @@ def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
         if tp <= per_pod
         else f"each TP group holds {tp // per_pod} whole pods"
     )
+    order = "TP innermost, then " + ("CP, DP" if cp > 1 else "DP") + ", PP outermost"
     lines.append(
-        f"Ranks run TP innermost, then DP, PP outermost, so {where}"
+        f"Ranks run {order}, so {where}"
         + (
             " and each pod holds one pipeline stage."
-            if pp > 1 and (dp * tp) % per_pod == 0
+            if pp > 1 and (dp * cp * tp) % per_pod == 0
             else "."
         )
     )
@@ -114,6 +128,13 @@ def warn(spec: JobSpec, layout: Layout, memory: MemoryEstimate) -> list[str]:
         warnings.append(
             f"tensorParallel {layout.tp} spans {layout.tp // res.num_proc_per_node} pods: its "
             "collectives, several per layer, cross the network between them."
+        )
+    chunk = spec.shape.seq_len // (2 * layout.cp)
+    if layout.cp > 1 and chunk < SHORT_CHUNK and res.accelerator != CPU:
+        warnings.append(
+            f"contextParallel {layout.cp} cuts seqLen {spec.shape.seq_len} into chunks of "
+            f"{chunk} tokens: each rank's matrices are small and the key/value all-gathers' "
+            "latency weighs; context parallelism pays off on long sequences."
         )
     if layout.pp == 1 and s.micro_batches not in (None, 1):
         warnings.append("spec.strategy.microBatches is ignored without pipeline parallelism.")

@@ -8,9 +8,17 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from meshrun.api.errors import SpecError
 from meshrun.api.spec import GIB, JobSpec
-from meshrun.planner.auto import Choice, evaluate, situation, table_choice, table_row
-from meshrun.planner.search import MICRO_BATCH_SIZES, enumerate_layouts
+from meshrun.planner.auto import (
+    Choice,
+    data_parallel,
+    evaluate,
+    situation,
+    table_choice,
+    table_row,
+)
+from meshrun.planner.search import LONG_SEQUENCE, MICRO_BATCH_SIZES, enumerate_layouts
 from meshrun.planner.steptime import estimate_step
 
 RUNNERS_UP = 3
@@ -21,6 +29,7 @@ PART_WORDS = {
     "recompute": "activation recomputation",
     "elementwise": "memory-bound element-wise work",
     "tensorParallel": "tensor-parallel collectives",
+    "contextParallel": "context-parallel all-gathers of keys and values",
     "pipelineBubble": "the pipeline bubble",
     "pipelineTransfer": "stage-to-stage transfers",
     "dataParallel": "data-parallel traffic not hidden behind compute",
@@ -65,7 +74,7 @@ def same_layout(a: Choice, b: Choice) -> bool:
 def choose_fastest(spec: JobSpec) -> Choice:
     """``strategy: auto``: the fastest predicted layout that fits, explained."""
     if spec.resources.accelerator_bytes == 0:
-        choice = evaluate(spec, (spec.resources.world_size, 1, 1, 0), "ddp")
+        choice = evaluate(spec, data_parallel(spec), "ddp")
         choice.reasons.append(
             "No accelerator memory to respect (accelerator cpu without acceleratorMemoryGiB), "
             "so the simplest strategy, DDP, is chosen."
@@ -118,15 +127,53 @@ def choose_fastest(spec: JobSpec) -> Choice:
             f"Activation checkpointing ({best.checkpointing}) is on: without it this layout "
             "does not fit, and no layout without it is faster."
         )
+    best.reasons.extend(_context_reasons(spec, best, fitting))
     best.reasons.append(_against_table(spec, best))
     return best
+
+
+def _context_reasons(spec: JobSpec, best: Choice, fitting: list[Choice]) -> list[str]:
+    """Why the search chose context parallelism, when it did: what it does, and the fastest
+    layout without it (or that none fits)."""
+    cp = best.layout.cp
+    if cp == 1:
+        return []
+    seq = spec.shape.seq_len
+    why = (
+        f"the sequence is long ({seq:,} tokens)"
+        if seq >= LONG_SEQUENCE
+        else f"the global batch ({spec.training.global_batch_size} sequences) is too small "
+        "to fill data parallelism"
+    )
+    lines = [
+        f"Context parallel {cp}: {why}, so each sequence is split into {2 * cp} chunks of "
+        f"{seq // (2 * cp):,} tokens, rank i of a group of {cp} holding chunks i and "
+        f"{2 * cp - 1}-i (every rank the same causal-attention work); each attention layer "
+        "all-gathers the whole sequence's keys and values. A rank keeps the activations of "
+        f"1/{cp} of each sequence (the gathered keys and values aside), and fewer sequences "
+        "fill the GPUs."
+    ]
+    plain = next((c for c in fitting if c.layout.cp == 1), None)
+    if plain is None:
+        lines.append("No layout without context parallelism fits or splits the batch.")
+    else:
+        lines.append(
+            f"Without it the fastest layout is {describe_layout(plain)} at {speed_text(plain)} "
+            f"({_relative(plain, best)})."
+        )
+    return lines
 
 
 def _against_table(spec: JobSpec, best: Choice) -> str:
     """What the strategy table would have picked, and why it is slower."""
     row, _ = table_row(spec)
-    table = table_choice(spec)
     lead = f"Strategy table row (docs/planner.md): {row}"
+    try:
+        table = table_choice(spec)
+    except SpecError as error:
+        # The table knows no context parallelism: with few long sequences none of its layouts
+        # may split the batch.
+        return f"{lead}; none of its layouts is valid here ({error.rule})."
     if same_layout(table, best):
         return f"{lead}; it picks the same layout."
     if not table.memory.fits:
@@ -169,6 +216,7 @@ def candidate_dict(choice: Choice) -> dict[str, Any]:
         "layoutString": lay.text(),
         "strategy": choice.strategy,
         "dp": lay.dp,
+        "cp": lay.cp,
         "pp": lay.pp,
         "tp": lay.tp,
         "zeroStage": lay.zero_stage,

@@ -34,6 +34,19 @@ under ZeRO-2 and pipelining one unit's gradient buffers. DDP's gradients are vie
 buckets (no copy beside them). Outside FSDP2 a gradient arriving under accumulation exists
 beside the one it is added into, and under TP the embedding's gradient arrives whole (DTensor
 computes it so before the trainer reshards it): both count with the gradients.
+Context parallelism (cp ranks per sequence, each holding 2 of its 2 x cp chunks) gives every
+rank s / cp of each sequence's tokens, so every term above that scales with the sequence counts
+s / cp tokens; the ZeRO and FSDP2 shards are over the dp x cp ranks that hold the same
+parameters (torchtitan shards over dp_shard x cp, Megatron's distributed optimizer over its
+data-parallel group with context). What it adds: attention reads the keys and values of the
+whole sequence, all-gathered (Llama 3's context parallelism, Dubey et al. 2024, section
+3.3.2), expanded to every query head as the trainer's attention does for grouped-query
+attention, and keeps them for backward: 2q/t elements per token of the whole sequence, cp
+times a rank's own share (:func:`layer_activation_elements`). Selective and full checkpointing
+keep neither: the all-gather runs again in the recomputation, and while one layer recomputes,
+its whole sequence's keys and values exist again (the recomputation term). Under ZeRO-0 in a
+hybrid the trainer's FSDP2 replicates over dp and shards over cp (HSDP, torchtitan's
+dp_shard x cp), so there the parameters shard over the cp ranks (:func:`fsdp_shards`).
 bench/trainer_run_memory.py measures every layout family's whole-run peak against this
 estimate. The estimate ignores the process's fixed part (the CUDA context, torch, the
 communication library) and allocator fragmentation on GPUs.
@@ -104,14 +117,25 @@ def loss_slice_rows(vocab: int) -> int:
 
 def sharded_by_fsdp(layout: Layout) -> bool:
     """Whether the trainer's data parallelism is FSDP2 sharding
-    (meshrun_trainer.distributed.parallel): ZeRO-2 and 3, and ZeRO-1 beside tensor, pipeline or
-    expert parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients
-    too)."""
-    if layout.dp == 1 or layout.zero_stage == 0:
-        return False
-    # Expert parallelism runs ZeRO-1 through FSDP2 too (ZeroRedundancyOptimizer would
-    # broadcast one rank's experts over another's).
-    return layout.zero_stage >= 2 or layout.pp > 1 or layout.tp > 1 or layout.ep > 1
+    (meshrun_trainer.distributed.parallel): ZeRO-2 and 3, and ZeRO-1 beside tensor or pipeline
+    parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients too) or
+    expert parallelism (ZeroRedundancyOptimizer would broadcast one rank's experts over
+    another's);
+    and ZeRO-0 beside them with context parallelism (HSDP sharding over the cp ranks)."""
+    return fsdp_shards(layout) > 1
+
+
+def fsdp_shards(layout: Layout) -> int:
+    """The ranks FSDP2 shards each parameter over: the dp x cp ranks holding the same
+    parameters under ZeRO-1 to 3 (ZeRO-1 only beside TP, PP or EP), the cp ranks under ZeRO-0
+    beside TP or PP (HSDP: replicated over dp), else 1 (DDP, with ZeroRedundancyOptimizer under
+    ZeRO-1, or nothing to shard)."""
+    beside = layout.pp > 1 or layout.tp > 1
+    if layout.zero_stage >= 2 or (layout.zero_stage == 1 and (beside or layout.ep > 1)):
+        return layout.data_shards
+    if layout.zero_stage == 0 and beside:
+        return layout.cp
+    return 1
 
 
 def fsdp_states(local: int, n: int, layout: Layout, precision: str) -> tuple[int, int, int]:
@@ -145,8 +169,11 @@ def bytes_per_parameter(precision: str) -> tuple[int, int, int]:
     return (2, 2, 12) if precision == "bf16" else (4, 4, 8)
 
 
-def layer_activation_elements(shape: ModelShape, tp: int, checkpointing: str = "none") -> float:
-    """Elements one transformer layer keeps for backward per token, with sequence-parallel TP.
+def layer_activation_elements(
+    shape: ModelShape, tp: int, checkpointing: str = "none", cp: int = 1
+) -> float:
+    """Elements one transformer layer keeps for backward per token of a rank's own share of
+    the sequence, with sequence-parallel TP and ``cp``-way context parallelism.
 
     With q = heads*head_dim, kv = kv_heads*head_dim, a = heads; under TP the tensors along the
     sequence (norm inputs and outputs, the residual) are split t ways, the column-parallel
@@ -162,6 +189,10 @@ def layer_activation_elements(shape: ModelShape, tp: int, checkpointing: str = "
       + a/t), of w1 and w3 (2f/t), and of wo and w2 (2h; under TP their partial sums, h each,
       and their reduce-scattered results, h/t each);
     - full: the block input (h/t).
+
+    Under context parallelism attention reads (and keeps) the keys and values of the whole
+    sequence, cp times a rank's share: k and v count 2q*cp/t instead of 2q/t. Selective
+    checkpointing keeps wk's and wv's own outputs and gathers again in backward.
     """
     h, f, t, a = shape.hidden, shape.ffn_hidden, tp, shape.heads
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
@@ -170,17 +201,17 @@ def layer_activation_elements(shape: ModelShape, tp: int, checkpointing: str = "
     if checkpointing == "selective":
         outputs = 2 * h if t == 1 else 2 * h + 2 * h / t
         return h / t + (2 * q + 2 * kv + a + 2 * f) / t + outputs
-    return (6 * h + 4 * q + 4 * f + a + 2) / t
+    return (6 * h + 2 * q + 2 * q * cp + 4 * f + a + 2) / t
 
 
 def layer_activation_bytes(
-    spec: JobSpec, tp: int, micro_batch: int, checkpointing: str = "none"
+    spec: JobSpec, tp: int, micro_batch: int, checkpointing: str = "none", cp: int = 1
 ) -> int:
-    """Bytes one transformer layer keeps for backward for one micro-batch (16-bit activations
-    in bf16, 32-bit in fp32)."""
+    """Bytes one transformer layer keeps for backward for one micro-batch on one rank (16-bit
+    activations in bf16, 32-bit in fp32); under context parallelism a rank's s / cp tokens."""
     per_element = element_bytes(spec.training.precision)
-    elements = layer_activation_elements(spec.shape, tp, checkpointing)
-    return int(spec.shape.seq_len * micro_batch * elements * per_element)
+    elements = layer_activation_elements(spec.shape, tp, checkpointing, cp)
+    return int(spec.shape.seq_len // cp * micro_batch * elements * per_element)
 
 
 def in_flight(layout: Layout, pp_rank: int) -> float:
@@ -200,16 +231,23 @@ def estimate_memory(
     spec: JobSpec, layout: Layout, stages: list[Stage], checkpointing: str = "none"
 ) -> MemoryEstimate:
     """The estimate for the pipeline rank with the largest total."""
-    model, t, n = spec.shape, layout.tp, layout.dp
+    model, t, n, cp = spec.shape, layout.tp, fsdp_shards(layout), layout.cp
     weight_b, grad_b, optim_b = bytes_per_parameter(spec.training.precision)
     layers_on = layers_per_rank(stages, layout.pp)
     micro_batch = layout.micro_batch_size
     dense = compute_spec(spec)  # a mixture of experts as the MLP its busiest rank runs
-    per_layer_act = layer_activation_bytes(dense, t, micro_batch, checkpointing)
+    per_layer_act = layer_activation_bytes(dense, t, micro_batch, checkpointing, cp)
     # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
-    recompute = layer_activation_bytes(dense, t, micro_batch) if checkpointing == "full" else 0
-    tokens = model.seq_len * micro_batch
+    recompute = (
+        layer_activation_bytes(dense, t, micro_batch, cp=cp) if checkpointing == "full" else 0
+    )
+    tokens = model.seq_len // cp * micro_batch
     per_element = element_bytes(spec.training.precision)
+    if checkpointing == "selective" and cp > 1:
+        # One layer's recomputation gathers the whole sequence's keys and values again and
+        # expands them to every query head for attention's backward.
+        recompute = 2 * model.heads * model.head_dim // t * model.seq_len * micro_batch
+        recompute *= per_element
     # The (vocabulary-sharded) logits, which the loss keeps for backward with one fp32 number a
     # row; the final norm's input and normalized input (sequence-sharded) and its gathered
     # output.
@@ -284,7 +322,7 @@ def estimate_memory(
         else:
             params, grads, optim = local * weight_b, local * grad_b, local * optim_b
             if layout.zero_stage >= 1:
-                optim = -(-optim // n)
+                optim = -(-optim // layout.data_shards)  # ZeroRedundancyOptimizer
         experts = expert_parameters(model, moe_on[rank], layout.ep)
         params, grads, optim = params + experts * weight_b, grads + experts * grad_b, optim
         optim += experts * optim_b

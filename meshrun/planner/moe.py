@@ -135,14 +135,17 @@ def describe_experts(spec: JobSpec, layout: Layout, estimate: StepEstimate | Non
     return lines
 
 
-def held_experts(shape: ModelShape, layout: Layout, dp: int, tp: int) -> tuple[int, int] | None:
-    """The first and last routed expert (of each MoE layer) the rank at data-parallel index
-    ``dp`` and tensor-parallel index ``tp`` holds: EP groups are ``ep`` consecutive ranks of a
-    stage's dp x tp (expertTensorParallel 1), or of its dp ranks (each expert split over tp).
-    None for a dense model."""
+def held_experts(
+    shape: ModelShape, layout: Layout, dp: int, cp: int, tp: int
+) -> tuple[int, int] | None:
+    """The first and last routed expert (of each MoE layer) the rank at data-, context- and
+    tensor-parallel indices ``dp``, ``cp``, ``tp`` holds: EP groups are ``ep`` consecutive ranks
+    of a stage's dp x cp x tp (expertTensorParallel 1), or of its dp x cp ranks (each expert
+    split over tp). None for a dense model."""
     if shape.moe is None:
         return None
-    position = dp * layout.tp + tp if layout.etp == 1 else dp
+    shard = dp * layout.cp + cp
+    position = shard * layout.tp + tp if layout.etp == 1 else shard
     per_rank = shape.moe.experts // layout.ep
     first = position % layout.ep * per_rank
     return first, first + per_rank - 1

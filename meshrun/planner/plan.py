@@ -10,7 +10,7 @@ from meshrun.api.layout import Layout, Stage
 from meshrun.api.presets import SIZES, ModelShape
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
-from meshrun.planner.auto import Choice, fit_degrees, search_hybrid
+from meshrun.planner.auto import Candidate, Choice, fit_degrees, search_hybrid
 from meshrun.planner.degrees import explicit_degrees
 from meshrun.planner.explain import describe, warn
 from meshrun.planner.fastest import choose_fastest
@@ -74,8 +74,8 @@ class Plan:
         return tuple((stage.first, stage.last) for stage in stages)
 
     def coords(self, rank: int) -> RankCoords:
-        """Pod, local rank and (dp, pp, tp) of a global rank."""
-        return coords_of(rank, self.layout.dp, self.layout.tp, self.num_proc_per_node)
+        """Pod, local rank and (dp, cp, pp, tp) of a global rank."""
+        return coords_of(rank, self.layout.degrees, self.num_proc_per_node)
 
     def memory_dict(self) -> dict[str, Any]:
         m = self.memory
@@ -109,6 +109,7 @@ class Plan:
         lay = self.layout
         return {
             "dp": lay.dp,
+            "cp": lay.cp,
             "pp": lay.pp,
             "tp": lay.tp,
             "zeroStage": lay.zero_stage,
@@ -140,9 +141,7 @@ class Plan:
                 **{key: getattr(m, name) for name, key in SIZES.items()},
             },
             "pods": pod_table(self.name, self.num_nodes, self.num_proc_per_node),
-            "ranks": rank_table(
-                self.world_size, self.layout.dp, self.layout.tp, self.num_proc_per_node
-            ),
+            "ranks": rank_table(self.layout.degrees, self.num_proc_per_node),
             "stages": [
                 {"pp": s.pp, "virtual": s.virtual, "layers": [s.first, s.last]} for s in self.stages
             ],
@@ -158,6 +157,7 @@ class Plan:
             "strategy": self.strategy,
             "layout": self.layout.text(),
             "dp": self.layout.dp,
+            "cp": self.layout.cp,
             "pp": self.layout.pp,
             "tp": self.layout.tp,
             "zeroStage": self.layout.zero_stage,
@@ -218,7 +218,6 @@ def _choose(spec: JobSpec) -> Choice:
     unset = [s.data_parallel, s.pipeline_parallel, s.tensor_parallel].count(None)
     if s.type == "hybrid" and unset >= 2:
         return search_hybrid(spec)
-    dp, pp, tp = explicit_degrees(spec)
-    choice = fit_degrees(spec, (dp, pp, tp, s.zero_stage or 0), s.type)
+    choice = fit_degrees(spec, Candidate(explicit_degrees(spec), s.zero_stage or 0), s.type)
     choice.reasons.append(f"Strategy {s.type} as requested: {choice.layout.text()}.")
     return choice

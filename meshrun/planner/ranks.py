@@ -1,17 +1,21 @@
-"""Global rank order and the pods that hold each rank.
+"""The pods that hold each global rank, and the rank tables of a plan.
 
-Order: TP innermost, then DP, PP outermost, ``rank = (pp * dp_size + dp) * tp_size + tp``
-(Megatron-LM and torchtitan's mesh order (pp, dp, tp)). Consecutive ranks share a pod, and the
-planner only allows a TP degree that divides the processes per pod, so a TP group (a per-layer
-all-reduce, the most bandwidth-hungry collective) never leaves the NVLink domain of one node.
-PP outermost puts whole pipeline stages on pods whenever dp x tp is a multiple of the pod
-size: stages then exchange only point-to-point activations over the slower network.
+The rank order is :data:`meshrun.api.layout.RANK_ORDER` (pp outermost, then dp, cp, tp
+innermost; the reasons are there and in docs/planner.md). Consecutive ranks share a pod, and
+the planner only allows a TP degree that divides the processes per pod (or spans whole pods), so
+a TP group (the most bandwidth-hungry collectives) never leaves the NVLink domain of one node,
+and a CP group stays on one node whenever cp x tp fits it. PP outermost puts whole pipeline
+stages on pods whenever dp x cp x tp is a multiple of the pod size: stages then exchange only
+point-to-point activations over the slower network.
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
+
+from meshrun.api.layout import RANK_ORDER, Degrees, coordinates_of, groups_along
 
 
 @dataclass(frozen=True)
@@ -30,36 +34,37 @@ class RankCoords:
     """Pipeline stage index."""
     tp: int
     """Tensor-parallel index."""
+    cp: int = 0
+    """Context-parallel index (which pair of sequence chunks the rank holds)."""
 
 
-def rank_of(pp: int, dp: int, tp: int, dp_size: int, tp_size: int) -> int:
-    """The global rank with these coordinates."""
-    return (pp * dp_size + dp) * tp_size + tp
+def coords_of(rank: int, degrees: Degrees, num_proc_per_node: int) -> RankCoords:
+    """The pod and coordinates of a global rank."""
+    index = coordinates_of(rank, degrees)
+    return RankCoords(
+        rank,
+        rank // num_proc_per_node,
+        rank % num_proc_per_node,
+        dp=index["dp"],
+        pp=index["pp"],
+        tp=index["tp"],
+        cp=index["cp"],
+    )
 
 
-def coords_of(rank: int, dp_size: int, tp_size: int, num_proc_per_node: int) -> RankCoords:
-    """The coordinates of a global rank (inverse of :func:`rank_of`)."""
-    tp = rank % tp_size
-    dp = (rank // tp_size) % dp_size
-    pp = rank // (tp_size * dp_size)
-    return RankCoords(rank, rank // num_proc_per_node, rank % num_proc_per_node, dp, pp, tp)
-
-
-def rank_table(
-    world: int, dp_size: int, tp_size: int, num_proc_per_node: int
-) -> list[dict[str, int]]:
-    """``Plan.to_dict()['ranks']``: one entry per rank, built in one pass (16k ranks < 10 ms)."""
-    group = dp_size * tp_size
+def rank_table(degrees: Degrees, num_proc_per_node: int) -> list[dict[str, int]]:
+    """``Plan.to_dict()['ranks']``: one entry per rank, its index along each dimension, its pod
+    and local rank, built in one pass (16k ranks in tens of ms): the coordinates in rank order
+    are the product of the dimensions' ranges, outermost first."""
+    coordinates = itertools.product(*(range(size) for size in degrees.sizes()))
     return [
-        {
-            "rank": r,
-            "pod": r // num_proc_per_node,
-            "localRank": r % num_proc_per_node,
-            "dp": (r // tp_size) % dp_size,
-            "pp": r // group,
-            "tp": r % tp_size,
-        }
-        for r in range(world)
+        dict(
+            zip(RANK_ORDER, c, strict=True),
+            rank=r,
+            pod=r // num_proc_per_node,
+            localRank=r % num_proc_per_node,
+        )
+        for r, c in enumerate(coordinates)
     ]
 
 
@@ -89,22 +94,28 @@ def compress_ranks(ranks: Iterable[int]) -> str:
     return ",".join(parts)
 
 
-def tp_groups(world: int, tp_size: int) -> list[list[int]]:
+def tp_groups(degrees: Degrees) -> list[list[int]]:
     """Ranks of each tensor-parallel group (consecutive ranks)."""
-    return [list(range(start, start + tp_size)) for start in range(0, world, tp_size)]
+    return groups_along("tp", degrees)
 
 
-def dp_groups(world: int, dp_size: int, tp_size: int) -> list[list[int]]:
-    """Ranks of each data-parallel group (same pp and tp, stride tp)."""
-    stage = dp_size * tp_size
-    return [
-        [base + dp * tp_size + tp for dp in range(dp_size)]
-        for base in range(0, world, stage)
-        for tp in range(tp_size)
-    ]
+def cp_groups(degrees: Degrees) -> list[list[int]]:
+    """Ranks of each context-parallel group (same pp, dp and tp, stride tp): the ranks that
+    split one sequence and gather each other's keys and values."""
+    return groups_along("cp", degrees)
 
 
-def pp_groups(world: int, dp_size: int, tp_size: int) -> list[list[int]]:
-    """Ranks of each pipeline (same dp and tp, stride dp x tp)."""
-    stage = dp_size * tp_size
-    return [list(range(offset, world, stage)) for offset in range(stage)]
+def dp_groups(degrees: Degrees) -> list[list[int]]:
+    """Ranks of each data-parallel group (same pp, cp and tp, stride cp x tp)."""
+    return groups_along("dp", degrees)
+
+
+def shard_groups(degrees: Degrees) -> list[list[int]]:
+    """Ranks holding the same parameters (same pp and tp: the dp x cp ranks), over which
+    gradients are reduced and ZeRO shards."""
+    return groups_along(("dp", "cp"), degrees)
+
+
+def pp_groups(degrees: Degrees) -> list[list[int]]:
+    """Ranks of each pipeline (same dp, cp and tp, stride dp x cp x tp)."""
+    return groups_along("pp", degrees)

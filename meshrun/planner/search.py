@@ -1,8 +1,9 @@
 """Every layout the machines allow that fits, fastest predicted first (``strategy: auto`` takes
 the first: meshrun.planner.fastest).
 
-The search runs over TP degrees inside a pod, pipeline depths, ZeRO stages, the pipeline
-schedule and its virtual stages, and activation checkpointing (the spec's, when it sets one),
+The search runs over TP degrees inside a pod, context-parallel degrees (:func:`context_degrees`),
+pipeline depths, ZeRO stages, the pipeline schedule and its virtual stages, and activation
+checkpointing (the spec's, when it sets one),
 keeps the layouts whose memory estimate fits, and ranks them by the step-time model's tokens/s
 per GPU (:mod:`meshrun.planner.steptime`).
 """
@@ -12,7 +13,7 @@ from __future__ import annotations
 from itertools import product
 
 from meshrun.api.errors import SpecError
-from meshrun.api.layout import Layout, Stage, divisors
+from meshrun.api.layout import Degrees, Layout, Stage, divisors
 from meshrun.api.spec import JobSpec
 from meshrun.planner.auto import (
     Choice,
@@ -29,6 +30,12 @@ MICRO_BATCH_SIZES = (1, 2, 4, 8)
 """Micro-batch sizes the search tries when the spec leaves microBatchSize unset: larger ones
 lengthen the backward that hides gradient traffic and amortise per-micro-batch costs, at the
 price of activation memory and, under pipelining, fewer micro-batches to fill the bubble."""
+LONG_SEQUENCE = 8192
+"""Sequences of at least this many tokens are long: the search tries context parallelism for
+them (NVIDIA's Llama 3.1 recipes use CP 2 from 8K tokens; Llama 3 used CP 16 at 128K)."""
+MIN_CHUNK_TOKENS = 1024
+"""The shortest chunk (seqLen / (2 x cp)) the search splits a sequence into: below it the
+matrices of a rank's share run far from peak and the all-gathers' latency dominates."""
 VIRTUAL_CHOICES = (2, 4)
 """Virtual stages the search tries for interleaved 1F1B (more cut the bubble further but add
 point-to-point traffic; Megatron's runs use 2 to 8)."""
@@ -65,6 +72,25 @@ def micro_batch_sizes(spec: JobSpec) -> tuple[int, ...]:
     return kept or (1,)
 
 
+def context_degrees(spec: JobSpec) -> tuple[int, ...]:
+    """The context-parallel degrees to try: the spec's for every type but auto; under auto 1,
+    and powers of two that split seqLen into 2 x cp chunks of at least MIN_CHUNK_TOKENS and
+    divide the world size, when the sequence is long (LONG_SEQUENCE) or the global batch has
+    fewer sequences than the world has pods' worth of ranks (even a tensor-parallel group
+    filling every pod leaves more data-parallel replicas than sequences)."""
+    if spec.strategy.type != "auto":
+        return (spec.strategy.context_parallel,)
+    seq, world = spec.shape.seq_len, spec.resources.world_size
+    replicas = world // spec.resources.num_proc_per_node
+    if seq < LONG_SEQUENCE and spec.training.global_batch_size >= replicas:
+        return (1,)
+    found, cp = [1], 2
+    while seq % (2 * cp) == 0 and seq // (2 * cp) >= MIN_CHUNK_TOKENS and world % cp == 0:
+        found.append(cp)
+        cp *= 2
+    return tuple(found)
+
+
 def enumerate_layouts(spec: JobSpec) -> tuple[list[Choice], Choice | None]:
     """(every layout that fits, fastest first; the smallest estimate when none fits)."""
     fitting: list[Choice] = []
@@ -90,16 +116,21 @@ def _layouts_of(
     fitting: list[Choice] = []
     smallest: Choice | None = None
     works: WorkCache = {}
-    for tp in divisors(res.num_proc_per_node):
-        if tp_unsplit(spec.shape, tp) is not None:
+    for tp, cp in ((t, c) for t in divisors(res.num_proc_per_node) for c in context_degrees(spec)):
+        if tp_unsplit(spec.shape, tp) is not None or world % (tp * cp):
             continue
-        for pp in divisors(world // tp, spec.shape.layers):
-            dp = world // (tp * pp)
+        for pp in divisors(world // (tp * cp), spec.shape.layers):
+            dp = world // (tp * cp * pp)
+            degrees = Degrees(dp=dp, cp=cp, pp=pp, tp=tp)
             # ZeRO-1 moves no more than DDP (a reduce-scatter and an all-gather for the
             # all-reduce) and steps 1/dp of the optimizer: it comes first, DDP (more memory,
             # no faster) last. ZeRO-3 under pipelining keeps stages gathered: ZeRO-2's memory.
-            zeros: tuple[int, ...] = ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if dp > 1 else (0,)
-            for schedule, ep in product(schedules(spec, pp), expert_degrees(spec, dp * tp)):
+            shards = dp * cp  # ZeRO shards over the ranks holding the same parameters
+            zeros: tuple[int, ...] = (
+                ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if shards > 1 else (0,)
+            )
+            stage_ranks = dp * cp * tp  # expert parallelism is drawn from them
+            for schedule, ep in product(schedules(spec, pp), expert_degrees(spec, stage_ranks)):
                 # A higher ZeRO stage moves as much or more and recomputing more only costs, so
                 # once a stage fits with a mode and room to spare, later stages only count with
                 # less recompute. Without room to spare (memory pressure slows the step) more
@@ -109,9 +140,7 @@ def _layouts_of(
                     try:
                         layout = complete_layout(
                             spec,
-                            dp,
-                            pp,
-                            tp,
+                            degrees,
                             zero,
                             schedule,
                             micro_batch_size=micro_batch_size,
@@ -147,7 +176,7 @@ def _choice(
     works: WorkCache | None,
 ) -> Choice:
     """A layout that fits, timed with ``works`` (None: one that does not, untimed)."""
-    name = strategy_name(layout.dp, layout.pp, layout.tp, layout.zero_stage)
+    name = strategy_name(layout.degrees, layout.zero_stage)
     estimate = None if works is None else estimate_step(spec, layout, stages, mode, works, memory)
     return Choice(name, layout, stages, memory, mode, estimate=estimate)
 

@@ -15,6 +15,16 @@ The parts, on the busiest rank (the pipeline rank with the most compute):
 * **tensorParallel**: the sequence-parallel all-gathers and reduce-scatters of every layer (four
   each way per layer, Korthikanti et al. section 4.2.2, and the norms' two all-gathers again in
   backward unless full recomputation redoes them all), not overlapped;
+* **contextParallel**: under context parallelism, the all-gather of every attention layer's
+  keys and values over the CP group in forward (and again when full or selective
+  recomputation redoes it) and the reduce-scatter of their gradients in backward, on the links
+  the group spans (inside a pod while cp x tp fits one), exposed: attention cannot start
+  before the whole sequence's keys and values are there, and the all-gather overlaps only the
+  few operations between the key and value projections and attention (Llama 3's report says
+  the same of its all-gather context parallelism, Dubey et al. 2024, section 3.3.2: exposed,
+  but small next to attention at long sequences since grouped-query attention makes keys and
+  values small). The split into 2 x cp chunks, rank i holding chunks i and 2 x cp - 1 - i,
+  gives every rank the same causal-attention FLOPs (:data:`CP_LOAD_BALANCE`);
 * **launch**: the time the GPU waits on the host when a block's kernels take less time than
   eager PyTorch takes to launch them (small micro-batches, narrow TP shards);
 * **pipelineBubble**: (p - 1) micro-batch slots per pipeline step for GPipe and 1F1B,
@@ -41,7 +51,12 @@ from meshrun.api.hardware import AcceleratorProfile
 from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import ModelShape
 from meshrun.api.spec import CPU, JobSpec, Resources
-from meshrun.planner.memory import MemoryEstimate, element_bytes, layer_activation_elements
+from meshrun.planner.memory import (
+    MemoryEstimate,
+    element_bytes,
+    fsdp_shards,
+    layer_activation_elements,
+)
 from meshrun.planner.moe import (
     ALL_TO_ALLS,
     active_flops_parameters,
@@ -111,6 +126,16 @@ LOSS_BYTES_PER_LOGIT = 30.0
 """Bytes moved per 16-bit logit by the trainer's cross-entropy (meshrun_trainer.models.loss):
 forward an fp32 copy and its log-sum-exp (2 + 4 + 4), backward the fp32 softmax, its scaling
 and the 16-bit gradient (2 + 4, 4 + 4, 4 + 2)."""
+CP_LOAD_BALANCE = 1.0
+"""Attention time of the busiest CP rank over the average: the load-balanced split gives rank i
+chunks i and 2cp-1-i, whose causal work (i + 1/2 and 2cp - i - 1/2 chunk-lengths of keys per
+query) adds to 2cp on every rank; a plain split into cp chunks would give the last rank
+(2cp - 1) / cp times the average."""
+CP_OVERLAP = 0.0
+"""Share of the CP all-gathers and reduce-scatters hidden behind compute: attention waits for
+the gathered keys and values (forward) and the reduce-scatter of their gradients follows
+attention's backward, so all-gather context parallelism exposes them; a ring implementation
+would overlap each step's send with the previous block's attention."""
 ADAM_BYTES_PER_PARAMETER = 34.0
 """Fused AdamW per local parameter: read fp32 master, both moments and the fp32 gradient,
 write them back with the bf16 copy, and the gradient norm's read (4*4 + 3*4 + 2 + 4)."""
@@ -169,15 +194,16 @@ def layer_gemms(shape: ModelShape, tokens: int, tp: int) -> dict[str, tuple[floa
 def layer_compute_seconds(
     shape: ModelShape, tokens: int, tp: int, peak: float
 ) -> tuple[float, float]:
-    """(matmul seconds forward + backward, of which forward) of one block for ``tokens`` tokens of
-    whole sequences on one of ``tp`` ranks."""
+    """(matmul seconds forward + backward, of which forward) of one block for ``tokens`` tokens on
+    one of ``tp`` ranks: whole sequences, or under context parallelism a rank's load-balanced
+    share of them."""
     q = shape.heads * shape.head_dim
     gemms = layer_gemms(shape, tokens, tp).values()
     total = sum(gemm_seconds(m, n, k, peak) for m, n, k in gemms)
     forward = sum(2 * m * n * k / (peak * gemm_efficiency(m, n, k)) for m, n, k in gemms)
-    # Causal attention: QK^T and AV over half the s x s scores, 2 s^2 q FLOPs per sequence.
-    sequences = tokens / shape.seq_len
-    attention_forward = 2 * sequences * shape.seq_len**2 * q / tp
+    # Causal attention: QK^T and AV over half the s x s scores, 2 s^2 q FLOPs per sequence, so
+    # 2 s q per token whichever ranks of a CP group hold it (the split balances them).
+    attention_forward = 2 * tokens * shape.seq_len * q / tp * CP_LOAD_BALANCE
     head_factor = (
         shape.head_dim / (shape.head_dim + GEMM_HALF_SIZE) / (128 / (128 + GEMM_HALF_SIZE))
     )
@@ -206,8 +232,9 @@ class Group:
 
 
 def group_of(res: Resources, size: int, stride: int) -> Group:
-    """The group of ``size`` ranks ``stride`` apart (TP: 1, DP: the TP degree), with the
-    rank order TP innermost, then DP, PP outermost."""
+    """The group of ``size`` ranks ``stride`` apart (TP: 1, CP: the TP degree, DP and ZeRO:
+    the TP degree, over the dp x cp ranks), with the rank order of
+    :data:`meshrun.api.layout.RANK_ORDER`."""
     per_pod_ranks = res.num_proc_per_node
     per_pod = max(1, min(size, per_pod_ranks // stride))
     if size <= per_pod:
@@ -253,17 +280,17 @@ def rank_work(
     blocks (and the embedding when ``first``, the output head when ``last``)."""
     # A mixture of experts computes as the dense MLP its busiest rank runs; the experts it
     # holds are its share of them (meshrun.planner.moe).
-    model, t, res = spec.shape, layout.tp, spec.resources
+    model, t, cp, res = spec.shape, layout.tp, layout.cp, spec.resources
     shape = compute_shape(model)
     profile = res.profile
     peak = profile.peak_tflops * 1e12
     memory_rate = profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY
-    tokens = layout.micro_batch_size * shape.seq_len
+    tokens = layout.micro_batch_size * shape.seq_len // cp  # a rank's share of the sequences
     act_bytes = element_bytes(spec.training.precision)
     if spec.training.precision != "bf16":
         peak /= 8  # fp32 matmuls: TF32 off by default in torch, well under the bf16 peak
     layer, layer_forward = layer_compute_seconds(shape, tokens, t, peak)
-    kept = layer_activation_elements(shape, t, "none")
+    kept = layer_activation_elements(shape, t, "none", cp)
     elementwise = tokens * kept * act_bytes * ELEMENTWISE_ACCESSES / memory_rate
     # Sequence parallelism: 2 all-gathers and 2 reduce-scatters of the s*b*h activation each
     # way per layer (Korthikanti et al. 2022, section 4.2.2); a TP group wider than a pod
@@ -276,7 +303,7 @@ def rank_work(
         recompute = layer_forward + elementwise / ELEMENTWISE_ACCESSES * 2
         tp_recompute = tp_forward
     elif checkpointing == "selective":
-        saved = kept - layer_activation_elements(shape, t, "selective")
+        saved = kept - layer_activation_elements(shape, t, "selective", cp)
         recompute = tokens * max(saved, 0.0) * act_bytes * 2 / memory_rate
         tp_recompute = 2 * collective if t > 1 else 0.0  # the norms' all-gathers again
     elif t > 1:
@@ -302,20 +329,31 @@ def rank_work(
         group_of(res, layout.ep, ep_stride(layout)),
     )
     expert_layer = ALL_TO_ALLS * dispatch if model.moe is not None and layout.ep > 1 else 0.0
+    # Context parallelism: the whole sequence's keys and values (kv heads / t of them on this
+    # rank) all-gathered over the CP group forward, their gradients reduce-scattered backward;
+    # recomputation (full or selective: the gathered keys and values are not kept) gathers
+    # them again.
+    cp_gather = 0.0
+    if cp > 1:
+        kv = shape.kv_heads * shape.head_dim / t
+        gathered = 2 * tokens * cp * kv * act_bytes
+        cp_gather = collective_seconds(gathered, group_of(res, cp, t)) * (1 - CP_OVERLAP)
+    cp_layer = cp_gather * (2 if checkpointing == "none" else 3)
     # A block whose GPU work is shorter than the host's launching of it waits on the host.
-    busy = layer + elementwise + recompute + tp_layer
+    busy = layer + elementwise + recompute + tp_layer + cp_layer
     host = 0.0 if res.accelerator == CPU else (HOST_TP_LAYER_S if t > 1 else HOST_LAYER_S)
     parts = {
         "compute": layers * layer + head,
         "recompute": layers * recompute,
         "elementwise": layers * elementwise,
         "tensorParallel": layers * tp_layer,
+        "contextParallel": layers * cp_layer,
         "launch": layers * max(0.0, host - busy),
         "expertParallel": layers * expert_layer,
     }
     # The host launches a forward's kernels in about a third of a block's time.
     forward = (
-        layers * (layer_forward + elementwise / 2 + tp_forward + expert_layer / 2)
+        layers * (layer_forward + elementwise / 2 + tp_forward + cp_gather + expert_layer / 2)
         + parts["launch"] / 3
         + head_forward
     )
@@ -330,8 +368,8 @@ def rank_work(
     return RankWork(forward, total - forward, parts, -(-parameters // t), units)
 
 
-WorkCache = dict[tuple[int, bool, bool, int, str], "RankWork"]
-"""A pipeline rank's work by (blocks, first, last, tp, checkpointing), for one job."""
+WorkCache = dict[tuple[int, bool, bool, int, int, str], "RankWork"]
+"""A pipeline rank's work by (blocks, first, last, tp, cp, checkpointing), for one job."""
 
 
 def data_parallel_seconds(spec: JobSpec, layout: Layout, busiest: RankWork, passes: int) -> float:
@@ -348,7 +386,7 @@ def data_parallel_seconds(spec: JobSpec, layout: Layout, busiest: RankWork, pass
     backward) and reduce-scatters its gradients, each hidden behind that micro-batch's compute
     as FSDP prefetches.
     """
-    n = layout.dp
+    n = layout.data_shards  # the dp x cp ranks holding the same parameters
     if n <= 1:
         return 0.0
     act_bytes = element_bytes(spec.training.precision)
@@ -392,12 +430,12 @@ def estimate_step(
     """The predicted optimizer step of ``layout`` (see the module docstring); ``cache`` keeps
     the ranks' work between calls for the same job (the search times hundreds of layouts)."""
     res, shape, training = spec.resources, spec.shape, spec.training
-    p, v, m, n, t = layout.pp, layout.virtual_stages, layout.micro_batches, layout.dp, layout.tp
+    p, v, m, t, cp = layout.pp, layout.virtual_stages, layout.micro_batches, layout.tp, layout.cp
     profile: AcceleratorProfile = res.profile
     layers_on = layers_per_rank(stages, p)
     known: WorkCache = {} if cache is None else cache
     works = []
-    for key in {(layers_on[r], r == 0, r == p - 1, t, checkpointing) for r in range(p)}:
+    for key in {(layers_on[r], r == 0, r == p - 1, t, cp, checkpointing) for r in range(p)}:
         if key not in known:  # balanced stages repeat a few shapes: compute each once
             known[key] = rank_work(spec, layout, key[0], key[1], key[2], checkpointing)
         works.append(known[key])
@@ -418,17 +456,18 @@ def estimate_step(
         # scatter-gather), forward and backward, for each of the rank's v chunks, point to
         # point: over one rank's own network share when neighbouring stages sit on different
         # pods.
-        apart = n * t >= res.num_proc_per_node and res.num_nodes > 1
+        apart = layout.dp * cp * t >= res.num_proc_per_node and res.num_nodes > 1
         link = res.inter_node_bytes_per_second if apart else res.intra_node_bytes_per_second
         hop = NETWORK_HOP_S if apart else NVLINK_HOP_S
-        message = layout.micro_batch_size * shape.seq_len * shape.hidden * act_bytes / t
+        message = layout.micro_batch_size * shape.seq_len // cp * shape.hidden * act_bytes / t
         per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S + hop)
         transfer = per_slot * (passes + slots * layout.grad_accumulation)
     breakdown["pipelineBubble"] = bubble
     breakdown["pipelineTransfer"] = transfer
     breakdown["dataParallel"] = data_parallel_seconds(spec, layout, busiest, passes)
     local = busiest.parameters
-    sharded = local / n if layout.zero_stage >= 1 else local
+    shards = layout.data_shards if layout.zero_stage >= 1 else fsdp_shards(layout)
+    sharded = local / shards
     breakdown["optimizer"] = (
         sharded * ADAM_BYTES_PER_PARAMETER / (profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY)
     )

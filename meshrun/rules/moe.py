@@ -100,7 +100,7 @@ def check_experts(ep: int, shape: ModelShape) -> None:
 
 
 def check_expert_layout(layout: Layout, shape: ModelShape) -> None:
-    """Expert parallelism inside one pipeline stage: ep x etp divides its dp x tp ranks, and
+    """Expert parallelism inside one pipeline stage: ep x etp divides its dp x cp x tp ranks, and
     the expert tensor-parallel degree is 1 or tp."""
     check_experts(layout.ep, shape)
     if shape.moe is not None and layout.tp > 1 and layout.etp != 1:
@@ -112,11 +112,11 @@ def check_expert_layout(layout: Layout, shape: ModelShape) -> None:
         )
     if layout.etp not in (1, layout.tp):
         raise ETP_VALUES.error(f"got {layout.etp} with tensorParallel {layout.tp}")
-    stage_ranks = layout.dp * layout.tp
+    stage_ranks = layout.dp * layout.cp * layout.tp
     if stage_ranks % (layout.ep * layout.etp):
         raise SpecError(
             f"{STRATEGY}.expertParallel",
             f"{STRATEGY}.expertParallel x expertTensorParallel ({layout.ep}x{layout.etp}) must "
-            f"divide dataParallel x tensorParallel ({layout.dp}x{layout.tp}), the ranks of one "
-            "pipeline stage",
+            f"divide dataParallel x contextParallel x tensorParallel ({layout.dp}x{layout.cp}x"
+            f"{layout.tp}), the ranks of one pipeline stage",
         )

@@ -36,8 +36,8 @@ STRATEGY, MODEL, TRAINING, RESOURCES = (
 )
 AUTO_DEGREES = Rule(
     f"{STRATEGY}.type",
-    f"{STRATEGY}.type auto chooses dataParallel, pipelineParallel, tensorParallel and zeroStage "
-    "itself; leave them unset or pick a type",
+    f"{STRATEGY}.type auto chooses dataParallel, contextParallel, pipelineParallel, "
+    "tensorParallel and zeroStage itself; leave them unset (contextParallel 1) or pick a type",
 )
 DATA_PARALLEL_ONLY = Rule(
     f"{STRATEGY}.type",
@@ -48,8 +48,7 @@ DATA_PARALLEL_ONLY = Rule(
 DATA_PARALLEL_WORLD = Rule(
     f"{STRATEGY}.dataParallel",
     f"{STRATEGY}.dataParallel must equal the world size ({RESOURCES}.numNodes x numProcPerNode) "
-    f"when {STRATEGY}.type "
-    "is ddp or zero",
+    f"divided by {STRATEGY}.contextParallel when {STRATEGY}.type is ddp or zero",
 )
 DDP_ZERO = Rule(
     f"{STRATEGY}.zeroStage",
@@ -90,10 +89,26 @@ TP_PROCS = Rule(
 )
 DEGREES_WORLD = Rule(
     STRATEGY,
-    f"{STRATEGY}.dataParallel x pipelineParallel x tensorParallel must equal {RESOURCES}.numNodes "
-    "x "
-    "numProcPerNode",
+    f"{STRATEGY}.dataParallel x contextParallel x pipelineParallel x tensorParallel must equal "
+    f"{RESOURCES}.numNodes x numProcPerNode",
 )
+CP_WORLD = Rule(
+    f"{STRATEGY}.contextParallel",
+    f"{STRATEGY}.contextParallel must divide the world size ({RESOURCES}.numNodes x "
+    "numProcPerNode)",
+)
+CP_SEQUENCE = Rule(
+    f"{STRATEGY}.contextParallel",
+    f"{STRATEGY}.contextParallel must split {MODEL}.seqLen into 2 x contextParallel equal chunks "
+    "(seqLen a multiple of 2 x contextParallel: each rank holds one early and one late chunk, so "
+    "causal attention balances)",
+)
+CP_TP_SEQUENCE = Rule(
+    f"{STRATEGY}.contextParallel",
+    f"{MODEL}.seqLen / {STRATEGY}.contextParallel (a rank's tokens) must be a multiple of "
+    f"{STRATEGY}.tensorParallel (sequence parallelism splits them further)",
+)
+"""Not a CEL rule: a preset's seqLen is not in the spec the API server sees."""
 BATCH = Rule(
     f"{TRAINING}.globalBatchSize",
     f"{TRAINING}.globalBatchSize must be a multiple of {TRAINING}.microBatchSize",
@@ -140,6 +155,8 @@ ALL_RULES = (
     INTERLEAVED_VIRTUAL,
     TP_PROCS,
     DEGREES_WORLD,
+    CP_WORLD,
+    CP_SEQUENCE,
     BATCH,
     DP_BATCH,
     TP_MODEL,
@@ -163,14 +180,20 @@ def check_spec(spec: JobSpec) -> None:
     (meshrun.rules.files) and the built-in data's."""
     s, t, res = spec.strategy, spec.training, spec.resources
     dp, pp, tp = s.data_parallel, s.pipeline_parallel, s.tensor_parallel
+    cp = s.context_parallel
     unset_or_one = (None, 1)
-    if s.type == "auto" and (dp, pp, tp, s.zero_stage) != (None, None, None, None):
+    if s.type == "auto" and ((dp, pp, tp, s.zero_stage) != (None, None, None, None) or cp != 1):
         raise AUTO_DEGREES.error()
+    if res.world_size % cp:
+        raise CP_WORLD.error(f"{cp} does not divide {res.world_size}")
+    check_context(cp, spec.shape)
     if s.type in ("ddp", "zero"):
         if pp not in unset_or_one or tp not in unset_or_one:
             raise DATA_PARALLEL_ONLY.error()
-        if dp is not None and dp != res.world_size:
-            raise DATA_PARALLEL_WORLD.error(f"{dp}, not the world size {res.world_size}")
+        if dp is not None and dp * cp != res.world_size:
+            raise DATA_PARALLEL_WORLD.error(
+                f"{dp}x{cp} = {dp * cp}, not the world size {res.world_size}"
+            )
     if s.type == "ddp" and s.zero_stage not in (None, 0):
         raise DDP_ZERO.error()
     if s.type == "zero" and not s.zero_stage:
@@ -187,8 +210,10 @@ def check_spec(spec: JobSpec) -> None:
         raise TP_PROCS.error(
             f"{tp} neither divides nor is a multiple of numProcPerNode={res.num_proc_per_node}"
         )
-    if dp is not None and pp is not None and tp is not None and dp * pp * tp != res.world_size:
-        raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {res.world_size}")
+    if dp is not None and pp is not None and tp is not None:
+        product = dp * cp * pp * tp
+        if product != res.world_size:
+            raise DEGREES_WORLD.error(f"{dp}x{cp}x{pp}x{tp} = {product}, not {res.world_size}")
     if res.accelerator_product is not None and res.accelerator != "nvidia.com/gpu":
         raise PRODUCT_GPU.error(f"accelerator is {res.accelerator}")
     if t.micro_batch_size is not None and t.global_batch_size % t.micro_batch_size:
@@ -222,6 +247,12 @@ def check_model(shape: ModelShape) -> None:
         raise KV_HEADS.error(f"{shape.kv_heads} does not divide heads={shape.heads}")
     if shape.head_dim % 2:
         raise ROTARY.error(f"{shape.hidden} / {shape.heads} = {shape.head_dim}")
+
+
+def check_context(cp: int, shape: ModelShape) -> None:
+    """Context parallelism's split of the sequence: 2 x cp equal chunks (load-balanced)."""
+    if cp > 1 and shape.seq_len % (2 * cp):
+        raise CP_SEQUENCE.error(f"seqLen={shape.seq_len} for contextParallel={cp}")
 
 
 def check_data(dataset: str, shape: ModelShape) -> None:
@@ -265,9 +296,9 @@ def check_layout(
     num_proc_per_node: int | None = None,
 ) -> None:
     """A layout's rules against the model, the batch and (when known) the machines."""
-    dp, pp, tp = layout.dp, layout.pp, layout.tp
-    if world_size is not None and dp * pp * tp != world_size:
-        raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {world_size}")
+    dp, cp, pp, tp = layout.dp, layout.cp, layout.pp, layout.tp
+    if world_size is not None and layout.world_size != world_size:
+        raise DEGREES_WORLD.error(f"{dp}x{cp}x{pp}x{tp} = {layout.world_size}, not {world_size}")
     if num_proc_per_node is not None and not tp_fits_pods(tp, num_proc_per_node):
         raise TP_PROCS.error(
             f"{tp} neither divides nor is a multiple of numProcPerNode={num_proc_per_node}"
@@ -275,6 +306,9 @@ def check_layout(
     unsplit = tp_unsplit(shape, tp)
     if unsplit is not None:
         raise TP_MODEL.error(f"{tp} does not divide {unsplit}")
+    check_context(cp, shape)
+    if (shape.seq_len // cp) % tp:
+        raise CP_TP_SEQUENCE.error(f"{shape.seq_len} / {cp} for tensorParallel={tp}")
     if not 0 <= layout.zero_stage <= 3:
         raise SpecError(f"{STRATEGY}.zeroStage", f"must be 0, 1, 2 or 3, got {layout.zero_stage}")
     chunks = layout.num_stages

@@ -1,7 +1,7 @@
 """The step-time model against published H100 (and A100) measurements with their layouts.
 
-Rows from ../shared/calibration/h100-published.md that the model can express (no context
-parallelism, no Float8): Megatron-Core's weak-scaling table, NVIDIA's DGX Cloud recipes,
+Published rows the model can express (no Float8): Megatron-Core's weak-scaling table, NVIDIA's
+DGX Cloud recipes (the Llama 3.1 ones with context parallelism 2 among them),
 Narayanan et al. 2021's PTD-P vs ZeRO-3 comparison (A100), torchtitan's 8B FSDP run and
 Megatron-Core's Mixtral 8x7B mixture of experts under expert parallelism. Each
 source counts FLOPs its own way, so the comparison is in tokens/s per GPU, derived from the
@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-from meshrun.api.layout import Layout
+from meshrun.api.layout import Degrees, Layout
 from meshrun.api.read import read_spec
 from meshrun.planner.degrees import stage_split
 from meshrun.planner.plan import plan_job
@@ -62,10 +62,12 @@ def job(
     product: str = H100,
     memory_gib: int | None = None,
     checkpointing: str | None = None,
+    cp: int = 1,
 ) -> dict[str, Any]:
     strategy: dict[str, Any] = {
         "type": "hybrid",
-        "dataParallel": gpus // (tp * pp),
+        "dataParallel": gpus // (tp * pp * cp),
+        "contextParallel": cp,
         "pipelineParallel": pp,
         "tensorParallel": tp,
         "zeroStage": zero,
@@ -175,6 +177,29 @@ LLAMA_8B_8K = {
     "ffnHidden": 14336,
 }
 
+LLAMA31_70B_8K = LLAMA_8B_8K | {"layers": 80, "hidden": 8192, "heads": 64, "ffnHidden": 28672}
+LLAMA31_405B_8K = LLAMA_8B_8K | {"layers": 126, "hidden": 16384, "heads": 128, "ffnHidden": 53248}
+CONTEXT_PARALLEL_ROWS = [
+    # NVIDIA's DGX Cloud Llama 3.1 recipes (NeMo 25.02, BF16, ZeRO-1): context parallel 2.
+    ("dgxc llama3.1 8b 8 cp2", job(LLAMA_8B_8K, 8, 1, 1, 128, cp=2), 10682.0),
+    ("dgxc llama3.1 8b 128 cp2", job(LLAMA_8B_8K, 128, 1, 1, 2048, cp=2), 10630.0),
+    (
+        "dgxc llama3.1 70b 64 cp2",
+        job(LLAMA31_70B_8K, 64, 4, 4, 128, cp=2, schedule="interleaved-1f1b", virtual=5),
+        1118.0,
+    ),
+    (
+        "dgxc llama3.1 70b 2048 cp2",
+        job(LLAMA31_70B_8K, 2048, 4, 4, 4096, cp=2, schedule="interleaved-1f1b", virtual=5),
+        1118.0,
+    ),
+    (
+        "dgxc llama3.1 405b 512 cp2",
+        job(LLAMA31_405B_8K, 512, 8, 8, 256, cp=2, schedule="interleaved-1f1b", virtual=8),
+        207.0,
+    ),
+]
+
 
 def published_rows() -> list[tuple[str, dict[str, Any], float]]:
     """(name, spec, published tokens/s per GPU)."""
@@ -248,7 +273,7 @@ def published_rows() -> list[tuple[str, dict[str, Any], float]]:
             5762.0,
         )
     )
-    return rows
+    return rows + CONTEXT_PARALLEL_ROWS
 
 
 ROWS = published_rows()
@@ -267,6 +292,16 @@ def test_median_error_against_published_rows() -> None:
     assert median <= MEDIAN_ERROR, table
     # No row is off by more than a factor of two either way.
     assert all(-0.5 < e < 1.0 for e in errors.values()), table
+
+
+def test_context_parallel_rows_alone_within_the_median_error() -> None:
+    errors = {
+        name: predicted(spec) / measured - 1 for name, spec, measured in CONTEXT_PARALLEL_ROWS
+    }
+    assert all(
+        read_spec(spec).strategy.context_parallel == 2 for _, spec, _ in CONTEXT_PARALLEL_ROWS
+    )
+    assert statistics.median(abs(e) for e in errors.values()) <= MEDIAN_ERROR, errors
 
 
 @pytest.mark.parametrize(("name", "spec", "measured"), ROWS, ids=[r[0] for r in ROWS])
@@ -293,7 +328,13 @@ def layout_speed(
     size = job_spec.training.micro_batch_size or 1
     passes = job_spec.training.global_batch_size // (dp * size)
     layout = Layout(
-        dp, pp, tp, zero, schedule, passes if pp > 1 else 1, virtual, 1 if pp > 1 else passes, size
+        Degrees(dp=dp, pp=pp, tp=tp),
+        zero,
+        schedule,
+        passes if pp > 1 else 1,
+        virtual,
+        1 if pp > 1 else passes,
+        size,
     )
     stages = stage_split(job_spec.shape, pp, virtual)
     return estimate_step(job_spec, layout, stages, checkpointing).tokens_per_second_per_gpu

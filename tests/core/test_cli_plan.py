@@ -85,7 +85,15 @@ def test_json_output_has_the_issue_shape(capsys: pytest.CaptureFixture[str]) -> 
         "total",
     }
     assert data["pods"][1] == {"index": 1, "name": "demo-3d-cpu-1", "ranks": [4, 5, 6, 7]}
-    assert data["ranks"][5] == {"rank": 5, "pod": 1, "localRank": 1, "dp": 0, "pp": 1, "tp": 1}
+    assert data["ranks"][5] == {
+        "rank": 5,
+        "pod": 1,
+        "localRank": 1,
+        "dp": 0,
+        "cp": 0,
+        "pp": 1,
+        "tp": 1,
+    }
     assert data["stages"] == [
         {"pp": 0, "virtual": 0, "layers": [0, 1]},
         {"pp": 1, "virtual": 0, "layers": [2, 3]},

@@ -8,9 +8,8 @@ from typing import Any
 import pytest
 from planner_factories import make_cpu_spec as make_spec
 
-from meshrun.api.layout import split_layers
+from meshrun.api.layout import rank_at, split_layers
 from meshrun.planner.plan import plan_job
-from meshrun.planner.ranks import rank_of
 
 pytestmark = pytest.mark.unit
 
@@ -45,7 +44,7 @@ def test_rank_order_tp_innermost_pp_outermost() -> None:
     plan = plan_job(make_spec(strategy=strategy), "demo")
     ranks = plan.to_dict()["ranks"]
     for entry in ranks:
-        assert entry["rank"] == rank_of(entry["pp"], entry["dp"], entry["tp"], 2, 2)
+        assert entry["rank"] == rank_at(entry, plan.layout.degrees)
     assert [(r["pp"], r["dp"], r["tp"]) for r in ranks[:4]] == [
         (0, 0, 0),
         (0, 0, 1),
@@ -162,8 +161,9 @@ def test_sixteen_thousand_gpus_plan_quickly() -> None:
         "rank": 16383,
         "pod": 2047,
         "localRank": 7,
-        "dp": 255,
         "pp": 7,
+        "dp": 255,
+        "cp": 0,
         "tp": 7,
     }
     # bench/planner.py measures ~10 ms; the bound leaves room for a loaded CI machine.

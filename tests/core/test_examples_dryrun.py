@@ -155,6 +155,11 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
     ),
     (strategy.TP_PROCS, {"strategy": {"tensorParallel": 3, "dataParallel": None}}),
     (strategy.DEGREES_WORLD, {"strategy": {"dataParallel": 4}}),
+    (strategy.CP_WORLD, {"strategy": {"contextParallel": 3}}),
+    (
+        strategy.CP_SEQUENCE,
+        {"strategy": {"dataParallel": 1, "contextParallel": 2}, "model": {"seqLen": 66}},
+    ),
     (strategy.BATCH, {"training": {"globalBatchSize": 9}}),
     (strategy.DP_BATCH, {"training": {"globalBatchSize": 6}}),
     (strategy.TP_MODEL, {"model": {"seqLen": 63}}),
@@ -180,6 +185,10 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
         {"training": {"dataset": "corpus", "data": {"format": "tokens", "path": "/t.bin"}}},
     ),
     (file_rules.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
+    (
+        file_rules.METRICS_PATH,
+        {"training": {"metrics": {"tensorboard": False, "path": "/runs/a"}}},
+    ),
     (names.JOB_NAME, {"metadata": {"name": "9lives"}}),
     (names.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
     (names.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),

@@ -45,7 +45,7 @@ pytestmark = pytest.mark.unit
                 }
             },
             "spec.strategy",
-            "2x2x4 = 16, not 8",
+            "2x1x2x4 = 16, not 8",
         ),
         (
             {"strategy": {"type": "ddp", "dataParallel": 4}},

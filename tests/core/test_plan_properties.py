@@ -13,7 +13,7 @@ from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.planner.auto import table_choice
 from meshrun.planner.plan import Plan, plan_job
-from meshrun.planner.ranks import dp_groups, pp_groups, tp_groups
+from meshrun.planner.ranks import cp_groups, dp_groups, pp_groups, tp_groups
 
 pytestmark = pytest.mark.unit
 
@@ -23,13 +23,15 @@ MODEL = {"preset": "tiny", "layers": 8}
 
 @st.composite
 def hybrid_specs(draw: st.DrawFn) -> dict[str, Any]:
-    """A valid explicit hybrid spec on up to 4 pods x 8 processes."""
+    """A valid explicit hybrid spec on up to 4 pods x 8 processes (tiny's 64 tokens split into
+    2 x cp chunks for cp up to 4)."""
     nodes = draw(st.integers(1, 4))
     procs = draw(st.sampled_from([1, 2, 4, 8]))
     world = nodes * procs
     tp = draw(st.sampled_from([t for t in (1, 2, 4) if procs % t == 0]))
-    pp = draw(st.sampled_from([p for p in range(1, 9) if (world // tp) % p == 0]))
-    dp = world // (tp * pp)
+    cp = draw(st.sampled_from([c for c in (1, 2, 4) if (world // tp) % c == 0]))
+    pp = draw(st.sampled_from([p for p in range(1, 9) if (world // (tp * cp)) % p == 0]))
+    dp = world // (tp * cp * pp)
     micro = draw(st.integers(1, 2))
     schedule = draw(st.sampled_from(["gpipe", "1f1b"]))
     passes = draw(st.integers(1, 4))
@@ -42,6 +44,7 @@ def hybrid_specs(draw: st.DrawFn) -> dict[str, Any]:
         "strategy": {
             "type": "hybrid",
             "dataParallel": dp,
+            "contextParallel": cp,
             "pipelineParallel": pp,
             "tensorParallel": tp,
             "zeroStage": draw(st.integers(0, 3)),
@@ -56,7 +59,7 @@ def check_invariants(plan: Plan) -> None:
     data = plan.to_dict()
     world = data["worldSize"]
     lay = data["layout"]
-    assert lay["dp"] * lay["pp"] * lay["tp"] == world
+    assert lay["dp"] * lay["cp"] * lay["pp"] * lay["tp"] == world
     assert sorted(r["rank"] for r in data["ranks"]) == list(range(world))
     pod_ranks = [rank for pod in data["pods"] for rank in pod["ranks"]]
     assert sorted(pod_ranks) == list(range(world)), "each rank in exactly one pod"
@@ -64,12 +67,14 @@ def check_invariants(plan: Plan) -> None:
     groups: dict[str, set[tuple[int, int]]] = defaultdict(set)
     for r in data["ranks"]:
         assert r["pod"] == r["rank"] // data["numProcPerNode"]
-        tp_pods[(r["pp"], r["dp"])].add(r["pod"])
-        groups["tp"].add((r["pp"], r["dp"]))
-        groups["dp"].add((r["pp"], r["tp"]))
-        groups["pp"].add((r["dp"], r["tp"]))
+        tp_pods[(r["pp"], r["dp"], r["cp"])].add(r["pod"])
+        groups["tp"].add((r["pp"], r["dp"], r["cp"]))
+        groups["cp"].add((r["pp"], r["dp"], r["tp"]))
+        groups["dp"].add((r["pp"], r["cp"], r["tp"]))
+        groups["pp"].add((r["dp"], r["cp"], r["tp"]))
     assert all(len(pods) == 1 for pods in tp_pods.values()), "a TP group stays in one pod"
     assert len(groups["tp"]) * lay["tp"] == world
+    assert len(groups["cp"]) * lay["cp"] == world
     assert len(groups["dp"]) * lay["dp"] == world
     assert len(groups["pp"]) * lay["pp"] == world
     layers = [layer for s in data["stages"] for layer in range(s["layers"][0], s["layers"][1] + 1)]
@@ -88,19 +93,20 @@ def test_process_groups_partition_the_ranks(spec: dict[str, Any]) -> None:
     plan = plan_job(spec)
     world, lay = plan.world_size, plan.layout
     for groups, size, axis in (
-        (tp_groups(world, lay.tp), lay.tp, "tp"),
-        (dp_groups(world, lay.dp, lay.tp), lay.dp, "dp"),
-        (pp_groups(world, lay.dp, lay.tp), lay.pp, "pp"),
+        (tp_groups(lay.degrees), lay.tp, "tp"),
+        (cp_groups(lay.degrees), lay.cp, "cp"),
+        (dp_groups(lay.degrees), lay.dp, "dp"),
+        (pp_groups(lay.degrees), lay.pp, "pp"),
     ):
         assert sorted(r for g in groups for r in g) == list(range(world)), axis
         assert all(len(g) == size for g in groups), axis
         for group in groups:
             coords = [plan.coords(r) for r in group]
             # Members differ only along their own axis.
-            for other in {"tp", "dp", "pp"} - {axis}:
+            for other in {"tp", "cp", "dp", "pp"} - {axis}:
                 assert len({getattr(c, other) for c in coords}) == 1, (axis, other)
             assert sorted(getattr(c, axis) for c in coords) == list(range(size))
-    for group in tp_groups(world, lay.tp):
+    for group in tp_groups(lay.degrees):
         assert len({plan.coords(r).pod for r in group}) == 1, "TP group inside one pod"
 
 

@@ -229,3 +229,17 @@ def test_spec_elastic_removed_while_resized_keeps_the_attempt_then_runs_the_plan
     job, decision = run(job, _seen([]), 200)
     assert decision.create_pods == (0, 1, 2, 3) and "dataParallel" not in job["status"]
     assert job["status"]["layout"] == "dp8 x pp1 x tp1"
+
+
+def test_a_context_parallel_job_shrinks_its_data_parallelism_and_keeps_cp() -> None:
+    """dp4 x cp2 on 4 pods of 2 GPUs: the two placed pods hold dp2 x cp2, the same CP groups."""
+    job = _half_placed(strategy={"type": "ddp", "contextParallel": 2})
+    assert job["status"]["layout"] == "dp4 x cp2 x pp1 x tp1"
+    job, decision = run(job, _seen(_pods(0, 2, 4)), 66)
+    status = job["status"]
+    assert status["dataParallel"] == 2 and status["layout"] == "dp2 x cp2 x pp1 x tp1"
+    assert status["plan"]["cp"] == 2 and status["gpus"] == 4
+    job, decision = run(job, _seen([]), 120)
+    assert decision.create_pods == (0, 1)
+    assert decision.build is not None and decision.build.plan is not None
+    assert decision.build.plan.layout.degrees.cp == 2 and decision.build.plan.layout.dp == 2

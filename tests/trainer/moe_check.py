@@ -184,7 +184,7 @@ def main(out: str, folder: str) -> None:
         for _, rank_grads, _ in gathered:
             grads.update(rank_grads or {})
         lay = job.plan.layout
-        stage_ranks = range(0, world, lay.dp * lay.tp)  # the first rank of each stage
+        stage_ranks = range(0, world, lay.dp * lay.cp * lay.tp)  # the first rank of each stage
         held = [bias for first in stage_ranks for bias in gathered[first][2]]
         results[name] = {
             "losses": [r.loss for r in result.records],

@@ -62,7 +62,7 @@ def stages(*ranges: tuple[int, int]) -> list[dict[str, Any]]:
 
 
 # the trainer takes the plan's micro-batch size (8 = dp1 x 4 x 2 micro-batches)
-PIPELINE = {"dp": 1, "pp": 2, "tp": 1, "microBatches": 2, "microBatchSize": 4}
+PIPELINE = {"degrees": {"dp": 1, "pp": 2, "tp": 1}, "microBatches": 2, "microBatchSize": 4}
 MB4 = {"training": {"microBatchSize": 4}}
 PLAN_MB4 = {"layout": PIPELINE}
 
@@ -70,10 +70,14 @@ PLAN_MB4 = {"layout": PIPELINE}
 @pytest.mark.parametrize(
     ("parts", "field", "fragment"),
     [
-        ({"plan": {"layout": {"tp": 3}}}, "spec.strategy.tensorParallel", "must divide"),
+        (
+            {"plan": {"layout": {"degrees": {"tp": 3}}}},
+            "spec.strategy.tensorParallel",
+            "must divide",
+        ),
         ({"plan": {"layout": {"zeroStage": 4}}}, "spec.strategy.zeroStage", "0, 1, 2 or 3"),
         (
-            {"plan": {"layout": {"pp": 8, "microBatches": 8}}},
+            {"plan": {"layout": {"degrees": {"pp": 8}, "microBatches": 8}}},
             "spec.strategy.pipelineParallel",
             "8 stages for layers=4",
         ),
@@ -92,7 +96,16 @@ PLAN_MB4 = {"layout": PIPELINE}
             "plan.stages",
             "needs pp x virtualStages = 2",
         ),
-        ({"plan": {"layout": {"dp": 3}}}, "spec.training.globalBatchSize", "(8 against 3x8 = 24)"),
+        (
+            {"plan": {"layout": {"degrees": {"dp": 3}}}},
+            "spec.training.globalBatchSize",
+            "(8 against 3x8 = 24)",
+        ),
+        (
+            {"plan": {"layout": {"degrees": {"cp": 4}}, "model": {"seqLen": 20}}},
+            "spec.strategy.contextParallel",
+            "seqLen=20 for contextParallel=4",
+        ),
         ({"plan": {"layout": {"microBatchSize": 0}}}, "spec.training.microBatchSize", "got 0"),
         ({"spec": {"training": {"learningRate": "fast"}}}, "spec.training.learningRate", "number"),
         ({"spec": {"training": {"precision": "fp8"}}}, "spec.training.precision", "bf16"),
@@ -116,7 +129,7 @@ def test_bad_values_name_the_spec_field_and_rule(
 
 
 def test_world_size_must_match_the_layout() -> None:
-    with pytest.raises(SpecError, match=r"spec.strategy: .*1x1x1 = 1, not 4"):
+    with pytest.raises(SpecError, match=r"spec.strategy: .*1x1x1x1 = 1, not 4"):
         read_job({**make_env(), "WORLD_SIZE": "4"})
 
 

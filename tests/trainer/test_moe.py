@@ -2,13 +2,13 @@
 torchrun launch of 4 processes (moe_check.py).
 
 ep 4 over DDP, ep 2 under ZeRO-3 with gradient accumulation, ep 2 with 2 pipeline stages x dp 2,
-ep 1 under ZeRO-1 and ZeRO-2, ep 2 under ZeRO-1 (FSDP2's, as ZeroRedundancyOptimizer would broadcast
-one rank's experts over another's), ep 4 over tp 2 x dp 2, and a sigmoid router with bias balancing at ep 4 and
-at ep 2 over tp 2 x ZeRO-3 dp 2: the per-step losses, gradient norms and auxiliary losses equal
-the plain run's in fp32 within 1e-4 relative, every expert's gradient on the first step within
-1e-6 absolute (gradients of about 1e-3), and the balancing biases after the last step exactly
-(they move in steps of 0.001). A run saved at ep 4 resumes at ep 2 (under ZeRO-3) from its
-step-2 checkpoint onto the plain run's step 3.
+ep 1 under ZeRO-1 and ZeRO-2, ep 2 under ZeRO-1 (FSDP2's, as ZeroRedundancyOptimizer would
+broadcast one rank's experts over another's), ep 4 over tp 2 x dp 2, and a sigmoid router with
+bias balancing at ep 4 and at ep 2 over tp 2 x ZeRO-3 dp 2: the per-step losses, gradient norms
+and auxiliary losses equal the plain run's in fp32 within 1e-4 relative, every expert's
+gradient on the first step within 1e-6 absolute (gradients of about 1e-3), and the balancing
+biases after the last step exactly (they move in steps of 0.001). A run saved at ep 4 resumes
+at ep 2 (under ZeRO-3) from its step-2 checkpoint onto the plain run's step 3.
 """
 
 from __future__ import annotations

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import pytest
 from meshrun_trainer.distributed.parallel import data_parallel_kind
-from meshrun_trainer.distributed.pipeline import stages_of_rank
+from meshrun_trainer.distributed.stagemap import stages_of_rank
 
-from meshrun.api.layout import Layout
+from meshrun.api.layout import Degrees, Layout
 
 pytestmark = pytest.mark.unit
 
 
 def make_layout(dp: int = 1, pp: int = 1, tp: int = 1, zero: int = 0, virtual: int = 1) -> Layout:
     return Layout(
-        dp=dp,
-        pp=pp,
-        tp=tp,
+        degrees=Degrees(dp=dp, pp=pp, tp=tp),
         zero_stage=zero,
         schedule="interleaved-1f1b" if virtual > 1 else "1f1b",
         micro_batches=4,

@@ -36,7 +36,7 @@ def expert_mesh(layout: Layout, device: torch.device) -> DeviceMesh | None:
     """The (pp, edp, ep) mesh over the whole world, or None without expert parallelism."""
     if layout.ep == 1:
         return None
-    stage = layout.dp * layout.tp
+    stage = layout.dp * layout.cp * layout.tp
     return init_device_mesh(
         device.type,
         (layout.pp, stage // layout.ep, layout.ep),
@@ -45,14 +45,14 @@ def expert_mesh(layout: Layout, device: torch.device) -> DeviceMesh | None:
 
 
 def stage_group(layout: Layout, device: torch.device) -> dist.ProcessGroup | None:
-    """The dp x tp ranks of this rank's pipeline stage, which see different tokens of a MoE
+    """The dp x cp x tp ranks of this rank's pipeline stage, which see different tokens of a MoE
     layer (None: this rank alone)."""
-    if layout.dp * layout.tp == 1:
+    if layout.dp * layout.cp * layout.tp == 1:
         return None
     if layout.tp == 1:
         return None  # the dp group; see :func:`place_experts`
     mesh = init_device_mesh(
-        device.type, (layout.pp, layout.dp * layout.tp), mesh_dim_names=("pp", "stage")
+        device.type, (layout.pp, layout.dp * layout.cp * layout.tp), mesh_dim_names=("pp", "stage")
     )
     return mesh["stage"].get_group()
 
@@ -122,7 +122,7 @@ def place_experts(
         stage = mesh.group("dp")
     edp = stage
     if ep_mesh is not None:
-        edp = ep_mesh["edp"].get_group() if layout.dp * layout.tp > layout.ep else None
+        edp = ep_mesh["edp"].get_group() if layout.dp * layout.cp * layout.tp > layout.ep else None
     for part in parts:
         for layer in moe_layers(part):
             layer.stage_group = stage

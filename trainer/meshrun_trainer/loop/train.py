@@ -32,12 +32,7 @@ from meshrun_trainer.distributed.parallel import (
     gradients_in_buckets,
     plain,
 )
-from meshrun_trainer.distributed.pipeline import (
-    build_schedule,
-    loss_scale,
-    schedule_stages,
-    stages_of_rank,
-)
+from meshrun_trainer.distributed.stagemap import loss_scale, stages_of_rank
 from meshrun_trainer.loop.hooks import UserHooks, weight_source
 from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.models.materialize import WeightSource
@@ -77,6 +72,9 @@ def build_runner(
     ]
     schedule = None
     if layout.pp > 1:
+        # imported here: torch.distributed.pipelining costs every process 0.65 s (stagemap.py)
+        from meshrun_trainer.distributed.pipeline import build_schedule
+
         scale = loss_scale(layout)
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -102,7 +100,7 @@ def forward_backward(
     """
     accumulation = layout.grad_accumulation
     total = torch.zeros((), device=inputs.device)
-    stages = schedule_stages(runner.schedule) if runner.schedule is not None else []
+    stages = runner.pipeline_stages()
     chunks = zip(inputs.chunk(accumulation), targets.chunk(accumulation), strict=True)
     for index, (x, y) in enumerate(chunks):
         last = index == accumulation - 1
@@ -194,6 +192,7 @@ def train(
             experts,
             expert_grad_square(runner.parts, layout),
         )
+        learning_rate = float(runner.optimizers[0].param_groups[0]["lr"])
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=not buckets or step == first)
@@ -208,6 +207,7 @@ def train(
             step=step,
             loss=loss,
             grad_norm=float(norm.item()),
+            learning_rate=learning_rate,
             step_time_s=elapsed,
             tokens_per_s=job.spec.tokens_per_step / elapsed,
             peak_memory_bytes=peak_memory()[0],
