@@ -36,6 +36,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -45,6 +46,14 @@ from torch.nn.parallel import DistributedDataParallel
 from meshrun.api.layout import Layout
 from meshrun.jobdoc import JobDocument
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
+from meshrun_trainer.distributed.experts import (
+    ddp_ignore,
+    expert_mesh,
+    own_params,
+    place_experts,
+    shard_experts,
+    stage_group,
+)
 from meshrun_trainer.distributed.gather import gather_inputs, placed
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.models.llama import Transformer
@@ -75,7 +84,10 @@ def data_parallel_kind(layout: Layout) -> str:
     pure = layout.pp == 1 and layout.tp == 1
     if pure and layout.zero_stage == 0:
         return "ddp"
-    if pure and layout.zero_stage == 1:
+    # ZeroRedundancyOptimizer broadcasts each parameter from the rank that updates it: experts
+    # sharded over an EP group differ from rank to rank, so ZeRO-1 with expert parallelism
+    # takes FSDP2's (which leaves the experts alone and shards gradients too, as in hybrids).
+    if pure and layout.zero_stage == 1 and layout.ep == 1:
         return "ddp+zero1"
     if layout.zero_stage == 0:
         return "hsdp-replicate"
@@ -127,8 +139,22 @@ def apply_tensor_parallel(
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": ColwiseParallel(),
     }
+    # A MoE layer routes the tokens of its sequence shard (expertTensorParallel 1): its input
+    # is the norm's shard as a plain tensor, its output joins the residual stream's shard
+    # (plain, as the row-parallel outputs are), and its weights are whole on every rank
+    # (meshrun_trainer.distributed.experts reduces their gradients).
+    dense = {k: v for k, v in block_plan.items() if not k.startswith("feed_forward.")}
+    moe_plan = {
+        **dense,
+        "moe": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+    }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)
+        moe = getattr(block, "moe", None)
+        parallelize_module(block, tp_mesh, block_plan if moe is None else moe_plan)
+        if moe is not None:
+            moe.tp_group = tp_mesh.get_group()
     # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
     # checkpointing; under selective checkpointing the gathers are redone anyway, and a
     # compiled block's saved tensors are the compiler's to choose).
@@ -181,9 +207,15 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
         reduce_dtype=torch.float32 if bf16 else None,
     )
 
+    experts = set(own_params([model], layout))  # reduced by meshrun_trainer.distributed.experts
+
     def shard(modules: nn.Module | list[nn.Module], reshard_after_forward: bool) -> None:
         fully_shard(
-            modules, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy
+            modules,
+            mesh=dp_mesh,
+            reshard_after_forward=reshard_after_forward,
+            mp_policy=policy,
+            ignored_params=experts or None,
         )
 
     separate = not model.shape.tie_embeddings
@@ -211,6 +243,8 @@ def build_parts(
     layout, shape = job.plan.layout, job.plan.model
     bf16 = job.spec.training.precision == "bf16"
     fsdp = uses_fsdp(layout)
+    ep_mesh = expert_mesh(layout, mesh.device) if shape.moe is not None else None
+    stage = stage_group(layout, mesh.device) if shape.moe is not None else None
     parts: list[nn.Module] = []
     for stage_id in stage_ids:
         with torch.device("meta"):
@@ -218,6 +252,7 @@ def build_parts(
             model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 and not fsdp else None)
         if layout.pp > 1:
             model.keep_layers(*job.plan.stage_layers[stage_id])
+        shard_experts(model, ep_mesh)
         if layout.tp > 1:
             keep_shards = options.activation_checkpointing == "none" and not options.compile
             apply_tensor_parallel(model, mesh, options.loss_parallel, keep_shards)
@@ -230,11 +265,13 @@ def build_parts(
         parts.append(model)
     seeded = SeededInit(job.spec.training.seed, shape.tie_embeddings)
     materialize(parts, mesh.device, source or seeded)
+    place_experts(parts, layout, mesh, ep_mesh, stage)
     if layout.tp > 1 and not fsdp:
         for part in parts:
             shard_embedding_gradient(part)
     if gradients_in_buckets(layout):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
+        ddp_ignore(parts[0])
         # The gradients are views into DDP's all-reduce buckets instead of a second copy of
         # every gradient beside them (torch's DDP documentation: it saves the gradients' size).
         ddp = DistributedDataParallel(

@@ -100,6 +100,7 @@ def layout_env(
     micro_batches: int = 1,
     virtual_stages: int = 1,
     grad_accumulation: int = 1,
+    ep: int = 1,
     name: str = "local",
     checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
@@ -123,6 +124,9 @@ def layout_env(
         strategy["microBatches"] = micro_batches
     if virtual_stages > 1:
         strategy["virtualStages"] = virtual_stages
+    if ep > 1:
+        strategy["expertParallel"] = ep
+        strategy["expertTensorParallel"] = 1
     job = read_with_files(
         {
             "image": "local",

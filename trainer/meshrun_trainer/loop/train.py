@@ -17,6 +17,12 @@ from meshrun_trainer.components import checkpoint
 from meshrun_trainer.components.data.synthetic import replica_rows
 from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
 from meshrun_trainer.config.files import open_files
+from meshrun_trainer.distributed.experts import (
+    expert_grad_square,
+    own_params,
+    reduce_expert_grads,
+    update_biases,
+)
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import (
     PartOptions,
@@ -30,6 +36,7 @@ from meshrun_trainer.distributed.stagemap import loss_scale, stages_of_rank
 from meshrun_trainer.loop.hooks import UserHooks, weight_source
 from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.models.materialize import WeightSource
+from meshrun_trainer.models.moe import set_aux_passes
 from meshrun_trainer.runner import Runner, StepRecord, TrainResult
 
 
@@ -57,6 +64,7 @@ def build_runner(
     )
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(job, mesh, stage_ids, options, source)
+    set_aux_passes(loss_scale(layout))
     zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
     optimizers = [
         make_optimizer(part.parameters(), training.learning_rate, training.optimizer, zero1)
@@ -159,6 +167,7 @@ def train(
     stream = hooks.stream
     pp_group = mesh.group("pp") if layout.pp > 1 else None
     params = runner.parameters()
+    experts = own_params(runner.parts, layout)
     # DDP's gradients are views into its all-reduce buckets, which stay allocated: zeroing them
     # in place keeps it that way (set to None, each first micro-step under no_sync would
     # allocate a second set of gradients beside the buckets). Except after this process's
@@ -174,11 +183,20 @@ def train(
         targets = replica_rows(targets, mesh.dp_rank, layout.dp).to(mesh.device)
         local = forward_backward(layout, runner, inputs, targets)
         hooks.after_backward()
-        norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
+        reduce_expert_grads(runner.parts, layout)
+        norm = clip_grad_norm(
+            params,
+            training.max_grad_norm,
+            pp_group,
+            hooks.duplicates,
+            experts,
+            expert_grad_square(runner.parts, layout),
+        )
         learning_rate = float(runner.optimizers[0].param_groups[0]["lr"])
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=not buckets or step == first)
+        update_biases(runner.parts)
         loss = global_loss(layout, mesh, local)  # the same value on every rank
         if not math.isfinite(loss):
             # Stopped before this step is reported or checkpointed: every checkpoint stays

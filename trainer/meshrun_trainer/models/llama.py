@@ -19,6 +19,7 @@ from torch import nn
 
 from meshrun.api.presets import ModelShape
 from meshrun_trainer.models.materialize import SeededInit, materialize
+from meshrun_trainer.models.moe import MoE
 
 
 def rotary_frequencies(shape: ModelShape) -> torch.Tensor:
@@ -103,16 +104,26 @@ class FeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, shape: ModelShape) -> None:
+    """Attention and an MLP: the dense SwiGLU (``feed_forward``), or a mixture of experts
+    (``moe``, :mod:`meshrun_trainer.models.moe`) in a MoE layer."""
+
+    def __init__(self, shape: ModelShape, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.attention = Attention(shape)
         self.ffn_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
-        self.feed_forward = FeedForward(shape)
+        self.feed_forward: FeedForward | None = None
+        self.moe: MoE | None = None
+        if shape.moe is not None and shape.moe.is_moe_layer(layer):
+            self.moe = MoE(shape)
+        else:
+            self.feed_forward = FeedForward(shape)
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
-        out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        mlp = self.moe if self.moe is not None else self.feed_forward
+        assert mlp is not None
+        out: torch.Tensor = h + mlp(self.ffn_norm(h))
         return out
 
 
@@ -124,7 +135,9 @@ class Transformer(nn.Module):
         self.shape = shape
         self.autocast_dtype = autocast_dtype
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(shape) for i in range(shape.layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(shape, i) for i in range(shape.layers)}
+        )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tie_embeddings:
