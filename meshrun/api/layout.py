@@ -32,10 +32,12 @@ class Layout:
     """Forward/backward passes (or pipeline steps) summed per optimizer step."""
     micro_batch_size: int
     """Sequences per forward pass on one rank: the spec's, or the one auto chose."""
+    cp: int = 1
+    """Context-parallel degree: each sequence split over cp ranks (between dp and tp)."""
 
     @property
     def world_size(self) -> int:
-        return self.dp * self.pp * self.tp
+        return self.dp * self.cp * self.pp * self.tp
 
     @property
     def num_stages(self) -> int:

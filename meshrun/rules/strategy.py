@@ -263,8 +263,9 @@ def check_layout(
 ) -> None:
     """A layout's rules against the model, the batch and (when known) the machines."""
     dp, pp, tp = layout.dp, layout.pp, layout.tp
-    if world_size is not None and dp * pp * tp != world_size:
-        raise DEGREES_WORLD.error(f"{dp}x{pp}x{tp} = {dp * pp * tp}, not {world_size}")
+    if world_size is not None and layout.world_size != world_size:
+        degrees = f"{dp}x{pp}x{tp}" + (f"x{layout.cp} (contextParallel)" if layout.cp > 1 else "")
+        raise DEGREES_WORLD.error(f"{degrees} = {layout.world_size}, not {world_size}")
     if num_proc_per_node is not None and not tp_fits_pods(tp, num_proc_per_node):
         raise TP_PROCS.error(
             f"{tp} neither divides nor is a multiple of numProcPerNode={num_proc_per_node}"
@@ -272,6 +273,13 @@ def check_layout(
     unsplit = tp_unsplit(shape, tp)
     if unsplit is not None:
         raise TP_MODEL.error(f"{tp} does not divide {unsplit}")
+    cp, seq = layout.cp, shape.seq_len
+    if cp > 1 and (seq % (2 * cp) or (seq // cp) % tp):
+        raise SpecError(
+            f"{STRATEGY}.contextParallel",
+            f"{cp} must split {MODEL}.seqLen={seq} into 2 x contextParallel equal chunks, and "
+            f"each rank's seqLen / contextParallel tokens must split by tensorParallel={tp}",
+        )
     if not 0 <= layout.zero_stage <= 3:
         raise SpecError(f"{STRATEGY}.zeroStage", f"must be 0, 1, 2 or 3, got {layout.zero_stage}")
     chunks = layout.num_stages

@@ -95,6 +95,7 @@ def layout_env(
     dp: int = 1,
     pp: int = 1,
     tp: int = 1,
+    cp: int = 1,
     zero_stage: int = 0,
     schedule: str = "1f1b",
     micro_batches: int = 1,
@@ -107,7 +108,9 @@ def layout_env(
 
     ``training`` needs globalBatchSize; microBatchSize follows from the layout. The job goes
     through the planner (so its rules hold) and the env contract; the process serves no
-    metrics and writes its summary nowhere. For torchrun launched with dp x pp x tp processes.
+    metrics and writes its summary nowhere. For torchrun launched with dp x cp x pp x tp
+    processes: the job is planned with the other degrees, then each sequence is split over
+    ``cp`` ranks (the plan's ``layout.cp``; the pod's processes are cp times as many).
     """
     batch = int(training["globalBatchSize"])
     per_rank = dp * micro_batches * grad_accumulation
@@ -132,7 +135,16 @@ def layout_env(
             "training": {**training, "microBatchSize": max(1, batch // per_rank)},
         }
     )
-    return one_pod_env(plan_job(job, name), job, checkpoint_dir)
+    plan = plan_job(job, name)
+    if cp > 1:
+        resources = replace(job.resources, num_proc_per_node=cp * job.resources.num_proc_per_node)
+        job = replace(job, resources=resources)
+        plan = replace(
+            plan,
+            layout=replace(plan.layout, cp=cp),
+            num_proc_per_node=resources.num_proc_per_node,
+        )
+    return one_pod_env(plan, job, checkpoint_dir)
 
 
 def one_pod_env(plan: Plan, spec: JobSpec, checkpoint_dir: str | None = None) -> dict[str, str]:
