@@ -6,7 +6,8 @@ and keys at their global positions, gathers the keys and values over its cp grou
 group), the outputs and the gradients of queries, keys and values, each rank's own chunks, equal
 those of ``scaled_dot_product_attention(is_causal=True)`` over the whole sequence within 1e-5:
 a wrong chunk order, position, mask edge or a missing reduction of the keys' gradients in
-backward shows at once.
+backward shows at once. The boolean masks equal torch's lower-right causal bias, which CUDA's
+kernels apply instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from meshrun_trainer.models.context import (
     positions,
     sequence_share,
 )
+from torch.nn.attention.bias import CausalBias
 from trainer_launch import gloo_ranks
 
 pytestmark = [pytest.mark.trainer, pytest.mark.timeout(120)]
@@ -56,7 +58,7 @@ def _rank(rank: int, results: dict[str, Any]) -> None:
     for cp in (2, 4):
         groups = [list(range(first, first + cp)) for first in range(0, WORLD, cp)]
         mine, _ = dist.new_subgroups_by_enumeration(groups)  # type: ignore[no-untyped-call]
-        context = ContextGroup(mine, rank % cp, cp, SEQ)
+        context = ContextGroup(mine, rank % cp, cp, SEQ, torch.device("cpu"))
         want, grads = _reference(cp)
         held = [sequence_share(t, context.rank, cp) for t in _whole(cp)]
         q, k, v = (t.requires_grad_() for t in held[:3])
@@ -65,6 +67,10 @@ def _rank(rank: int, results: dict[str, Any]) -> None:
             for p in range(SEQ)
             if (p // (SEQ // (2 * cp))) in (context.rank, 2 * cp - 1 - context.rank)
         ]
+        # CUDA's masks are torch's lower-right causal bias: the same booleans, applied by kernels
+        chunk = SEQ // (2 * cp)
+        for bias, mask in zip(context._masks(chunk, None), context.masks, strict=True):
+            assert isinstance(bias, CausalBias) and torch.equal(bias._materialize(), mask)
         out = context_attention(q, k, v, context)
         (out * held[3]).sum().backward()
         errors[f"cp{cp}/out"] = (out - sequence_share(want, context.rank, cp)).abs().max().item()

@@ -228,7 +228,8 @@ def build_parts(
         if layout.pp > 1:
             model.keep_layers(*job.plan.stage_layers[stage_id])
         if layout.cp > 1:
-            context = ContextGroup(mesh.group("cp"), mesh.cp_rank, layout.cp, shape.seq_len)
+            group = mesh.group("cp")
+            context = ContextGroup(group, mesh.cp_rank, layout.cp, shape.seq_len, mesh.device)
             model.split_sequences(context)
         if layout.tp > 1:
             keep_shards = options.activation_checkpointing == "none" and not options.compile

@@ -13,9 +13,9 @@ them in sequence order, and computes each of its two query chunks against the ke
 chunk's end with a causal mask aligned to the bottom right (torch's ``causal_lower_right``: the
 chunk's last query sees every key, its first sees the keys before it). The gather is torch's
 autograd-aware functional all-gather, whose backward reduce-scatters (sums) the keys' and
-values' gradients back to the ranks that computed them. No mask is materialized where SDPA's
-kernels take the lower-right causal bias natively (CUDA's flash and efficient kernels); on the
-CPU it is built per chunk, chunk x prefix booleans.
+values' gradients back to the ranks that computed them. On CUDA no mask is materialized: SDPA's
+flash and memory-efficient kernels apply the lower-right causal bias themselves; elsewhere each
+chunk's mask is chunk x prefix booleans, made once per model.
 """
 
 from __future__ import annotations
@@ -41,12 +41,18 @@ class ContextGroup:
     """The context-parallel degree."""
     seq_len: int
     """The whole sequence's tokens (the model's seqLen)."""
+    device: torch.device
+    """Where the rank computes: CUDA takes torch's lower-right causal bias, which its SDPA
+    kernels apply without a mask in memory; elsewhere the mask is booleans."""
     masks: tuple[torch.Tensor, ...] = field(init=False, repr=False)
-    """The causal masks of the rank's two chunks, made once here: a tensor subclass cannot be
-    created inside activation checkpointing's recomputation (a dispatch mode)."""
+    """The causal masks of the rank's two chunks, made once here (neither a tensor subclass
+    nor the booleans are made again per layer, and a tensor subclass cannot be created inside
+    activation checkpointing's recomputation, a dispatch mode)."""
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "masks", self._masks(self.seq_len // (2 * self.size), None))
+        bias = self.device.type == "cuda"
+        masks = self._masks(self.seq_len // (2 * self.size), None if bias else self.device)
+        object.__setattr__(self, "masks", masks)
 
     def chunks(self) -> tuple[int, int]:
         """The indices of the two chunks of each sequence this rank holds."""
@@ -55,13 +61,13 @@ class ContextGroup:
     def mask(self, half: int, chunk: int, device: torch.device) -> torch.Tensor:
         """The causal mask of this rank's chunk ``half`` (0 early, 1 late), ``chunk`` tokens
         long, against the keys up to its end."""
-        if chunk == self.seq_len // (2 * self.size):
+        if chunk == self.seq_len // (2 * self.size) and device == self.device:
             return self.masks[half]
-        return self._masks(chunk, device)[half]  # another length: explicit booleans
+        return self._masks(chunk, device)[half]  # another length: booleans
 
     def _masks(self, chunk: int, device: torch.device | None) -> tuple[torch.Tensor, ...]:
         seen = [(index + 1) * chunk for index in self.chunks()]
-        if device is None:
+        if device is None:  # torch's bias, applied by the kernels
             return tuple(causal_lower_right(chunk, keys) for keys in seen)
         ones = [torch.ones(chunk, keys, dtype=torch.bool, device=device) for keys in seen]
         return tuple(m.tril(keys - chunk) for m, keys in zip(ones, seen, strict=True))
