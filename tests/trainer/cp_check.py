@@ -44,6 +44,7 @@ LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
     2: {
         "cp2": {"cp": 2, "grad_accumulation": 2},  # DDP over the cp group, no_sync
         "cp2+selective": {"cp": 2, "checkpointing": "selective"},  # the gather recomputed
+        "cp2-zero1": {"cp": 2, "zero_stage": 1},  # ZeroRedundancyOptimizer over the cp group
         "ddp2": {"dp": 2},  # cp 1: saved for a resume at cp 2
     },
     4: {
@@ -54,7 +55,7 @@ LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
     },
 }
 RESUMES = [  # (saved, resumed under)
-    ("cp2", "cp4"),
+    ("cp2-zero1", "cp4"),  # ZeRO-1's owners over the cp group write the optimizer state
     ("ddp2", "dp2-cp2-zero3"),  # cp 1 -> cp 2
     ("cp4", "cp2-tp2"),  # cp 4 -> cp 2
 ]

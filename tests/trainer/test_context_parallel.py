@@ -1,15 +1,15 @@
 """Context parallelism trains as one process does: two torchrun launches (2 ranks, then 4).
 
-The tiny model with grouped-query attention under cp 2 (alone, with gradient accumulation, and
-with selective activation checkpointing, which recomputes the keys' and values' gather in
-backward), cp 4, dp 2 x cp 2 under ZeRO-3, cp 2 x tp 2 and pp 2 x cp 2:
+The tiny model with grouped-query attention under cp 2 (alone, with gradient accumulation, with
+selective activation checkpointing, which recomputes the keys' and values' gather in backward,
+and under ZeRO-1), cp 4, dp 2 x cp 2 under ZeRO-3, cp 2 x tp 2 and pp 2 x cp 2:
 - after step 1's backward, the gradient every rank holds (its FSDP2 or tensor-parallel shard,
   its pipeline stage's parameters) equals that piece of the single-process gradient within
   1e-5 of the parameter's largest gradient;
 - the losses of 3 steps equal the single-process run's within 1e-5 relative (fp32);
-- checkpoints resume across cp: cp 2 at cp 4 and in a single process (cp 1), cp 1 (dp 2) at
-  dp 2 x cp 2 under ZeRO-3, cp 4 at cp 2 x tp 2, each continuing with the uninterrupted run's
-  losses of steps 4-5 within 1e-5 relative.
+- checkpoints resume across cp: cp 2 (ZeRO-1) at cp 4, cp 2 in a single process (cp 1), cp 1
+  (dp 2) at dp 2 x cp 2 under ZeRO-3, cp 4 at cp 2 x tp 2, each continuing with the
+  uninterrupted run's losses of steps 4-5 within 1e-5 relative.
 The layouts are listed in cp_check.py.
 """
 
