@@ -2,7 +2,9 @@
 # No build step downloads from anywhere but the Python package index (pip).
 
 # Each target installs its dependencies (read from pyproject.toml by hack/pydeps.py) in a layer
-# below the source, so a code change rebuilds in seconds instead of reinstalling torch.
+# below the source, so a code change rebuilds in seconds instead of reinstalling torch. The lists
+# are written in a stage of their own and copied in by content: an edit of pyproject.toml that
+# leaves a target's requirements alone (a test-only library, say) keeps its installed layer.
 
 # ---- base: Python and a non-root user (uid 1000) -------------------------------------------------
 FROM python:3.11-slim AS base
@@ -12,15 +14,20 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 RUN groupadd --gid 1000 meshrun && useradd --uid 1000 --gid 1000 --create-home meshrun
 WORKDIR /opt/meshrun
+
+# ---- requirements: each target's list, from pyproject.toml ------------------------------------
+FROM base AS requirements
 COPY pyproject.toml hack/pydeps.py ./
+RUN python pydeps.py operator > operator.txt && python pydeps.py trainer > trainer.txt
 
 # ---- operator: kopf and its aiohttp, no torch; non-root, read-only-rootfs friendly ------
 FROM base AS operator
 # The operator extra only (kopf, aiohttp, prometheus-client, the kubernetes config loader); the
 # import check fails the build if torch ever creeps in through a dependency, which would add
 # gigabytes to a small controller.
-RUN python pydeps.py operator > requirements.txt && pip install -r requirements.txt
-COPY README.md ./
+COPY --from=requirements /opt/meshrun/operator.txt requirements.txt
+RUN pip install -r requirements.txt
+COPY README.md pyproject.toml ./
 COPY meshrun ./meshrun
 COPY operator ./operator
 COPY trainer ./trainer
@@ -42,9 +49,9 @@ FROM base AS trainer
 # From PyPI only by default (torch's PyPI wheels carry CUDA, so one image serves CPU and GPU
 # pods). TORCH_INDEX may name another package index, e.g. PyTorch's CPU-only wheels.
 ARG TORCH_INDEX=""
-RUN python pydeps.py trainer > requirements.txt \
-    && pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} -r requirements.txt
-COPY README.md ./
+COPY --from=requirements /opt/meshrun/trainer.txt requirements.txt
+RUN pip install ${TORCH_INDEX:+--extra-index-url "$TORCH_INDEX"} -r requirements.txt
+COPY README.md pyproject.toml ./
 COPY meshrun ./meshrun
 COPY operator ./operator
 COPY trainer ./trainer

@@ -19,7 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	@echo "== python venv ($(VENV)): torch, kopf, kubernetes, test tools"
 	python3 -m venv $(VENV)
 	$(VENV)/bin/pip install -q --upgrade pip
-	$(VENV)/bin/pip install -q -e '.[operator,trainer,plot,dev]'
+	$(VENV)/bin/pip install -q -e '.[operator,client,trainer,plot,dev]'
 	@touch $@
 
 .PHONY: venv
@@ -30,8 +30,8 @@ tools: ## Build the cluster binaries from Go modules (cached in ~/.cache/meshrun
 	hack/build-tools.sh
 
 .PHONY: test-tools
-test-tools: ## The binaries every test needs: the control plane's, Kueue's manager, the real node's kubelet and CoreDNS
-	hack/build-tools.sh etcd kwok helm kube kueue kubelet coredns
+test-tools: ## The binaries every test needs: the control plane's, Kueue's manager, the real node's kubelet, CoreDNS and image registry
+	hack/build-tools.sh etcd kwok helm kube kueue kubelet coredns registry
 
 .PHONY: cluster-up
 cluster-up: venv tools ## Start (or reuse) the local cluster: NODES fake GPU nodes, plus a real node (REAL_NODE=0 to skip)

@@ -4,8 +4,8 @@
 # only when its cached binary is missing, so a fresh clone on the same machine reuses them.
 #
 #   hack/build-tools.sh            build whatever is missing
-#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns, kueue,
-#                                  kubeadm, kind: the last two for make e2e-kind)
+#   hack/build-tools.sh kube etcd  only these (kube, etcd, kwok, helm, kubelet, coredns, registry,
+#                                  kueue, kubeadm, kind: the last two for make e2e-kind)
 #   hack/build-tools.sh training-operator   opt-in, never built by default: the peer operator
 #                                  that bench/operator_scale.py runs side by side with meshrun
 set -euo pipefail
@@ -133,6 +133,17 @@ build_go_install() {  # NAME VERSION PKG... (GO_LDFLAGS overrides "-s -w")
   local missing=0
   for pkg in "$@"; do [[ -x $dir/$(basename "$pkg") ]] || missing=1; done
   ((missing)) || return 0
+  # Two scripts may want the same tool at once (up.sh and images.sh both need the registry):
+  # one builds, the other waits and finds it built.
+  local lock
+  exec {lock}>"$CACHE/.$name-$version.lock"
+  flock "$lock"
+  missing=0
+  for pkg in "$@"; do [[ -x $dir/$(basename "$pkg") ]] || missing=1; done
+  if ((!missing)); then
+    flock -u "$lock"
+    return 0
+  fi
   log "building $name $version"
   local t0=$SECONDS
   mkdir -p "$dir.partial"
@@ -141,6 +152,7 @@ build_go_install() {  # NAME VERSION PKG... (GO_LDFLAGS overrides "-s -w")
   done
   rm -rf "$dir"; mv "$dir.partial" "$dir"
   echo $((SECONDS - t0)) >"$dir/.build-seconds"
+  flock -u "$lock"
 }
 
 build_kwok() {
@@ -148,6 +160,10 @@ build_kwok() {
 }
 build_helm() {
   build_go_install helm "$HELM_VERSION" helm.sh/helm/v3/cmd/helm
+}
+# The image registry (CNCF distribution) the real node's images are pushed to and pulled from.
+build_registry() {
+  build_go_install registry "$REGISTRY_VERSION" github.com/distribution/distribution/v3/cmd/registry
 }
 
 # Kueue's manager (hack/kueue/up.sh runs it next to the control plane; KUEUE=1). Its module has
@@ -179,6 +195,7 @@ link_all() {
   for b in kubelet kube-proxy; do
     [[ -x $CACHE/kubernetes-node-$KUBE_VERSION/$b ]] && ln -sfn "$CACHE/kubernetes-node-$KUBE_VERSION/$b" "$BIN/$b"
   done
+  [[ -x $CACHE/registry-$REGISTRY_VERSION/registry ]] && ln -sfn "$CACHE/registry-$REGISTRY_VERSION/registry" "$BIN/registry"
   [[ -x $CACHE/coredns-$COREDNS_VERSION/coredns ]] && ln -sfn "$CACHE/coredns-$COREDNS_VERSION/coredns" "$BIN/coredns"
   local peer=$CACHE/training-operator-$TRAINING_OPERATOR_VERSION/training-operator.v1
   [[ -x $peer ]] && ln -sfn "$peer" "$BIN/training-operator"

@@ -28,6 +28,9 @@ TRAINER_COMMAND = ("python", "-m", "torch.distributed.run", "-m", "meshrun_train
 """The pod's default command: torchrun (configured by PET_*) running the trainer module."""
 CHECKPOINT_KEEP = 2
 """Complete checkpoints kept, newest first (older ones are deleted after each save)."""
+METRICS_FOLDER = "tensorboard"
+"""Where rank 0's TensorBoard event files go in the checkpoint folder unless
+spec.training.metrics.path says otherwise."""
 EXIT_CONFIG_ERROR = 2
 """The trainer's exit code for a configuration a restart cannot fix (reason ConfigError)."""
 EXIT_NO_ACCELERATOR = 3
@@ -48,6 +51,18 @@ PERMANENT_REASONS = {
 """Permanent trainer failures by exit code. torchrun exits 1 whatever its worker's code, so the
 trainer also writes ``{"status": "Failed", "reason": ..., "permanent": true, "error": ...}`` to
 the termination log, which the operator reads."""
+
+
+def metrics_dir(spec: JobSpec, checkpoint_dir: str | None) -> str | None:
+    """The folder of rank 0's TensorBoard event files: spec.training.metrics.path, else
+    tensorboard/ in the checkpoint folder; None when the spec turns them off or there is
+    neither (a local run without a checkpoint folder)."""
+    metrics = spec.training.metrics
+    if not metrics.tensorboard:
+        return None
+    if metrics.path is not None:
+        return metrics.path
+    return f"{checkpoint_dir.rstrip('/')}/{METRICS_FOLDER}" if checkpoint_dir else None
 
 
 def pod_env(

@@ -19,7 +19,7 @@ mkdir -p "$RN"/{logs,pids,pki,cni} "$KUBELET_ROOT" "$CONTAINERD_ROOT"
 # The base root filesystem (debootstrap: network and disk) is made while Go builds (CPU).
 "$ROOT/hack/realnode/images.sh" prepare >"$RN/logs/images-prepare.log" 2>&1 &
 prepare_pid=$!
-"$ROOT/hack/build-tools.sh" kubelet coredns
+"$ROOT/hack/build-tools.sh" kubelet coredns registry
 phase_done "packages and binaries ready"
 
 # The API server's advertise address: what the `kubernetes` Service points at, and the host

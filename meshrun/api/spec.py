@@ -259,6 +259,16 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Metrics:
+    """``spec.training.metrics``: rank 0's TensorBoard event files."""
+
+    tensorboard: bool
+    """Write TensorBoard event files."""
+    path: str | None
+    """Their folder; None: ``tensorboard/`` in the checkpoint folder."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class Training:
     """``spec.training``: the training loop."""
 
@@ -293,6 +303,8 @@ class Training:
     """Warmup and decay of the learning rate."""
     export: Export | None
     """Where to write the trained model as a Hugging Face folder, or None."""
+    metrics: Metrics
+    """Where rank 0 writes its TensorBoard event files, or that it writes none."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -1,7 +1,9 @@
-"""``meshrun``: plan a job, run it locally, or run the operator.
+"""``meshrun``: plan a job, run it locally, submit and follow it on a cluster, or run the
+operator.
 
-``run`` and ``operator`` import their packages lazily, so ``meshrun plan`` works with only the
-core installed (no torch, no kopf).
+``run`` and ``operator`` import their packages lazily, and so do the job commands (submit, list,
+status, logs, wait, delete: meshrun/cli/jobs.py) the client, so ``meshrun plan`` works with only
+the core installed (no torch, no kopf, no kubernetes).
 """
 
 from __future__ import annotations
@@ -17,6 +19,9 @@ from typing import Any
 
 import yaml
 
+from meshrun.cli.jobs import COMMANDS as JOB_COMMANDS
+from meshrun.cli.jobs import add_commands as add_job_commands
+from meshrun.cli.jobs import run as run_job_command
 from meshrun.files.mountflag import add_mount_flag
 
 EXIT_OK = 0
@@ -55,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="also draw nodes x processes to PATH (.svg, or .png with matplotlib)",
     )
     add_mount_flag(plan, "so its files are checked")
+    add_job_commands(commands)
     for name, text in (
         ("run", "run a job locally with torchrun-style processes (needs meshrun[trainer])"),
         ("operator", "run the Kubernetes operator (needs meshrun[operator])"),
@@ -66,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
         (
             "example-files",
             "write a tiny Hugging Face model and data for examples/hf-finetune.yaml",
+        ),
+        (
+            "plot",
+            "draw a job's loss and tokens/s from its event files (needs meshrun[plot])",
         ),
     ):
         sub = commands.add_parser(name, help=text, add_help=False)
@@ -81,6 +91,8 @@ def main(argv: list[str] | None = None) -> int:
         return _delegate(argv[0], argv[1:])
     args = build_parser().parse_args(argv)
     try:
+        if args.command in JOB_COMMANDS:
+            return run_job_command(args)
         if args.candidates < 0:
             print("meshrun plan: --candidates must be 0 or more", file=sys.stderr)
             return EXIT_INVALID
@@ -98,6 +110,7 @@ DELEGATES = {
     "prepare-data": ("meshrun_trainer.local.prepare", "trainer"),
     "calibrate": ("meshrun_trainer.local.calibrate", "trainer"),
     "example-files": ("meshrun_trainer.local.examplefiles", "trainer"),
+    "plot": ("meshrun.cli.plot", "plot"),
 }
 """Subcommand -> (module with ``main(argv) -> int``, the pip extra that installs it)."""
 
@@ -125,10 +138,9 @@ def plan_command(
     """Plan every job in ``file`` and check the files it names that are visible here (through
     ``mounts``); print the plans (a refused document as its error, the others still planned);
     return the exit code."""
-    from meshrun.api.crd import check_job, documents_of, read_documents
+    from meshrun.api.crd import documents_of, read_documents
     from meshrun.api.errors import SpecError
-    from meshrun.api.read import read_spec
-    from meshrun.files.checks import mount, plan_checked
+    from meshrun.files.checks import plan_document
     from meshrun.planner.search import best_layouts
 
     if picture is not None and Path(picture).suffix.lower() not in (".svg", ".png"):
@@ -148,9 +160,7 @@ def plan_command(
     for index, document in enumerate(documents):
         where = f"{source}[{index}]" if len(documents) > 1 else source
         try:
-            job = check_job(document, f"{source}[{index}]")
-            spec = read_spec(mount(job["spec"], mounts))
-            plan = plan_checked(spec, job["metadata"]["name"])
+            _, spec, plan = plan_document(document, f"{source}[{index}]", mounts)
             results.append(plan)
             layouts.append(best_layouts(spec, candidates) if candidates else [])
             degrees.append(elastic_degrees(spec, plan))

@@ -20,6 +20,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from meshrun.api.crd import check_job
 from meshrun.api.errors import SpecError
 from meshrun.api.presets import ModelShape
 from meshrun.api.read import defaulted, read_section, read_spec
@@ -45,6 +46,7 @@ PATH_FIELDS = (
     ("training", "data", "path"),
     ("training", "data", "validation", "path"),
     ("training", "export", "path"),
+    ("training", "metrics", "path"),
 )
 """The spec's container paths, as key paths into the spec."""
 
@@ -185,3 +187,15 @@ def plan_checked(
     sentence = model_sentence(spec, model)
     explanation = f"{sentence} {plan.explanation}" if sentence else plan.explanation
     return dataclasses.replace(plan, explanation=explanation, warnings=[*plan.warnings, *notes])
+
+
+def plan_document(
+    document: Any, where: str, mounts: Sequence[str] = ()
+) -> tuple[dict[str, Any], JobSpec, Plan]:
+    """One YAML document as ``meshrun plan`` reads it: checked as a ParallelTrainingJob (the
+    CRD's schema), its spec read with the files under ``mounts`` visible here, and planned;
+    returns the job unchanged, its spec and its plan. SpecError names the field at fault
+    (``where``: the document, in its message)."""
+    job = check_job(document, where)
+    spec = read_spec(mount(job["spec"], mounts))
+    return job, spec, plan_checked(spec, job["metadata"]["name"])

@@ -1,6 +1,6 @@
 """The rules of a job's own files: where the model comes from (a preset, sizes or a Hugging Face
 folder; those rules sit with the reader that checks them, :mod:`meshrun.api.modelsource`), its
-data, and the learning-rate schedule that walks through that data.
+data, the learning-rate schedule that walks through that data, and where the metrics go.
 
 Each is also a CEL rule of the CRD (the message word for word), and part of
 :data:`meshrun.rules.strategy.ALL_RULES`; :func:`meshrun.rules.strategy.check_spec` runs
@@ -45,6 +45,10 @@ WARMUP_STEPS = Rule(
     f"{TRAINING}.lrSchedule.warmupSteps",
     f"{TRAINING}.lrSchedule.warmupSteps must not exceed {TRAINING}.steps",
 )
+METRICS_PATH = Rule(
+    f"{TRAINING}.metrics.path",
+    f"{TRAINING}.metrics.path needs {TRAINING}.metrics.tensorboard (false writes no event files)",
+)
 DEFAULT_TEXT_FIELD = "text"
 """The CRD's default textField: the only value a tokens dataset may carry."""
 
@@ -55,6 +59,7 @@ FILE_RULES = (
     EVAL_VALIDATION,
     DATA_DATASET,
     WARMUP_STEPS,
+    METRICS_PATH,
 )
 """The rules of the job's own parts (the model's source among them), all CEL rules of the CRD
 too."""
@@ -70,6 +75,8 @@ def check_files_spec(spec: JobSpec) -> None:
         if data.eval_every_steps and data.validation is None:
             raise EVAL_VALIDATION.error(f"evalEverySteps {data.eval_every_steps}")
     check_warmup(training.lr_schedule.warmup_steps, training.steps)
+    if training.metrics.path is not None and not training.metrics.tensorboard:
+        raise METRICS_PATH.error(f"path {training.metrics.path!r} with tensorboard false")
 
 
 def check_data_source(format: str, text_field: str, has_hf: bool) -> None:

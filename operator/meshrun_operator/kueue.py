@@ -236,7 +236,8 @@ def build_workload(
     owner_reference: Mapping[str, Any],
 ) -> dict[str, Any]:
     """The Workload of a job: one pod set per pipeline stage with its pod count and the
-    per-pod requests of ``pods`` (the job's pods, as the operator builds them).
+    per-pod requests of ``pods`` (the job's pods as the operator builds them: at least the
+    first of each pod set, whose template stands for the set's).
 
     ``owner_reference`` (the job's controller reference, as on every child) makes garbage
     collection delete the Workload with the job, which gives its quota back. No finalizer, so
@@ -244,7 +245,7 @@ def build_workload(
     """
     by_index = {int(p["metadata"]["labels"][names.LABEL_POD_INDEX]): p for p in pods}
     sets = pod_sets(plan)
-    missing = [i for s in sets for i in s.pod_indices if i not in by_index]
+    missing = [s.pod_indices[0] for s in sets if s.pod_indices[0] not in by_index]
     if missing:
         raise ValueError(f"no pod built for indices {missing}")
     if not request.queue_name:

@@ -18,7 +18,9 @@ from prometheus_client import start_http_server
 
 from meshrun_operator import kueue, names
 from meshrun_operator.children import netpolicy, podpolicy
+from meshrun_operator.children import platform as platform_policy
 from meshrun_operator.children.netpolicy import PolicyOptions
+from meshrun_operator.children.platform import PlatformEgress
 from meshrun_operator.client.errors import ApiTimeout
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.client.login import Login, LoginError
@@ -69,6 +71,10 @@ class Options:
     """Govern jobs that name a queue through Kueue Workloads (needs RBAC on them)."""
     pod_policy: podpolicy.PodPolicy
     """The Pod Security Standards level every job's pod template must meet."""
+    platform: platform_policy.PlatformPolicy
+    """What every job's pods may use in scheduling and identity, and its queue."""
+    max_pods_per_job: int
+    """The most pods one job may have."""
     verbose: bool
     """Debug logging."""
 
@@ -144,6 +150,14 @@ def parse_args(argv: list[str]) -> Options:
         help="how long a create or delete may stay unseen by the watch before it counts as "
         "lost (default 60)",
     )
+    parser.add_argument(
+        "--max-pods-per-job",
+        type=int,
+        default=1024,
+        help="the most pods one job may have (numNodes, and the largest elastic size): every "
+        "pod is built, sent and watched by this one operator; a larger job is Invalid, the "
+        "field named (default 1024)",
+    )
     parser.add_argument("--workers", type=int, default=16, help="concurrent API requests (16)")
     parser.add_argument(
         "--api-timeout-seconds",
@@ -174,6 +188,7 @@ def parse_args(argv: list[str]) -> Options:
         help="no Kueue Workloads (for RBAC without them); jobs with a queue name then wait",
     )
     podpolicy.add_arguments(parser)
+    platform_policy.add_arguments(parser)
     parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     leader.add_arguments(parser)
     netpolicy.add_arguments(parser)
@@ -186,7 +201,7 @@ def parse_args(argv: list[str]) -> Options:
                 "backoff_max_seconds", "error_backoff_base_seconds", "error_backoff_max_seconds",
                 "node_toleration_seconds", "start_failure_seconds",
                 "expectations_timeout_seconds", "workers", "api_timeout_seconds",
-                "stall_seconds")  # fmt: skip
+                "stall_seconds", "max_pods_per_job")  # fmt: skip
     for flag in positive:
         if getattr(args, flag) <= 0:
             parser.error(f"--{flag.replace('_', '-')}: must be positive")
@@ -214,7 +229,21 @@ def parse_args(argv: list[str]) -> Options:
         progress_http=not args.no_progress_http,
         kueue=not args.no_kueue,
         pod_policy=podpolicy.from_args(args),
+        platform=platform_policy.from_args(args, parser),
+        max_pods_per_job=args.max_pods_per_job,
         verbose=args.verbose,
+    )
+
+
+def admission(options: Options) -> Admission:
+    """What this operator admits beyond a spec's own rules: its pod and platform policies."""
+    floor = options.network_policy.egress if options.network_policy else PlatformEgress()
+    return Admission(
+        pod_policy=options.pod_policy,
+        network_policies=options.network_policy is not None,
+        platform=options.platform,
+        egress=floor,
+        max_pods=options.max_pods_per_job,
     )
 
 
@@ -296,7 +325,7 @@ def main(argv: list[str] | None = None) -> int:
         status_interval_seconds=options.status_interval_seconds,
         progress=ProgressReader(enabled=options.progress_http),
         kueue=KueueLink() if options.kueue else None,
-        evaluations=Evaluations(Admission(options.pod_policy, policies)),
+        evaluations=Evaluations(admission(options)),
     )
     # The Lease's requests have connections of their own: a renewal never waits for one.
     lease = Rest(credentials, timeout, connections=2)

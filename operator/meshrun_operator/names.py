@@ -16,6 +16,10 @@ LABEL_STAGE = f"{GROUP}/pipeline-stage"
 LABEL_ATTEMPT = f"{GROUP}/attempt"
 LABEL_MANAGED_BY = "app.kubernetes.io/managed-by"
 MANAGED_BY = "meshrun-operator"
+# The job's uid on every child, beside its name: the Service's and the NetworkPolicy's
+# selectors match it, so a pod of the namespace that copies the job-name label (anyone who may
+# create pods there can) joins neither the job's DNS records nor its allowed peers.
+LABEL_JOB_UID = f"{GROUP}/job-uid"
 
 # Annotations the operator writes on pods, and the one the trainer (or a test) writes back.
 ANNOTATION_RANKS = f"{GROUP}/ranks"
@@ -31,6 +35,19 @@ VOLCANO_GROUP_ANNOTATION = "scheduling.k8s.io/group-name"
 COSCHEDULING_GROUP_LABEL = "scheduling.x-k8s.io/pod-group"
 # A job's LocalQueue when spec.scheduling.queueName is unset (Kueue's label for every job kind).
 KUEUE_QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The domains of the label and annotation keys by which Kueue and the gang schedulers join a pod
+# to a queue, a Workload or a gang: the operator's to set, never a pod template's (a pod with
+# another gang's key would be scheduled with it, or counted in another queue).
+SCHEDULING_KEY_DOMAINS = frozenset(
+    {
+        "kueue.x-k8s.io",
+        "scheduling.x-k8s.io",
+        "pod-group.scheduling.sigs.k8s.io",
+        "scheduling.k8s.io",
+        "scheduling.volcano.sh",
+        "volcano.sh",
+    }
+)
 
 TRAINER_CONTAINER = "trainer"
 
@@ -61,6 +78,11 @@ def master_addr(job: str, namespace: str) -> str:
 def selector(job: str) -> str:
     """Label selector for every pod of a job, as the API server's query string wants it."""
     return f"{LABEL_JOB}={job}"
+
+
+def job_labels(job: str, uid: str) -> dict[str, str]:
+    """The labels that select a job's own pods: its name and its uid (LABEL_JOB_UID)."""
+    return {LABEL_JOB: job, LABEL_JOB_UID: uid}
 
 
 # The job label naming its Kueue WorkloadPriorityClass (Kueue's own jobs use the same label).

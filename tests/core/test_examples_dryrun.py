@@ -180,6 +180,10 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
         {"training": {"dataset": "corpus", "data": {"format": "tokens", "path": "/t.bin"}}},
     ),
     (file_rules.WARMUP_STEPS, {"training": {"lrSchedule": {"warmupSteps": 21}}}),
+    (
+        file_rules.METRICS_PATH,
+        {"training": {"metrics": {"tensorboard": False, "path": "/runs/a"}}},
+    ),
     (names.JOB_NAME, {"metadata": {"name": "9lives"}}),
     (names.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
     (names.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),

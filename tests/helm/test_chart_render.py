@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from helm_support import CHART, ROOT, Kubectl, find, helm, render, template, values_args
+from meshrun_operator.children.platform import DnsPeer, PlatformEgress, PlatformPolicy
 from meshrun_operator.main import parse_args
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
@@ -64,6 +65,22 @@ def test_helm_lint_strict_passes(values: dict[str, Any]) -> None:
         (
             {"serviceAccount": {"create": False, "name": ""}},
             "serviceAccount.name: must name an existing ServiceAccount",
+        ),
+        (
+            {"platformPolicy": {"maxTerminationGracePeriodSeconds": -1}},
+            "/platformPolicy/maxTerminationGracePeriodSeconds",
+        ),
+        ({"platformPolicy": {"serviceAccount": ["a"]}}, "'serviceAccount' not allowed"),
+        ({"operator": {"maxPodsPerJob": 0}}, "/operator/maxPodsPerJob"),
+        ({"networkPolicy": {"defaultEgress": "Closed"}}, "/networkPolicy/defaultEgress"),
+        ({"networkPolicy": {"dns": {"selector": "kube-dns"}}}, "/networkPolicy/dns/selector"),
+        (
+            {"networkPolicy": {"enabled": False, "defaultEgress": "Restricted"}},
+            "networkPolicy.defaultEgress: Restricted needs networkPolicy.enabled=true",
+        ),
+        (
+            {"platformPolicy": {"requireQueue": True}, "operator": {"kueue": False}},
+            "platformPolicy.defaultQueue and requireQueue need operator.kueue=true",
         ),
     ],
 )
@@ -124,6 +141,50 @@ def test_rendered_flags_parse_to_the_values() -> None:
     assert (
         parse_args(deployment()["spec"]["template"]["spec"]["containers"][0]["args"]).pod_policy
         == "baseline"
+    )
+
+
+def test_the_platform_policy_values_become_the_operators_flags() -> None:
+    (container,) = deployment()["spec"]["template"]["spec"]["containers"]
+    defaults = parse_args(container["args"])
+    assert defaults.platform == PlatformPolicy()  # the chart's defaults are the operator's
+    assert defaults.max_pods_per_job == parse_args([]).max_pods_per_job == 1024
+    assert defaults.network_policy is not None
+    assert defaults.network_policy.egress == PlatformEgress()
+    values = {
+        "platformPolicy": {
+            "serviceAccounts": ["default", "reader"],
+            "priorityClasses": ["training", "system-cluster-critical"],
+            "runtimeClasses": ["nvidia"],
+            "volumeTypes": ["persistentVolumeClaim", "nfs"],
+            "tokenAudiences": ["vault"],
+            "maxTerminationGracePeriodSeconds": 60,
+            "defaultQueue": "team-queue",
+            "requireQueue": True,
+        },
+        "operator": {"maxPodsPerJob": 64},
+        "networkPolicy": {
+            "defaultEgress": "Restricted",
+            "egressAllowedCIDRs": ["10.0.0.0/8", "fd00::/8"],
+            "dns": {"namespace": "dns", "selector": "app=coredns,tier=node"},
+        },
+    }
+    (container,) = deployment(values)["spec"]["template"]["spec"]["containers"]
+    options = parse_args(container["args"])
+    assert options.max_pods_per_job == 64
+    assert options.platform == PlatformPolicy(
+        service_accounts=frozenset({"default", "reader"}),
+        priority_classes=frozenset({"training", "system-cluster-critical"}),
+        runtime_classes=frozenset({"nvidia"}),
+        volume_types=frozenset({"persistentVolumeClaim", "nfs"}),
+        token_audiences=frozenset({"vault"}),
+        max_grace_seconds=60,
+        default_queue="team-queue",
+        require_queue=True,
+    )
+    assert options.network_policy is not None
+    assert options.network_policy.egress == PlatformEgress(
+        True, ("10.0.0.0/8", "fd00::/8"), DnsPeer("dns", {"app": "coredns", "tier": "node"})
     )
 
 

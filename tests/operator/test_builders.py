@@ -44,7 +44,8 @@ def test_service_is_headless_and_publishes_not_ready_pods() -> None:
     assert service["metadata"]["name"] == "job"
     assert service["spec"]["clusterIP"] == "None"
     assert service["spec"]["publishNotReadyAddresses"] is True
-    assert service["spec"]["selector"] == {names.LABEL_JOB: "job"}
+    # The job's uid as well as its name: a pod that copies the name label is not selected.
+    assert service["spec"]["selector"] == {names.LABEL_JOB: "job", names.LABEL_JOB_UID: "uid-1"}
     owner = service["metadata"]["ownerReferences"][0]
     assert owner["uid"] == "uid-1" and owner["controller"] is True
     assert owner["kind"] == "ParallelTrainingJob"
@@ -367,3 +368,29 @@ def test_a_queue_name_puts_no_kueue_keys_on_the_pods() -> None:
     pod = pod_for(index=0, attempt=3, scheduling={"queueName": "team-a"})
     keys = [*pod["metadata"]["labels"], *pod["metadata"]["annotations"]]
     assert not [key for key in keys if key.startswith("kueue.x-k8s.io/")], keys
+
+
+def test_template_keys_cannot_join_the_pods_to_another_gang_or_queue() -> None:
+    joins = {
+        names.LABEL_JOB_UID: "someone-elses-uid",
+        names.KUEUE_QUEUE_LABEL: "free-queue",
+        "kueue.x-k8s.io/podset": "main",
+        names.COSCHEDULING_GROUP_LABEL: "another-gang",
+        "pod-group.scheduling.sigs.k8s.io": "another-gang",
+        "scheduling.volcano.sh/queue-name": "free-queue",
+    }
+    template = {
+        "metadata": {
+            "labels": {**joins, "team": "vision", "example.com/kueue.x-k8s.io": "kept"},
+            "annotations": {names.VOLCANO_GROUP_ANNOTATION: "another-gang", "note": "kept"},
+        }
+    }
+    pod = pod_for(podTemplate=template)
+    labels, annotations = pod["metadata"]["labels"], pod["metadata"]["annotations"]
+    assert labels[names.LABEL_JOB_UID] == JOB.uid
+    assert not set(joins) - {names.LABEL_JOB_UID} & set(labels)
+    assert labels["team"] == "vision" and labels["example.com/kueue.x-k8s.io"] == "kept"
+    assert names.VOLCANO_GROUP_ANNOTATION not in annotations and annotations["note"] == "kept"
+    # A gang the job itself asks for is the operator's own key, set to the job's group.
+    plugins = pod_for(podTemplate=template, scheduling={"schedulerName": "scheduler-plugins-x"})
+    assert plugins["metadata"]["labels"][names.COSCHEDULING_GROUP_LABEL] == "job"

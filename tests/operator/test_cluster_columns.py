@@ -9,10 +9,11 @@ import re
 
 import pytest
 from meshrun_operator import names
-from meshrun_operator.lifecycle.columns import rate_text
 from operator_factories import REPORT_3_OF_10
 from operator_harness import Cluster, OperatorProcess, job_manifest
 from waiting import wait_for
+
+from meshrun.api.display import rate_text
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 

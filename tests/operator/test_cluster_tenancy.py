@@ -9,7 +9,11 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
-from meshrun_operator.children.netpolicy import OperatorPeer, build_network_policy
+from meshrun_operator.children.netpolicy import (
+    METADATA_ADDRESSES,
+    OperatorPeer,
+    build_network_policy,
+)
 from meshrun_operator.children.owner import JobRef
 from operator_harness import (
     FAST_FLAGS,
@@ -53,7 +57,9 @@ def test_each_job_gets_its_network_policy_and_no_token_unless_asked(
         (owner,) = policy["metadata"]["ownerReferences"]
         assert owner["uid"] == cluster.job("sealed")["metadata"]["uid"]
         spec = policy["spec"]
-        assert spec["podSelector"] == {"matchLabels": {names.LABEL_JOB: "sealed"}}
+        uid = cluster.job("sealed")["metadata"]["uid"]
+        own = {names.LABEL_JOB: "sealed", names.LABEL_JOB_UID: uid}
+        assert spec["podSelector"] == {"matchLabels": own}
         job_pods, from_operator = spec["ingress"]
         assert job_pods["from"] == [{"podSelector": spec["podSelector"]}]
         assert from_operator["ports"] == [{"port": METRICS_PORT, "protocol": "TCP"}]
@@ -141,10 +147,13 @@ def test_the_api_server_accepts_a_restricted_egress_policy(cluster: Cluster) -> 
         peer["ipBlock"] for rule in accepted["egress"] for peer in rule["to"] if "ipBlock" in peer
     ]
     assert blocks == [
-        {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]},
+        {"cidr": "0.0.0.0/0", "except": list(METADATA_ADDRESSES[:5])},
         {"cidr": "10.20.0.0/16"},
-        {"cidr": "::/0", "except": ["fd00:ec2::254/128"]},
+        {"cidr": "::/0", "except": list(METADATA_ADDRESSES[5:])},
     ]
+    # DNS: port 53 of the cluster's DNS pods only, not of every pod.
+    dns = accepted["egress"][0]
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
 
 
 def test_a_job_with_restricted_egress_runs_behind_its_egress_policy(
@@ -171,6 +180,7 @@ def test_a_job_with_restricted_egress_runs_behind_its_egress_policy(
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     dns, gang, cidrs = spec["egress"]
     assert {p["port"] for p in dns["ports"]} == {53}
-    assert gang["to"] == [{"podSelector": {"matchLabels": {names.LABEL_JOB: "walled"}}}]
+    own = {names.LABEL_JOB: "walled", names.LABEL_JOB_UID: cluster.job("walled")["metadata"]["uid"]}
+    assert gang["to"] == [{"podSelector": {"matchLabels": own}}]
     assert cidrs["to"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
     assert_cleaned_up(cluster, "walled")

@@ -10,6 +10,7 @@ import os
 import ssl
 import subprocess
 import sys
+import tomllib
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -130,6 +131,20 @@ def test_paths_are_relative_to_the_kubeconfig_and_a_token_file_is_read(tmp_path:
     assert info.certificate_path == str(tmp_path / "certs/me.crt")
     assert info.private_key_path == str(tmp_path / "certs/me.key")
     assert info.as_http_headers() == {"Authorization": "Bearer file-token"}
+
+
+@pytest.mark.parametrize(
+    ("skip", "insecure"),
+    [(None, False), (False, False), ("false", False), ("False", False), (True, True),
+     ("true", True)],
+)  # fmt: skip
+def test_insecure_skip_tls_verify_is_read_as_a_boolean(
+    tmp_path: Path, skip: object, insecure: bool
+) -> None:
+    # The kubernetes package's loader takes the string "false" as true (Python's truth).
+    fields = {} if skip is None else {"insecure-skip-tls-verify": skip}
+    info = from_kubeconfig(str(kubeconfig(tmp_path, {"token": "t"}, **fields)))
+    assert info.insecure is insecure
 
 
 def test_a_credential_program_gives_the_token_and_when_it_expires(tmp_path: Path) -> None:
@@ -371,3 +386,14 @@ def test_a_refused_token_logs_in_again_once_and_kopf_gets_the_new_one(tmp_path: 
                 await rest.close()
 
     asyncio.run(scenario())
+
+
+def test_the_aiohttp_floor_has_the_decompression_bomb_fix() -> None:
+    # Before 3.13.3 a compressed answer (a /progress read, an API server's) decompressed
+    # without bound (GHSA-6mq8-rvhq-8wgg).
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    (floor,) = [d for d in project["project"]["optional-dependencies"]["operator"]
+                if d.startswith("aiohttp")]  # fmt: skip
+    version = tuple(int(part) for part in floor.removeprefix("aiohttp>=").split("."))
+    assert version >= (3, 13, 3), floor
+    assert tuple(int(p) for p in aiohttp.__version__.split(".")[:3]) >= version

@@ -14,10 +14,17 @@ from meshrun_operator.children.netpolicy import PolicyOptions
 from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.client.answers import Holder
 from meshrun_operator.client.kube import Kube
+from meshrun_operator.kueue import QueueRef
 from meshrun_operator.lifecycle.decide import decide
 from meshrun_operator.lifecycle.evaluation import evaluate
-from meshrun_operator.runtime.actions import CreationRefused, StillTerminating, restore
+from meshrun_operator.runtime.actions import (
+    CreationRefused,
+    StillTerminating,
+    _create_children,
+    restore,
+)
 from meshrun_operator.runtime.context import OperatorContext
+from meshrun_operator.runtime.kueue_link import KueueHold, KueueLink, create_workload
 from meshrun_operator.runtime.reconcile import reconcile
 from meshrun_operator.seen.children import observe as observe_children
 from meshrun_operator.seen.expectations import Expectations, Tombstones
@@ -37,6 +44,8 @@ MESHRUN = {names.LABEL_JOB: "train", names.LABEL_MANAGED_BY: names.MANAGED_BY}
     ("controller", "kind", "labels", "expected"),
     [
         ("uid-1", KIND, MESHRUN, Claim.OURS),
+        ("uid-1", "evil.io/v1 " + KIND, MESHRUN, Claim.FOREIGN),  # another group's kind
+        ("uid-0", "evil.io/v1 " + KIND, MESHRUN, Claim.FOREIGN),  # not a predecessor
         ("uid-1", KIND, {}, Claim.OURS),  # the job's controller reference suffices
         (None, None, MESHRUN, Claim.ORPHAN),
         ("uid-0", KIND, MESHRUN, Claim.PREDECESSOR),
@@ -52,7 +61,11 @@ MESHRUN = {names.LABEL_JOB: "train", names.LABEL_MANAGED_BY: names.MANAGED_BY}
 def test_whose_an_object_of_a_childs_name_is(
     controller: str | None, kind: str | None, labels: Any, expected: Claim
 ) -> None:
-    assert claim(JOB, controller, kind, labels) is expected
+    # ``kind`` is "apiVersion kind" where the controller is not of meshrun's API group.
+    version, _, kind = (kind or "").rpartition(" ") if controller else ("", "", None)
+    api_version = version or API_VERSION
+    holder = Holder(controller, -1, False, kind, labels, controller_api_version=api_version)
+    assert claim(JOB, holder) is expected
 
 
 def test_a_name_conflict_leaves_the_job_pending_with_no_pods_and_says_so() -> None:
@@ -180,6 +193,8 @@ def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
     async def deletes() -> None:
         await kube.delete_child("Service", "ns", orphan, "train")
         await kube.delete_child("NetworkPolicy", "ns", orphan, "train")
+        plugins = "scheduling.x-k8s.io/v1alpha1"
+        await kube.delete_child("PodGroup", "ns", orphan, "train", plugins)
         await kube.delete_job("ns", "train", "uid-1")
         await kube.delete_pods("ns", ["train-0", "train-1"], False, {"train-0": "p-0"})
 
@@ -188,11 +203,13 @@ def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
     assert paths == [
         ("DELETE", "/api/v1/namespaces/ns/services/train"),
         ("DELETE", "/apis/networking.k8s.io/v1/namespaces/ns/networkpolicies/train"),
+        ("DELETE", "/apis/scheduling.x-k8s.io/v1alpha1/namespaces/ns/podgroups/train"),
         ("DELETE", "/apis/meshrun.dev/v1alpha1/namespaces/ns/paralleltrainingjobs/train"),
         ("DELETE", "/api/v1/namespaces/ns/pods/train-0"),  # train-1's uid is unknown: not sent
     ]
     conditions = [body["preconditions"] for _, _, body in rest.sent]
     assert conditions == [
+        {"uid": "s-1", "resourceVersion": "77"},
         {"uid": "s-1", "resourceVersion": "77"},
         {"uid": "s-1", "resourceVersion": "77"},
         {"uid": "uid-1"},
@@ -212,10 +229,14 @@ class ChildKube:
         self.created.append(obj["kind"])
         return not self.exists
 
-    async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
+    async def holder(
+        self, kind: str, namespace: str, name: str, api_version: str | None = None
+    ) -> Holder | None:
         return self.holder_found
 
-    async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
+    async def delete_child(
+        self, kind: str, namespace: str, holder: Holder, name: str, api_version: str | None = None
+    ) -> None:
         self.deleted.append(kind)
 
 
@@ -232,7 +253,8 @@ def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() ->
     assert restored(gone) == ["ChildRestored", "ChildRestored"]
     assert gone.created == ["Service", "NetworkPolicy"]
     # The watch lagged: the job's own are there (409, and the holder is the job).
-    ours = ChildKube(exists=True, holder=Holder("uid-1", -1, False, KIND, MESHRUN))
+    held = Holder("uid-1", -1, False, KIND, MESHRUN, controller_api_version=API_VERSION)
+    ours = ChildKube(exists=True, holder=held)
     assert restored(ours) == [] and ours.deleted == []
     # Someone else's took the name: nothing deleted, a NameConflict for the job to say.
     theirs = ChildKube(exists=True, holder=Holder(None, -1, False, labels={"app": "db"}))
@@ -347,3 +369,62 @@ def test_a_pod_with_a_controller_of_another_kind_is_waited_for_never_deleted_as_
     decision = decide(make_job(), replace(observe(), foreign=(someones, orphan)), at(0), TUNING)
     assert (*decision.delete_pods, *decision.force_delete_pods) == ("job-1",)
     assert decision.create_pods == () and decision.status["phase"] == "Pending"
+
+
+class GangKube(ChildKube):
+    """Every create succeeds but the PodGroup's or the Workload's, whose name ``holder`` holds;
+    the pods sent are recorded."""
+
+    def __init__(self, holder: Holder) -> None:
+        super().__init__(exists=False, holder=holder)
+        self.pods: list[str] = []
+
+    async def create(self, obj: dict[str, Any]) -> bool:
+        self.created.append(obj["kind"])
+        return obj["kind"] not in ("PodGroup", "Workload")
+
+    async def create_all(self, objs: list[dict[str, Any]]) -> list[bool]:
+        self.pods += [o["metadata"]["name"] for o in objs]
+        return [True for _ in objs]
+
+    async def get_custom(self, *_: Any) -> None:
+        return None  # no LocalQueue: the Workload carries no flavor's tolerations
+
+
+PLANTED = Holder("uid-9", -1, False, "Deployment", {}, controller_api_version="apps/v1")
+OWN = Holder("uid-1", -1, False, KIND, MESHRUN, controller_api_version=API_VERSION)
+
+
+def test_a_podgroup_of_the_name_that_is_not_the_jobs_makes_no_pod() -> None:
+    job = make_job(name="train", scheduling={"schedulerName": "volcano"})
+    ev = evaluate(job["spec"], "train")
+    _, decision = run(job, observe(), 0)
+    assert decision.create_pods == (0, 1)
+    planted = GangKube(PLANTED)
+    ctx = OperatorContext(kube=planted)  # type: ignore[arg-type]
+    with pytest.raises(CreationRefused) as refused:
+        asyncio.run(_create_children(ctx, JOB, ev, decision))
+    assert refused.value.refusal.reason == "NameConflict"
+    assert refused.value.refusal.what == "PodGroup train"
+    assert "Deployment uid-9" in refused.value.refusal.message
+    assert planted.pods == [] and planted.deleted == []  # no gang under someone else's group
+    # The job's orphan (no controller, its labels): replaced, the pods wait for the next pass.
+    labels = {names.LABEL_JOB: "train", names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    orphan = GangKube(Holder(None, -1, False, labels=labels))
+    with pytest.raises(StillTerminating):
+        asyncio.run(_create_children(OperatorContext(kube=orphan), JOB, ev, decision))  # type: ignore[arg-type]
+    assert orphan.deleted == ["PodGroup"] and orphan.pods == []
+    own = GangKube(OWN)  # the job's own, created before (the watch lags): the pods follow
+    asyncio.run(_create_children(OperatorContext(kube=own), JOB, ev, decision))  # type: ignore[arg-type]
+    assert own.pods == ["train-0", "train-1"]
+
+
+def test_a_workload_of_the_name_that_is_not_the_jobs_holds_the_job() -> None:
+    ev = evaluate(make_job(name="train")["spec"], "train")
+    planted = GangKube(PLANTED)
+    with pytest.raises(KueueHold) as held:
+        asyncio.run(create_workload(planted, KueueLink(), JOB, ev, QueueRef("team-a")))  # type: ignore[arg-type]
+    assert held.value.hold.reason == "NameConflict"
+    assert "Workload" in held.value.hold.message and "Deployment uid-9" in held.value.hold.message
+    # The job's own (its controller reference): waited for, no hold.
+    asyncio.run(create_workload(GangKube(OWN), KueueLink(), JOB, ev, QueueRef("team-a")))  # type: ignore[arg-type]

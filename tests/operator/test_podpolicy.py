@@ -6,8 +6,13 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_operator.children.netpolicy import OperatorPeer, build_network_policy
+from meshrun_operator.children.netpolicy import (
+    METADATA_ADDRESSES,
+    OperatorPeer,
+    build_network_policy,
+)
 from meshrun_operator.children.owner import JobRef
+from meshrun_operator.children.platform import PlatformPolicy
 from meshrun_operator.children.podpolicy import PodPolicy
 from meshrun_operator.lifecycle.evaluation import Admission, evaluate
 from operator_factories import make_job
@@ -22,7 +27,9 @@ C0 = f"{TEMPLATE}.containers[0]"
 
 def error_of(template: Any, policy: PodPolicy = PodPolicy.BASELINE) -> str | None:
     """The field the evaluation refuses, or None when the job may run."""
-    ev = evaluate(make_job(podTemplate=template)["spec"], "job", Admission(policy))
+    # Any volume type as far as the platform policy goes: the levels' own rules are tested.
+    rules = Admission(policy, platform=PlatformPolicy(volume_types=frozenset({"*"})))
+    ev = evaluate(make_job(podTemplate=template)["spec"], "job", rules)
     return None if ev.error is None else ev.error.field
 
 
@@ -216,15 +223,15 @@ def test_restricted_egress_allows_dns_the_gang_and_the_cidrs_never_the_metadata_
     spec = policy["spec"]
     assert spec["policyTypes"] == ["Ingress", "Egress"]
     dns, gang, cidrs = spec["egress"]
-    assert dns == {
-        "to": [{"namespaceSelector": {}}],
-        "ports": [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}],
-    }
-    assert gang == {"to": [{"podSelector": {"matchLabels": {"meshrun.dev/job-name": "train"}}}]}
+    # Port 53 of the cluster's DNS pods only (test_platform.py checks the whole rule).
+    assert dns["to"][0]["podSelector"] == {"matchLabels": {"k8s-app": "kube-dns"}}
+    assert dns["ports"] == [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
+    own = {"meshrun.dev/job-name": "train", "meshrun.dev/job-uid": "uid-1"}
+    assert gang == {"to": [{"podSelector": {"matchLabels": own}}]}
     assert cidrs["to"] == [
-        {"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}},
+        {"ipBlock": {"cidr": "0.0.0.0/0", "except": list(METADATA_ADDRESSES[:5])}},
         {"ipBlock": {"cidr": "10.20.0.0/16"}},
-        {"ipBlock": {"cidr": "::/0", "except": ["fd00:ec2::254/128"]}},
+        {"ipBlock": {"cidr": "::/0", "except": list(METADATA_ADDRESSES[5:])}},
         {"ipBlock": {"cidr": "2001:db8::/32"}},
     ]
     # Only DNS and the gang when no CIDR is listed.

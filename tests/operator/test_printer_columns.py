@@ -7,11 +7,12 @@ from typing import Any
 
 import pytest
 from meshrun_operator.bodies import without_none
-from meshrun_operator.lifecycle.columns import display, duration_text, rate_text
+from meshrun_operator.lifecycle.columns import display
 from operator_factories import REPORT_3_OF_10, make_job, make_pod, observe
 from operator_lifecycle_helpers import run, started_job
 
 from meshrun.api.crd import VERSION, crd
+from meshrun.api.display import duration_text, rate_text
 
 pytestmark = pytest.mark.unit
 

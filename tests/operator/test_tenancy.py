@@ -6,6 +6,8 @@ from __future__ import annotations
 import pytest
 from meshrun_operator import names
 from meshrun_operator.children.netpolicy import OperatorPeer, build_network_policy, parse_labels
+from meshrun_operator.children.platform import PlatformPolicy
+from meshrun_operator.lifecycle.evaluation import Admission
 from meshrun_operator.main import parse_args
 from meshrun_operator.runtime.leader import LeaseTiming
 from test_builders import JOB, pod_for
@@ -22,7 +24,8 @@ def test_only_the_jobs_own_pods_and_the_operator_on_9400_get_in() -> None:
     (owner,) = policy["metadata"]["ownerReferences"]
     assert owner["uid"] == JOB.uid and owner["controller"] is True
     spec = policy["spec"]
-    own = {"matchLabels": {names.LABEL_JOB: JOB.name}}
+    # The job's uid too: a pod of the namespace that copies the job-name label is no peer.
+    own = {"matchLabels": {names.LABEL_JOB: JOB.name, names.LABEL_JOB_UID: JOB.uid}}
     assert spec["podSelector"] == own and spec["policyTypes"] == ["Ingress"]
     job_pods, operator = spec["ingress"]
     # The job's own pods: every port (rendezvous 29500, and NCCL's and gloo's random ones).
@@ -43,7 +46,9 @@ def test_an_operator_outside_the_cluster_opens_nothing_more() -> None:
 def test_trainer_pods_mount_no_token_unless_the_template_asks() -> None:
     assert pod_for(index=0)["spec"]["automountServiceAccountToken"] is False
     asked = {"spec": {"automountServiceAccountToken": True, "serviceAccountName": "reader"}}
-    pod = pod_for(index=0, podTemplate=asked)
+    # A service account the platform allows (the default policy allows only "default").
+    reader = Admission(platform=PlatformPolicy(service_accounts=frozenset({"default", "reader"})))
+    pod = pod_for(index=0, admission=reader, podTemplate=asked)
     assert pod["spec"]["automountServiceAccountToken"] is True
     assert pod["spec"]["serviceAccountName"] == "reader"
 

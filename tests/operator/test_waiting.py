@@ -81,3 +81,14 @@ def test_a_quota_refusal_names_the_pods_at_once() -> None:
     cond = condition(refused, "CreationRefused")
     assert cond["reason"] == "QuotaExceeded" and cond["message"].startswith("pod(s) job-0, job-1")
     assert "exceeded quota: gpus" in refused.status["message"]
+
+
+def test_a_refused_gang_of_thousands_is_said_in_a_line() -> None:
+    job, _ = run(make_job(), observe(), 0)
+    indices = tuple(i for i in range(4096) if i != 7)
+    refusal = Refusal(indices, "QuotaExceeded", "exceeded quota: gpus")
+    _, refused = run(job, replace(observe(), refused=refusal), 1)
+    cond = condition(refused, "CreationRefused")
+    assert cond["message"] == "4095 pods of job (indices 0-6,8-4095): exceeded quota: gpus"
+    assert len(refused.status["message"]) < 300
+    assert all(len(e.message) < 300 for e in refused.events)

@@ -24,7 +24,6 @@ from meshrun_trainer.components.data.synthetic import make_stream, replica_rows
 from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.distributed.parallel import gradient_sync
-from meshrun_trainer.distributed.pipeline import schedule_stages
 from meshrun_trainer.local.env import layout_env
 from meshrun_trainer.loop.train import build_runner
 from meshrun_trainer.models.llama import build_model
@@ -148,7 +147,7 @@ def check_sync(layout: dict[str, Any]) -> dict[str, Any]:
             with gradient_sync(runner.parts, job.plan.layout, last), runner.loss_context():
                 cross_entropy(runner.parts[0](xs), ys).backward()
         else:
-            for stage in schedule_stages(runner.schedule):
+            for stage in runner.pipeline_stages():
                 stage.last_run = last
             args = (xs,) if runner.is_first else ()
             with runner.loss_context():

@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 from trainer_launch import REPO, cpu_env
 
 pytestmark = pytest.mark.trainer
@@ -22,7 +25,12 @@ spec:
   resources: {numNodes: 2, numProcPerNode: 1, accelerator: cpu}
   strategy: {type: pipeline, pipelineParallel: 2, pipelineSchedule: gpipe, microBatches: 2}
   model: {preset: tiny}
-  training: {steps: 6, globalBatchSize: 4, precision: fp32, learningRate: 0.01}
+  training:
+    steps: 6
+    globalBatchSize: 4
+    precision: fp32
+    learningRate: 0.01
+    checkpoint: {everySteps: 2}
 """
 
 
@@ -34,13 +42,18 @@ def meshrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str
 
 
 @pytest.mark.timeout(300)
-def test_two_pods_train_and_write_summary_and_plot(tmp_path: Path) -> None:
+def test_two_pods_train_and_write_summary_plot_and_event_files(tmp_path: Path) -> None:
+    """The summary, the picture, and the TensorBoard event files read by TensorBoard's own
+    reader: the losses of the summary, and after a restart from an earlier checkpoint each
+    step once, the resumed run's."""
     job = tmp_path / "job.yaml"
     job.write_text(JOB)
     summary_path, plot = tmp_path / "summary.json", tmp_path / "loss.png"
+    checkpoints = tmp_path / "checkpoints"
     proc = meshrun(
-        "run", str(job), "--local", "--summary-json", str(summary_path), "--plot", str(plot)
-    )
+        "run", str(job), "--local", "--summary-json", str(summary_path), "--plot", str(plot),
+        "--checkpoint-dir", str(checkpoints),
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     summary = json.loads(summary_path.read_text())
     assert summary["steps"] == 6 and len(summary["losses"]) == 6
@@ -52,6 +65,50 @@ def test_two_pods_train_and_write_summary_and_plot(tmp_path: Path) -> None:
     assert summary["tokensPerSecond"] > 0
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "local-pp: 6 steps, final loss" in proc.stdout
+    events = checkpoints / "tensorboard"
+    assert f"TensorBoard event files: {events}" in proc.stdout
+    first = scalars(events)
+    assert [step for step, _ in first["train/loss"]] == [1, 2, 3, 4, 5, 6]
+    assert [value for _, value in first["train/loss"]] == pytest.approx(summary["losses"])
+    assert [value for _, value in first["train/learning_rate"]] == pytest.approx([0.01] * 6)
+    assert all(value > 0 for _, value in first["train/grad_norm"])
+    assert all(value > 0 for _, value in first["train/step_time_seconds"])
+    assert all(value > 0 for _, value in first["train/tokens_per_second"])
+    assert len(first["plan/predicted_tokens_per_second"]) == 6
+
+    # The pods die after step 6 was logged but before its checkpoint is kept: the restart
+    # resumes from step 4 and logs 5 and 6 again, into a new file of the same folder.
+    shutil.rmtree(checkpoints / "step-00000006")
+    restarted = time.time()
+    second_summary = tmp_path / "second.json"
+    proc = meshrun(
+        "run", str(job), "--local", "--quiet", "--summary-json", str(second_summary),
+        "--checkpoint-dir", str(checkpoints),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    second = json.loads(second_summary.read_text())
+    assert second["resumedFromStep"] == 4 and len(second["losses"]) == 2
+    assert len(list(events.glob("events.out.tfevents.*"))) == 2
+    after = scalars(events)
+    assert [step for step, _ in after["train/loss"]] == [1, 2, 3, 4, 5, 6], "no step twice"
+    assert [value for _, value in after["train/loss"]] == pytest.approx(
+        summary["losses"][:4] + second["losses"]
+    )
+    walls = [wall for _, wall in after["wall"]]
+    assert max(walls[:4]) < restarted <= min(walls[4:]), "steps 5 and 6 of the resumed run"
+
+
+def scalars(folder: Path) -> dict[str, list[tuple[int, float]]]:
+    """Every scalar series of the folder as TensorBoard's reader sees it (all points kept),
+    and "wall": the wall times of the loss's points."""
+    reader = EventAccumulator(str(folder), size_guidance={SCALARS: 0})
+    reader.Reload()
+    series = {
+        tag: [(event.step, event.value) for event in reader.Scalars(tag)]
+        for tag in reader.Tags()["scalars"]
+    }
+    series["wall"] = [(event.step, event.wall_time) for event in reader.Scalars("train/loss")]
+    return series
 
 
 def _losses(tmp_path: Path, name: str, resources: str, strategy: str) -> list[float]:

@@ -7,10 +7,13 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from meshrun_trainer.components.eventlog import EventLog
 from meshrun_trainer.components.progress import Metrics, ProgressServer, Reporter
 from meshrun_trainer.config.read import read_job
 from meshrun_trainer.local.env import edit_document, layout_env
 from meshrun_trainer.runner import StepRecord
+
+from meshrun.files import events
 
 pytestmark = pytest.mark.unit
 
@@ -26,7 +29,17 @@ def test_step_lines_endpoints_and_termination_message(
     assert reporter.server is None
     reporter.server = ProgressServer(0, reporter.metrics, reporter.progress)
     base = f"http://127.0.0.1:{reporter.server.port}"
-    reporter.on_step(StepRecord(3, 4.25, 0.9, 0.5, 1024.0, 12345))
+    reporter.on_step(
+        StepRecord(
+            step=3,
+            loss=4.25,
+            grad_norm=0.9,
+            learning_rate=3e-4,
+            step_time_s=0.5,
+            tokens_per_s=1024.0,
+            peak_memory_bytes=12345,
+        )
+    )
 
     line = json.loads(capsys.readouterr().out.strip())
     assert line["event"] == "step" and line["step"] == 3 and line["loss"] == 4.25
@@ -60,3 +73,44 @@ def test_metrics_registry_is_per_reporter() -> None:
     job = read_job(layout_env({"preset": "tiny"}, {"globalBatchSize": 8}))
     # Two registries in one process must not clash (tests build several reporters).
     assert Metrics(job).registry is not Metrics(job).registry
+
+
+def _record(step: int) -> StepRecord:
+    return StepRecord(
+        step=step,
+        loss=5.0 - step,
+        grad_norm=1.0,
+        learning_rate=1e-3,
+        step_time_s=0.1,
+        tokens_per_s=100.0,
+        peak_memory_bytes=1,
+    )
+
+
+def test_event_files_are_on_disk_at_each_checkpoints_step(tmp_path: Path) -> None:
+    """A pod killed after the checkpoint of step 2 has lost nothing a resume from it would not
+    log again: the file is flushed at the checkpoint's step (within the 10 s otherwise)."""
+    training = {"globalBatchSize": 8, "checkpoint": {"everySteps": 2}}
+    job = read_job(layout_env({"preset": "tiny"}, training))
+    log = EventLog(str(tmp_path), job)
+    for step in (1, 2, 3):
+        log.step(_record(step))
+    on_disk = events.read_scalars(tmp_path)
+    assert sorted(on_disk[events.LOSS]) == [1, 2], "step 3 still buffered"
+    assert on_disk[events.LEARNING_RATE] == {1: pytest.approx(1e-3), 2: pytest.approx(1e-3)}
+    log.close()
+    assert sorted(events.read_scalars(tmp_path)[events.LOSS]) == [1, 2, 3]
+
+
+def test_an_unwritable_event_folder_does_not_stop_training(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "file").write_text("")
+    log = EventLog(
+        str(tmp_path / "file" / "tensorboard"),
+        read_job(layout_env({"preset": "tiny"}, {"globalBatchSize": 8})),
+    )
+    log.step(_record(1))
+    log.step(_record(2))
+    log.close()
+    assert capsys.readouterr().err.count("TensorBoard event files disabled") == 1

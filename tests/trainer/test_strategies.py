@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from meshrun_trainer.distributed.parallel import data_parallel_kind
-from meshrun_trainer.distributed.pipeline import stages_of_rank
+from meshrun_trainer.distributed.stagemap import stages_of_rank
 
 from meshrun.api.layout import Layout
 

@@ -123,6 +123,9 @@ def main() -> int:
     except Exception as error:
         write_failure(log, error)
         raise
+    finally:
+        if reporter is not None:
+            reporter.close_events()
     peaks: list[int] = [0] * dist.get_world_size()
     dist.all_gather_object(peaks, peak_memory()[0])
     if reporter is not None:

@@ -5,14 +5,15 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
-from meshrun_trainer.distributed.pipeline import Schedule
+if TYPE_CHECKING:
+    from meshrun_trainer.distributed.pipeline import AccumulatingStage, Schedule
 
 
 @dataclass(frozen=True)
@@ -25,6 +26,8 @@ class StepRecord:
     """Mean loss over the whole global batch (identical on every rank)."""
     grad_norm: float
     """Global gradient norm before clipping."""
+    learning_rate: float
+    """The learning rate this step's update used (the schedule's value)."""
     step_time_s: float
     """Wall time of the step on this rank."""
     tokens_per_s: float
@@ -66,6 +69,15 @@ class Runner:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
+
+    def pipeline_stages(self) -> list[AccumulatingStage]:
+        """The pipeline stages the schedule runs on this rank (none when pp == 1)."""
+        if self.schedule is None:
+            return []
+        # imported here: torch.distributed.pipelining costs every process 0.65 s (stagemap.py)
+        from meshrun_trainer.distributed.pipeline import schedule_stages
+
+        return schedule_stages(self.schedule)
 
     def loss_context(self) -> AbstractContextManager[None]:
         """Where the loss and its backward run: torch's loss_parallel() for sharded logits."""

@@ -50,7 +50,8 @@ def build_service(job: JobRef) -> dict[str, Any]:
         "spec": {
             "clusterIP": "None",
             "publishNotReadyAddresses": True,
-            "selector": {names.LABEL_JOB: job.name},
+            # The uid too: a pod that copies the job-name label gets no DNS record here.
+            "selector": names.job_labels(job.name, job.uid),
             "ports": [
                 {"name": "rendezvous", "port": RENDEZVOUS_PORT, "protocol": "TCP"},
                 {"name": "metrics", "port": METRICS_PORT, "protocol": "TCP"},
@@ -111,7 +112,9 @@ def build_pod(
     if scheduling.scheduler_name:
         pod_spec["schedulerName"] = scheduling.scheduler_name
     if scheduling.priority_class_name:
-        fill_unset(pod_spec, "priorityClassName", scheduling.priority_class_name)
+        # The job's class wins: it is also the gang's and the Workload's, and the one the
+        # platform policy checked.
+        pod_spec["priorityClassName"] = scheduling.priority_class_name
     kind = gang_scheduler_kind(scheduling)
     if kind == "volcano":
         annotations[names.VOLCANO_GROUP_ANNOTATION] = names.podgroup_name(job.name)

@@ -6,9 +6,11 @@ every pod of the cluster can connect to them, so one tenant could join or distur
 rendezvous. The policy selects the job's pods and admits ingress only from pods of the same job
 (any port: the collective ports are not fixed) and, on port 9400 only, from the operator's own
 pods. Egress is left alone (a trainer reads its data and checkpoints where the user says) unless
-the job asks for ``spec.networking.egress.policy: Restricted``: then its pods may reach DNS (port
-53 of the cluster's pods), each other, and the CIDRs it lists, never the cloud metadata address
-(``METADATA_ADDRESSES``: it hands out the node's cloud credentials).
+the job asks for ``spec.networking.egress.policy: Restricted`` or the platform restricts every
+job's egress (``--default-egress Restricted``, :class:`PlatformEgress`, which a job cannot
+open): then its pods may reach the cluster's DNS pods on port 53, each other, the platform's
+CIDRs and the CIDRs the job lists (inside the platform's, when the platform restricts), never
+a cloud metadata address (``METADATA_ADDRESSES``: they hand out the node's cloud credentials).
 NetworkPolicies add up, so a cluster admin can admit more (say, Prometheus on 9400) with a policy
 of their own. Enforcement is the network plugin's: without one that implements NetworkPolicy the
 object has no effect.
@@ -26,6 +28,7 @@ from meshrun.api.spec import Egress
 from meshrun.envcontract import METRICS_PORT
 from meshrun_operator import names
 from meshrun_operator.children.owner import JobRef, child_metadata
+from meshrun_operator.children.platform import DnsPeer, PlatformEgress
 from meshrun_operator.client.credentials import own_namespace
 
 
@@ -50,21 +53,35 @@ def parse_labels(text: str) -> dict[str, str]:
     return labels
 
 
-METADATA_ADDRESSES = ("169.254.169.254/32", "fd00:ec2::254/128")
-"""The cloud instance-metadata endpoints (IPv4 on every major cloud, IPv6 on AWS): carved out of
-every CIDR a restricted job allows."""
+METADATA_ADDRESSES = (
+    "169.254.169.254/32",  # instance metadata: AWS, GCP, Azure, OCI, OpenStack
+    "168.63.129.16/32",  # Azure's wireserver (VM agent, extensions, health)
+    "100.100.100.200/32",  # Alibaba Cloud's instance metadata
+    "169.254.170.2/32",  # AWS ECS task credentials
+    "169.254.170.23/32",  # AWS EKS Pod Identity agent
+    "fd00:ec2::254/128",  # AWS instance metadata over IPv6
+    "fd00:ec2::23/128",  # AWS EKS Pod Identity agent over IPv6
+)
+"""The cloud metadata and credential endpoints: carved out of every CIDR a restricted job
+allows, so a trainer cannot fetch the node's (or another pod's) cloud credentials."""
 
 DNS_PORTS = [{"protocol": "UDP", "port": 53}, {"protocol": "TCP", "port": 53}]
 
 
-def egress_rules(job: JobRef, egress: Egress) -> list[dict[str, Any]]:
-    """What a job with restricted egress may reach: DNS, its own pods, its allowed CIDRs."""
-    own_pods = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name}}}
-    rules: list[dict[str, Any]] = [
-        {"to": [{"namespaceSelector": {}}], "ports": DNS_PORTS},
-        {"to": [own_pods]},
-    ]
-    blocks = [{"ipBlock": _ip_block(cidr)} for cidr in egress.allowed_cidrs or []]
+def egress_rules(
+    job: JobRef, egress: Egress, floor: PlatformEgress | None = None
+) -> list[dict[str, Any]]:
+    """What a job with restricted egress may reach: the cluster's DNS pods, its own pods, the
+    platform's CIDRs and its own."""
+    floor = floor or PlatformEgress()
+    own_pods = {"podSelector": {"matchLabels": names.job_labels(job.name, job.uid)}}
+    dns = {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": floor.dns.namespace}},
+        "podSelector": {"matchLabels": dict(floor.dns.labels)},
+    }
+    rules: list[dict[str, Any]] = [{"to": [dns], "ports": DNS_PORTS}, {"to": [own_pods]}]
+    cidrs = dict.fromkeys([*floor.allowed_cidrs, *(egress.allowed_cidrs or [])])
+    blocks = [{"ipBlock": _ip_block(cidr)} for cidr in cidrs]
     if blocks:
         rules.append({"to": blocks})
     return rules
@@ -84,15 +101,18 @@ def _ip_block(cidr: str) -> dict[str, Any]:
 
 
 def build_network_policy(
-    job: JobRef, operator: OperatorPeer | None, egress: Egress | None = None
+    job: JobRef,
+    operator: OperatorPeer | None,
+    egress: Egress | None = None,
+    floor: PlatformEgress | None = None,
 ) -> dict[str, Any]:
     """The job's NetworkPolicy (named like the job, owned by it, garbage-collected with it).
 
     ``operator`` None (the operator runs outside the cluster): no pod but the job's own may
-    connect, and progress comes from the pod annotation only. ``egress`` restricted: the pods'
-    egress is limited too (:func:`egress_rules`).
+    connect, and progress comes from the pod annotation only. ``egress`` restricted, or the
+    platform's ``floor``: the pods' egress is limited too (:func:`egress_rules`).
     """
-    own_pods = {"podSelector": {"matchLabels": {names.LABEL_JOB: job.name}}}
+    own_pods = {"podSelector": {"matchLabels": names.job_labels(job.name, job.uid)}}
     ingress: list[dict[str, Any]] = [{"from": [own_pods]}]
     if operator is not None:
         # An empty "from" would admit everyone: the peer always names a namespace.
@@ -104,13 +124,16 @@ def build_network_policy(
         }
         ingress.append({"from": [peer], "ports": [{"protocol": "TCP", "port": METRICS_PORT}]})
     spec: dict[str, Any] = {
-        "podSelector": {"matchLabels": {names.LABEL_JOB: job.name}},
+        "podSelector": {"matchLabels": names.job_labels(job.name, job.uid)},
         "policyTypes": ["Ingress"],
         "ingress": ingress,
     }
-    if egress is not None and egress.policy == "Restricted":
+    floor = floor or PlatformEgress()
+    if floor.restricted or (egress is not None and egress.policy == "Restricted"):
         spec["policyTypes"] = ["Ingress", "Egress"]
-        spec["egress"] = egress_rules(job, egress)
+        spec["egress"] = egress_rules(
+            job, egress or Egress(policy="Restricted", allowed_cidrs=None), floor
+        )
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "NetworkPolicy",
@@ -125,6 +148,8 @@ class PolicyOptions:
 
     operator: OperatorPeer | None = None
     """The operator's pods, let in on port 9400; None when it runs outside the cluster."""
+    egress: PlatformEgress = field(default_factory=PlatformEgress)
+    """The platform's egress for every job."""
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -145,15 +170,53 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default="",
         help="k=v,... selecting the operator's pods in that namespace (default: all its pods)",
     )
+    group.add_argument(
+        "--default-egress",
+        choices=["Open", "Restricted"],
+        default="Open",
+        help="Restricted: every job's egress is restricted (DNS, its own pods, "
+        "--egress-allowed-cidrs and the CIDRs it lists inside them), and no job can open it; "
+        "Open (the default): a job restricts its own with spec.networking.egress",
+    )
+    group.add_argument(
+        "--egress-allowed-cidrs",
+        default="",
+        help="CIDRs,... every restricted job may reach (the metadata addresses carved out)",
+    )
+    group.add_argument(
+        "--dns-namespace",
+        default="kube-system",
+        help="namespace of the cluster's DNS pods, the only ones a restricted job reaches on "
+        "port 53 (default kube-system)",
+    )
+    group.add_argument(
+        "--dns-labels",
+        default="k8s-app=kube-dns",
+        help="k=v,... selecting the DNS pods there (default k8s-app=kube-dns)",
+    )
 
 
 def from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> PolicyOptions | None:
     """The NetworkPolicy settings asked for on the command line; bad values exit 2."""
+    restricted = args.default_egress == "Restricted"
     if args.no_network_policy:
+        if restricted:
+            parser.error(
+                "--default-egress Restricted needs the per-job NetworkPolicy (drop "
+                "--no-network-policy)"
+            )
         return None
     try:
         labels = parse_labels(args.operator_labels)
+        dns = DnsPeer(args.dns_namespace, parse_labels(args.dns_labels))
     except ValueError as error:
-        parser.error(f"--operator-labels: {error}")
+        parser.error(f"--operator-labels or --dns-labels: {error}")
+    cidrs = tuple(filter(None, (c.strip() for c in args.egress_allowed_cidrs.split(","))))
+    for cidr in cidrs:
+        try:
+            ipaddress.ip_network(cidr, strict=False)
+        except ValueError as error:
+            parser.error(f"--egress-allowed-cidrs: {error}")
     namespace = args.operator_namespace or own_namespace()
-    return PolicyOptions(OperatorPeer(namespace, labels) if namespace else None)
+    peer = OperatorPeer(namespace, labels) if namespace else None
+    return PolicyOptions(peer, PlatformEgress(restricted, cidrs, dns))

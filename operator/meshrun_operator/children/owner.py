@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, Protocol
 
 from meshrun.api.crd import API_VERSION, GROUP, KIND
 from meshrun.planner.plan import Plan
@@ -56,18 +56,23 @@ def owner_reference(job: JobRef) -> dict[str, Any]:
 def child_metadata(job: JobRef, name: str, labels: Mapping[str, str]) -> dict[str, Any]:
     """Name, namespace, ``labels`` plus the job's own (which ``labels`` cannot replace: they say
     whose child it is), and the owner reference."""
+    own = {**names.job_labels(job.name, job.uid), names.LABEL_MANAGED_BY: names.MANAGED_BY}
     return {
         "name": name,
         "namespace": job.namespace,
-        "labels": {**labels, names.LABEL_JOB: job.name, names.LABEL_MANAGED_BY: names.MANAGED_BY},
+        "labels": {**labels, **own},
         "ownerReferences": [owner_reference(job)],
     }
 
 
 def operators_key(key: str) -> bool:
     """A label or annotation key the operator writes and reads itself (``meshrun.dev/...``,
-    ``app.kubernetes.io/managed-by``): a pod template may not set it."""
-    return key == names.LABEL_MANAGED_BY or key.split("/", 1)[0] == GROUP
+    ``app.kubernetes.io/managed-by``), or one by which Kueue or a gang scheduler joins a pod
+    to a queue or a gang (names.SCHEDULING_KEY_DOMAINS): a pod template may not set it."""
+    domain = key.split("/", 1)[0]  # the whole key without a prefix (pod-group.scheduling...)
+    return (
+        key == names.LABEL_MANAGED_BY or domain == GROUP or domain in names.SCHEDULING_KEY_DOMAINS
+    )
 
 
 def users_keys(values: object) -> dict[str, str]:
@@ -94,13 +99,29 @@ class Claim(StrEnum):
     NameConflict."""
 
 
-def claim(
-    job: JobRef, controller_uid: str | None, controller_kind: str | None, labels: object
-) -> Claim:
-    """Whose an object of a child's name is, from its controller reference and labels."""
-    if controller_uid is not None and controller_uid == job.uid:
+class Held(Protocol):
+    """What :func:`claim` reads of the object that holds a name (client.answers.Holder)."""
+
+    @property
+    def controller(self) -> str | None: ...
+    @property
+    def controller_kind(self) -> str | None: ...
+    @property
+    def controller_api_version(self) -> str | None: ...
+    @property
+    def labels(self) -> Mapping[str, str]: ...
+
+
+def claim(job: JobRef, holder: Held) -> Claim:
+    """Whose an object of a child's name is, from its controller reference and labels. A
+    reference counts as a ParallelTrainingJob's only with meshrun's API group: an
+    ``evil.io/v1 ParallelTrainingJob`` is someone else's kind."""
+    controller_uid = holder.controller
+    group = (holder.controller_api_version or "").partition("/")[0]
+    a_job = holder.controller_kind == KIND and group == GROUP
+    if controller_uid is not None and controller_uid == job.uid and a_job:
         return Claim.OURS
-    marks = labels if isinstance(labels, Mapping) else {}
+    marks = holder.labels if isinstance(holder.labels, Mapping) else {}
     meshrun = (
         marks.get(names.LABEL_JOB) == job.name
         and marks.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY
@@ -109,7 +130,7 @@ def claim(
         return Claim.FOREIGN
     if controller_uid is None:
         return Claim.ORPHAN
-    return Claim.PREDECESSOR if controller_kind == KIND else Claim.FOREIGN
+    return Claim.PREDECESSOR if a_job else Claim.FOREIGN
 
 
 def pod_ranks(plan: Plan, index: int) -> range:

@@ -60,3 +60,5 @@ class Holder:
     resource_version: str = ""
     """metadata.resourceVersion: so is a delete of an orphan (it must not have changed since
     it was judged)."""
+    controller_api_version: str | None = None
+    """apiVersion of its controlling owner (group/version)."""

@@ -134,6 +134,15 @@ def _credentials(
     )
 
 
+def _skips_verification(cluster: dict[str, Any]) -> bool:
+    """Whether a kubeconfig's cluster entry turns off the server certificate's verification:
+    ``insecure-skip-tls-verify`` true, or the string "true" (any case); "false" does not."""
+    value = cluster.get("insecure-skip-tls-verify")
+    if isinstance(value, str):
+        return value.strip().lower() == "true"
+    return value is True
+
+
 def _service_account() -> Issued:
     token = SERVICE_ACCOUNT / "token"
     config = Configuration()
@@ -198,6 +207,11 @@ class KubeconfigLogin:
             raise LoginError(f"kubeconfig {self.listed}: {error}") from error
         self._merged, self._stamps = merger.config, stamps
 
+    def _cluster(self, name: str | None) -> dict[str, Any]:
+        """The current context's cluster entry."""
+        node = self._merged["clusters"].get_with_name(name, safe=True) if name else None
+        return dict(node.value.get("cluster") or {}) if node is not None else {}
+
     def _user(self, name: str | None) -> tuple[dict[str, Any], Path | None]:
         """The current context's user entry, and the file that defines it."""
         if not name:
@@ -229,6 +243,9 @@ class KubeconfigLogin:
             raise LoginError(f"kubeconfig {self.listed}: user exec: {errors[-1]}")
         if not config.host:
             raise LoginError(f"kubeconfig {self.listed}: the current cluster names no server")
+        # The loader takes the field's truth as Python's: the string "false" is true, and would
+        # turn off the server's verification. Only a true (or "true") skips it.
+        config.verify_ssl = not _skips_verification(self._cluster(context.get("cluster")))
         expiry: datetime | None = getattr(self._loader, "expiry", None)
         watched = list(self.files)
         if user.get("tokenFile"):

@@ -47,21 +47,30 @@ CUSTOM_KINDS = {
 CORE_KINDS = {"Pod": "pods", "Service": "services", "Event": "events"}
 
 
-def child_path(kind: str, namespace: str, name: str) -> str:
-    """The URL path of one child: a Pod, a Service or a NetworkPolicy."""
+def child_path(kind: str, namespace: str, name: str, api_version: str | None = None) -> str:
+    """The URL path of one child: a Pod, a Service, a NetworkPolicy, or a PodGroup or Workload
+    of ``api_version`` (the first one known when None)."""
     if kind in CORE_KINDS:
         return core_path(CORE_KINDS[kind], namespace, name)
-    group, version, plural = CUSTOM_KINDS[kind]["networking.k8s.io/v1"]
+    group, version, plural = _custom(kind, api_version)
     return group_path(group, version, plural, namespace, name)
 
 
+def _custom(kind: str, api_version: str | None) -> tuple[str, str, str]:
+    versions = CUSTOM_KINDS[kind]
+    return versions[api_version] if api_version else next(iter(versions.values()))
+
+
 def _plural(kind: str) -> str:
-    return CORE_KINDS.get(kind) or "networkpolicies"
+    return CORE_KINDS.get(kind) or _custom(kind, None)[2]
 
 
 class StaleJob(Exception):
     """A patch lost the race with another write to the job (optimistic concurrency)."""
 
+
+SLOW_START_BATCH = 1
+"""The first batch of a gang's creates (the Job controller's SlowStartInitialBatchSize)."""
 
 IN_NAMESPACE = re.compile(r"^/apis?/.+?/namespaces/([^/]+)/")
 """The namespace of a request's path (for an object or a collection in one)."""
@@ -163,19 +172,38 @@ class Kube:
         return True
 
     async def create_all(self, objs: Iterable[Mapping[str, Any]]) -> list[bool | Refused]:
-        """Create many objects concurrently: True (created), False (the name exists) or the
-        Refused of each; any other error is raised once all finished."""
-        results = await asyncio.gather(*(self.create(o) for o in objs), return_exceptions=True)
-        for result in results:
-            if isinstance(result, BaseException) and not isinstance(result, Refused):
-                raise result
-        return [r if isinstance(r, Refused) else bool(r) for r in results]
+        """Create many objects in batches that double (1, 2, 4, ...), each batch's creates
+        concurrent: True (created), False (the name exists) or the Refused of each. As the Job
+        controller's slow start does, a batch with a refusal (a quota, a webhook, an API server
+        shedding load) is the last: the objects never sent answer with that refusal, so a
+        refused gang costs one request, not one per pod. Between batches the event loop runs
+        other work. Any other error is raised once its batch finished."""
+        pending = list(objs)
+        results: list[bool | Refused] = []
+        size = SLOW_START_BATCH
+        while len(results) < len(pending):
+            batch = pending[len(results) : len(results) + size]
+            answers = await asyncio.gather(*(self.create(o) for o in batch), return_exceptions=True)
+            for answer in answers:
+                if isinstance(answer, BaseException) and not isinstance(answer, Refused):
+                    raise answer
+            results += [a if isinstance(a, Refused) else bool(a) for a in answers]
+            refused = next((a for a in answers if isinstance(a, Refused)), None)
+            if refused is not None:
+                results += [refused] * (len(pending) - len(results))
+                break
+            size *= 2
+            await asyncio.sleep(0)
+        return results
 
-    async def holder(self, kind: str, namespace: str, name: str) -> Holder | None:
-        """Who holds the name of a Pod, Service or NetworkPolicy that already exists (None when
-        it is gone)."""
+    async def holder(
+        self, kind: str, namespace: str, name: str, api_version: str | None = None
+    ) -> Holder | None:
+        """Who holds the name of a child that already exists (None when it is gone): a Pod,
+        Service or NetworkPolicy, or a PodGroup or Workload of ``api_version``."""
+        path = child_path(kind, namespace, name, api_version)
         try:
-            found = await self.call("get", _plural(kind), "GET", child_path(kind, namespace, name))
+            found = await self.call("get", _plural(kind), "GET", path)
         except ApiError as error:
             if error.status == 404:
                 return None
@@ -193,6 +221,7 @@ class Kube:
             attempt,
             bool(meta.get("deletionTimestamp")),
             controller_kind=controller.get("kind"),
+            controller_api_version=controller.get("apiVersion"),
             labels={str(k): str(v) for k, v in labels.items()},
             uid=str(meta.get("uid") or ""),
             resource_version=str(meta.get("resourceVersion") or ""),
@@ -216,12 +245,16 @@ class Kube:
             if error.status not in (404, 409):
                 raise
 
-    async def delete_child(self, kind: str, namespace: str, holder: Holder, name: str) -> None:
-        """Delete a Service or NetworkPolicy (an orphan of the job's that holds the name of the
-        job's own) only if it is still the object judged: the delete carries its uid and
-        resourceVersion as preconditions (409: it changed, judged again next time)."""
+    async def delete_child(
+        self, kind: str, namespace: str, holder: Holder, name: str, api_version: str | None = None
+    ) -> None:
+        """Delete a Service, NetworkPolicy or PodGroup (of ``api_version``): an orphan of the
+        job's that holds the name of the job's own, only if it is still the object judged: the
+        delete carries its uid and resourceVersion as preconditions (409: it changed, judged
+        again next time)."""
         preconditions = {"uid": holder.uid, "resourceVersion": holder.resource_version}
-        await self._delete_if(_plural(kind), child_path(kind, namespace, name), preconditions)
+        path = child_path(kind, namespace, name, api_version)
+        await self._delete_if(_plural(kind), path, preconditions)
 
     async def delete_pods(
         self,

@@ -17,6 +17,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from meshrun.api.spec import JobSpec
+from meshrun.planner.ranks import compress_ranks
 from meshrun.rules.names import pod_name
 from meshrun_operator import names
 from meshrun_operator import vocabulary as words
@@ -135,10 +136,18 @@ def refused(draft: Draft, spec: JobSpec, refusal: Refusal, tried: list[int]) -> 
         draft.waiting(words.CREATION_REFUSED.format(what=what, why=refusal.message, until=until))
 
 
+NAMED_PODS = 8
+"""A refusal of more pods than this names their indices as ranges, not each pod: a refused
+gang of thousands would otherwise put every name in the condition, the status message and
+the Event (hundreds of KB in the job's object)."""
+
+
 def _refused_what(draft: Draft, refusal: Refusal) -> str:
-    pods = [pod_name(draft.name, i) for i in refusal.indices]
-    if pods:
-        return f"pod(s) {', '.join(pods)}"
+    indices = refusal.indices
+    if len(indices) > NAMED_PODS:
+        return f"{len(indices)} pods of {draft.name} (indices {compress_ranks(indices)})"
+    if indices:
+        return f"pod(s) {', '.join(pod_name(draft.name, i) for i in indices)}"
     return refusal.what or f"Service {names.service_name(draft.name)}"
 
 

@@ -8,7 +8,7 @@ thing in its pod and fails permanently, naming the field, when they disagree.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from meshrun.api.errors import SpecError
@@ -19,9 +19,17 @@ from meshrun.jobdoc import check_document_size
 from meshrun.planner.plan import Plan, plan_job
 from meshrun_operator.children.builders import build_pod
 from meshrun_operator.children.owner import JobRef
+from meshrun_operator.children.platform import (
+    PlatformEgress,
+    PlatformPolicy,
+    refuse_outside,
+    with_queue,
+)
+from meshrun_operator.children.platform import check as check_platform
 from meshrun_operator.children.podpolicy import PodPolicy
 from meshrun_operator.children.podpolicy import check as check_template
 from meshrun_operator.lifecycle.state import InvalidSpec
+from meshrun_operator.names import KUEUE_QUEUE_LABEL
 
 
 @dataclass(frozen=True)
@@ -47,16 +55,28 @@ class Admission:
     """The Pod Security Standards level every pod template must meet (--job-pod-policy)."""
     network_policies: bool = True
     """The operator makes a NetworkPolicy per job, so a job may restrict its egress."""
+    platform: PlatformPolicy = field(default_factory=PlatformPolicy)
+    """Scheduling, identity, volumes, grace and queue rules (children/platform.py)."""
+    egress: PlatformEgress = field(default_factory=PlatformEgress)
+    """The platform's egress floor, which a job cannot open (children/platform.py)."""
+    max_pods: int | None = None
+    """The most pods this operator makes for one job (--max-pods-per-job); None: no cap."""
 
 
 def evaluate(
-    raw_spec: Mapping[str, Any], name: str, admission: Admission | None = None
+    raw_spec: Mapping[str, Any],
+    name: str,
+    admission: Admission | None = None,
+    labels: Mapping[str, Any] | None = None,
 ) -> Evaluation:
-    """Read and plan a spec; any problem becomes an Evaluation with ``error`` set."""
+    """Read and plan a spec; any problem becomes an Evaluation with ``error`` set. ``labels``:
+    the job's, where its Kueue queue may be named."""
     spec = None
     rules = admission or Admission()
     try:
         spec = read_spec(raw_spec)
+        spec = with_queue(spec, labels, rules.platform)
+        cap_pods("spec.resources.numNodes", spec.resources.num_nodes, rules.max_pods)
         plan = plan_job(spec, name)
         check_document_size(spec, plan)  # what the trainer pods will be handed
         admit(spec, plan, name, rules)
@@ -71,9 +91,17 @@ def evaluate(
 
 def admit(spec: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
     """SpecError unless the operator may run the job: its pod template meets the pod policy and
-    has a shape pods can be built from, and a restricted egress has a NetworkPolicy to go in."""
+    has a shape pods can be built from, it keeps to the platform policy, and a restricted egress
+    has a NetworkPolicy to go in and stays inside the platform's."""
     check_template(spec.pod_template, rules.pod_policy)
+    check_platform(spec, rules.platform)
+    if spec.elastic is not None and spec.elastic.max_data_parallel is not None:
+        lay = plan.layout
+        processes = spec.elastic.max_data_parallel * lay.pp * lay.tp
+        largest = -(-processes // spec.resources.num_proc_per_node)
+        cap_pods("spec.elastic.maxDataParallel", largest, rules.max_pods)
     egress = spec.networking.egress
+    refuse_outside(egress, rules.egress)
     if egress.policy == "Restricted" and not rules.network_policies:
         raise SpecError(
             "spec.networking.egress.policy",
@@ -90,6 +118,17 @@ def admit(spec: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
         raise SpecError(POD_TEMPLATE, f"cannot be merged into a pod: {error}") from error
 
 
+def cap_pods(field: str, pods: int, most: int | None) -> None:
+    """SpecError when a job of ``pods`` pods is more than this operator makes for one: each
+    pod is built, sent and watched by the one operator every job shares."""
+    if most is not None and pods > most:
+        raise SpecError(
+            field,
+            f"{pods} pods are more than the {most} this operator makes for one job (its "
+            "--max-pods-per-job, Helm value operator.maxPodsPerJob)",
+        )
+
+
 class Evaluations:
     """Each job's spec evaluated once per generation.
 
@@ -99,14 +138,19 @@ class Evaluations:
     """
 
     def __init__(self, admission: Admission | None = None) -> None:
-        self.by_uid: dict[str, tuple[tuple[str, object], Evaluation]] = {}
+        self.by_uid: dict[str, tuple[tuple[str, object, object], Evaluation]] = {}
         self.admission = admission or Admission()
 
     def of(
-        self, uid: str, raw_spec: Mapping[str, Any], name: str, generation: object
+        self,
+        uid: str,
+        raw_spec: Mapping[str, Any],
+        name: str,
+        generation: object,
+        labels: Mapping[str, Any] | None = None,
     ) -> Evaluation:
-        """The job's evaluated spec (evaluated now if its generation is new)."""
-        key = (name, generation)
+        """The job's evaluated spec (evaluated now if its generation or queue label is new)."""
+        key = (name, generation, (labels or {}).get(KUEUE_QUEUE_LABEL))
         cached = self.by_uid.get(uid)
         same = cached is not None and cached[0] == key
         if (
@@ -115,7 +159,7 @@ class Evaluations:
             and (generation is not None or cached[1].raw_spec == raw_spec)
         ):
             return cached[1]
-        ev = evaluate(raw_spec, name, self.admission)
+        ev = evaluate(raw_spec, name, self.admission, labels)
         self.by_uid[uid] = (key, ev)
         return ev
 

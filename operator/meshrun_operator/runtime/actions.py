@@ -90,7 +90,7 @@ async def _create_children(
     podgroup = build_podgroup(job, ev.spec)
     if podgroup is not None:
         try:
-            await ctx.kube.create(podgroup)
+            created = await ctx.kube.create(podgroup)
         except ApiError as error:
             if error.status != 404:
                 raise
@@ -98,6 +98,12 @@ async def _create_children(
             # for that scheduler), and the user is told why nothing will gang-schedule them.
             message = Reason.POD_GROUP_UNAVAILABLE.message(api_version=podgroup["apiVersion"])
             notes.append(Event(EventType.WARNING, Reason.POD_GROUP_UNAVAILABLE, message))
+        else:
+            if not created:
+                # A PodGroup of the name that is not the job's (planted with a small
+                # minMember) would let the scheduler bind a partial gang: never taken for it.
+                name, version = podgroup["metadata"]["name"], podgroup["apiVersion"]
+                await _child_taken(ctx, job, "PodGroup", name, version)
     admitted = decision.kueue.admitted if decision.kueue is not None else None
     domains = None
     if admitted is None and ctx.placer is not None:
@@ -195,7 +201,8 @@ async def _create_network_policy(
     name = names.network_policy_name(job.name)
     what = f"NetworkPolicy {name}"
     try:
-        created = await ctx.kube.create(build_network_policy(job, options.operator, egress))
+        policy = build_network_policy(job, options.operator, egress, options.egress)
+        created = await ctx.kube.create(policy)
     except Refused as refused:
         refusal = Refusal((), refused.reason, refused.message, what, refused.retry_after)
         raise CreationRefused(refusal) from refused
@@ -211,28 +218,36 @@ class Conflict:
     message: str
 
 
-async def _child_taken(ctx: OperatorContext, job: JobRef, kind: str, name: str) -> None:
-    """The Service or NetworkPolicy create found the name taken: raise unless it is the job's."""
-    conflict = await _name_taken(ctx, job, kind, name, None)
+async def _child_taken(
+    ctx: OperatorContext, job: JobRef, kind: str, name: str, api_version: str | None = None
+) -> None:
+    """The Service, NetworkPolicy or PodGroup (of ``api_version``) create found the name taken:
+    raise unless it is the job's."""
+    conflict = await _name_taken(ctx, job, kind, name, None, api_version)
     if conflict is not None:
         refusal = Refusal((), Reason.NAME_CONFLICT, conflict.message, f"{kind} {name}")
         raise CreationRefused(refusal)
 
 
 async def _name_taken(
-    ctx: OperatorContext, job: JobRef, kind: str, name: str, attempt: int | None
+    ctx: OperatorContext,
+    job: JobRef,
+    kind: str,
+    name: str,
+    attempt: int | None,
+    api_version: str | None = None,
 ) -> Conflict | None:
     """A create found the name taken (children.claim says whose it is): None when the job's
     own child of this attempt holds it; a Conflict when something not meshrun's does (left
     alone); an orphan of the job's is replaced (deleted under preconditions) and an earlier
     job's child waited for, both with StillTerminating. The status write is skipped by the
     exception, so the attempt is not recorded as started."""
-    holder = await ctx.kube.holder(kind, job.namespace, name)
+    holder = await ctx.kube.holder(kind, job.namespace, name, api_version)
     if holder is None:
         if kind == "Pod":
             ctx.expectations.not_created(job.uid, name)
         raise StillTerminating(f"{kind} {name} went away while it was being created")
-    whose = claim(job, holder.controller, holder.controller_kind, holder.labels)
+    whose = claim(job, holder)
     if whose is Claim.OURS and not holder.deleting and attempt in (None, holder.attempt):
         return None
     if kind == "Pod":
@@ -242,6 +257,6 @@ async def _name_taken(
         message = Reason.NAME_CONFLICT.message(kind=kind, name=name, owner=owner)
         return Conflict(message)
     if whose is Claim.ORPHAN and kind != "Pod" and not holder.deleting:
-        await ctx.kube.delete_child(kind, job.namespace, holder, name)
+        await ctx.kube.delete_child(kind, job.namespace, holder, name, api_version)
     who = "an orphan" if holder.controller is None else f"owner {holder.controller}"
     raise StillTerminating(f"{kind} {name} ({who}, attempt {holder.attempt}) holds the name")

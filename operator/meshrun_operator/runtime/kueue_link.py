@@ -20,7 +20,7 @@ from typing import Any
 from meshrun_operator import kueue, names
 from meshrun_operator.bodies import newest
 from meshrun_operator.children.builders import build_pod
-from meshrun_operator.children.owner import JobRef, owner_reference
+from meshrun_operator.children.owner import Claim, JobRef, claim, owner_reference
 from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.errors import ApiError
 from meshrun_operator.client.kube import Kube
@@ -37,7 +37,7 @@ from meshrun_operator.kueue import (
 from meshrun_operator.lifecycle.elastic import admission_floor
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.names import PRIORITY_CLASS_LABEL
-from meshrun_operator.seen.views import Observed
+from meshrun_operator.seen.views import Observed, job_controller
 from meshrun_operator.vocabulary import Reason
 
 logger = logging.getLogger("meshrun.operator")
@@ -83,7 +83,9 @@ class KueueLink:
         seen = None
         if self.index is not None:
             for workload in self.index.get((meta["namespace"], meta["name"]), []):
-                if (workload["metadata"].get("labels") or {}).get(kueue.JOB_UID_LABEL) == uid:
+                found_meta = workload["metadata"]
+                labelled = (found_meta.get("labels") or {}).get(kueue.JOB_UID_LABEL) == uid
+                if labelled and job_controller(found_meta) == uid:  # labels are anyone's
                     seen = workload
         written = self.latest.get(uid)
         mine = None if written is None else written[0]
@@ -147,8 +149,8 @@ def _domains(node_labels: Any, job: Mapping[str, Any], observed: Observed) -> di
 async def create_workload(
     kube: Kube, link: KueueLink, job: JobRef, ev: Evaluation, ref: QueueRef
 ) -> None:
-    """Create the job's Workload: one pod set per pipeline stage, from the pods of attempt 0
-    (no environment: nothing that changes between attempts), owned by the job."""
+    """Create the job's Workload: one pod set per pipeline stage, from the first pod of each
+    of attempt 0 (no environment: nothing that changes between attempts), owned by the job."""
     assert ev.spec is not None and ev.plan is not None
     spec, plan = ev.spec, ev.plan
     priority = None
@@ -173,7 +175,10 @@ async def create_workload(
         topology=kueue.TopologyRequest(topology_key) if topology_key else None,
         min_count=admission_floor(spec, plan),
     )
-    pods = [build_pod(job, spec, plan, i, 0, {}) for i in range(plan.num_nodes)]
+    # The first pod of each pod set stands for the set: a gang of thousands is not built
+    # whole (on the event loop) to describe a few stages.
+    firsts = [pod_set.pod_indices[0] for pod_set in kueue.pod_sets(plan)]
+    pods = [build_pod(job, spec, plan, i, 0, {}) for i in firsts]
     tolerations = await _queue_tolerations(kube, link, job.namespace, ref.queue)
     for pod in pods:
         add_tolerations(pod["spec"].setdefault("tolerations", []), tolerations)
@@ -191,6 +196,14 @@ async def create_workload(
         raise KueueHold(Hold(Reason.WORKLOAD_REJECTED, message)) from rejected
     if created:
         link.latest[job.uid] = (workload, time.monotonic())
+        return
+    # The name is taken. Only the job's own Workload (its controller reference) is waited
+    # for: one planted with a smaller gang would have Kueue admit the pods outside quota.
+    holder = await kube.holder("Workload", job.namespace, name, workload["apiVersion"])
+    if holder is not None and claim(job, holder) is not Claim.OURS:
+        owner = f"{holder.controller_kind} {holder.controller}" if holder.controller else "none"
+        message = Reason.NAME_CONFLICT.message(kind="Workload", name=name, owner=owner)
+        raise KueueHold(Hold(Reason.NAME_CONFLICT, message))
 
 
 async def _queue_tolerations(

@@ -100,7 +100,8 @@ async def _act(
     observed = replace(observed, progress=await ctx.progress.read(pod0), missing_children=missing)
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
     raw_spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
-    ev = ctx.evaluations.of(job.uid, raw_spec, job.name, generation)
+    labels = job_body["metadata"].get("labels")
+    ev = ctx.evaluations.of(job.uid, raw_spec, job.name, generation, labels)
     if ctx.placer is not None and ev.spec is not None and ev.spec.elastic is not None:
         observed = replace(observed, capacity=ctx.placer.capacity(job.uid, ev.spec))
     now = datetime.now(UTC)

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 from kueue_factories import make_workload
-from meshrun_operator import kueue
+from meshrun_operator import kueue, names
+from meshrun_operator.children.owner import JobRef, owner_reference
 from meshrun_operator.kueue import Hold
 from meshrun_operator.runtime import kueue_link
 from meshrun_operator.runtime.kueue_link import KueueLink
@@ -17,10 +18,32 @@ pytestmark = pytest.mark.unit
 JOB = {"metadata": {"name": "train", "namespace": "ns", "uid": "uid-1"}}
 
 
-def workload(uid: str, version: str) -> dict[str, Any]:
+def workload(uid: str, version: str, owner: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The job's Workload as the operator makes it: its labels and its controller reference."""
     found = make_workload()
-    found["metadata"].update(labels={kueue.JOB_UID_LABEL: uid}, resourceVersion=version)
+    labels = {kueue.JOB_UID_LABEL: uid, names.LABEL_JOB: "train"}
+    reference = owner or owner_reference(JobRef("train", "ns", uid))
+    found["metadata"].update(labels=labels, resourceVersion=version, ownerReferences=[reference])
     return found
+
+
+@pytest.mark.parametrize(
+    "owner",
+    [
+        None,  # no controller: planted by hand
+        {"apiVersion": "evil.io/v1", "kind": "ParallelTrainingJob", "name": "train",
+         "uid": "uid-1", "controller": True},
+        {"apiVersion": "batch/v1", "kind": "Job", "name": "train", "uid": "uid-1",
+         "controller": True},
+    ],
+)  # fmt: skip
+def test_a_workload_not_controlled_by_the_job_is_not_its_own(owner: dict[str, Any] | None) -> None:
+    planted = workload("uid-1", "10")
+    planted["metadata"]["ownerReferences"] = [owner] if owner else []
+    link = KueueLink(index={("ns", "train"): [planted]})
+    assert link.view(JOB).workload is None  # the uid label alone is anyone's to write
+    link.index = {("ns", "train"): [workload("uid-1", "10")]}
+    assert link.view(JOB).workload is not None
 
 
 def test_the_view_prefers_the_newer_copy_and_the_jobs_own_uid(

@@ -7,7 +7,7 @@ import re
 from typing import Any
 
 import pytest
-from kueue_factories import GPU, OWNER, make_plan, make_pods, pipeline_spec
+from kueue_factories import GPU, OWNER, make_plan, make_pod, make_pods, pipeline_spec
 from meshrun_operator import kueue, names
 
 from meshrun.api.errors import SpecError
@@ -174,8 +174,14 @@ def test_merged_stages_ask_for_one_domain_per_stage_slice() -> None:
 
 
 def test_a_missing_pod_or_queue_is_refused_with_the_reason() -> None:
-    with pytest.raises(ValueError, match=r"no pod built for indices \[3\]"):
-        kueue.build_workload(request(), make_plan(), make_pods(3), OWNER)
+    # The first pod of each pod set (stages of pods 0-1 and 2-3) is what the Workload needs.
+    without_2 = [p for p in make_pods(4) if p["metadata"]["labels"][names.LABEL_POD_INDEX] != "2"]
+    with pytest.raises(ValueError, match=r"no pod built for indices \[2\]"):
+        kueue.build_workload(request(), make_plan(), without_2, OWNER)
+    firsts = [make_pod(0), make_pod(2)]
+    built = kueue.build_workload(request(), make_plan(), firsts, OWNER)
+    whole = kueue.build_workload(request(), make_plan(), make_pods(4), OWNER)
+    assert built == whole  # the same Workload from two pods as from the whole gang
     with pytest.raises(SpecError) as error:
         kueue.build_workload(request(queue_name=""), make_plan(), make_pods(4), OWNER)
     assert error.value.field == "spec.scheduling.queueName"

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
 from meshrun_trainer.distributed.parallel import end_forward_only
-from meshrun_trainer.distributed.pipeline import loss_scale
+from meshrun_trainer.distributed.stagemap import loss_scale
 from meshrun_trainer.models.context import sequence_share
 
 if TYPE_CHECKING:

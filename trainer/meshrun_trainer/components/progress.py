@@ -1,5 +1,6 @@
-"""Progress reporting on rank 0: a JSON line per step, /metrics and /progress over HTTP, and the
-final summary written to the pod's termination message (docs/env-contract.md)."""
+"""Progress reporting on rank 0: a JSON line per step, /metrics and /progress over HTTP,
+TensorBoard event files, and the final summary written to the pod's termination message
+(docs/env-contract.md)."""
 
 from __future__ import annotations
 
@@ -19,7 +20,9 @@ from prometheus_client import (
     generate_latest,
 )
 
+from meshrun.envcontract import metrics_dir
 from meshrun.jobdoc import JobDocument
+from meshrun_trainer.components.eventlog import EventLog
 from meshrun_trainer.runner import StepRecord
 
 TERMINATION_MESSAGE_LIMIT = 4096
@@ -126,6 +129,8 @@ class Reporter:
             "stepTimeSeconds": None,
             "updatedAt": time.time(),
         }
+        folder = metrics_dir(job.spec, job.pod.checkpoint_dir)
+        self.events = EventLog(folder, job) if folder else None
         self.server: ProgressServer | None = None
         if serve and job.pod.metrics_port:
             try:
@@ -159,6 +164,8 @@ class Reporter:
             "peakMemoryBytes": record.peak_memory_bytes,
         }
         print(finite_json(line), flush=True)
+        if self.events is not None:
+            self.events.step(record)
 
     def on_eval(self, step: int, loss: float) -> None:
         """A validation loss: a JSON line, the gauges, and /progress (evalLoss, evalStep)."""
@@ -168,10 +175,18 @@ class Reporter:
         with lock:
             self.progress.update({"evalLoss": loss, "evalStep": step})
         print(finite_json({"event": "eval", "step": step, "loss": loss}), flush=True)
+        if self.events is not None:
+            self.events.evaluation(step, loss)
+
+    def close_events(self) -> None:
+        """Write out what the event files hold (also when training stopped on an error)."""
+        if self.events is not None:
+            self.events.close()
 
     def finish(self, summary: dict[str, Any]) -> None:
         """Print the summary line and write the compact termination message."""
         print(finite_json({"event": "summary", **summary}), flush=True)
+        self.close_events()
         brief = {k: v for k, v in summary.items() if k != "losses"}
         if "eval" in brief:  # the last evaluations: the message must stay whole JSON
             brief["eval"] = brief["eval"][-8:]

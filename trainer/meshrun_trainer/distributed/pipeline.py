@@ -37,11 +37,6 @@ from meshrun_trainer.distributed.parallel import data_parallel_kind
 Schedule = PipelineScheduleSingle | PipelineScheduleMulti
 
 
-def stages_of_rank(pp_rank: int, layout: Layout) -> list[int]:
-    """Global stage indices held by pipeline rank ``pp_rank``."""
-    return [pp_rank + k * layout.pp for k in range(layout.virtual_stages)]
-
-
 class AccumulatingStage(PipelineStage):
     """A pipeline stage whose FSDP2 post-backward waits for the optimizer step's last run."""
 
@@ -79,7 +74,8 @@ def build_schedule(
 ) -> Schedule:
     """Wrap each model chunk in a PipelineStage and build the configured schedule.
 
-    ``loss_fn`` must already carry the whole averaging (see :func:`loss_scale`): the schedules'
+    ``loss_fn`` must already carry the whole averaging (see
+    :func:`meshrun_trainer.distributed.stagemap.loss_scale`): the schedules'
     own ``scale_grads`` divides every ``.grad`` by the micro-batch count at the end of each
     ``step()``, including what earlier ``step()`` calls of the same optimizer step accumulated,
     so with gradient accumulation it would shrink the earlier contributions again and again.
@@ -107,10 +103,3 @@ def schedule_stages(schedule: Schedule) -> list[AccumulatingStage]:
     else:
         stages = list(schedule._stages)
     return [stage for stage in stages if isinstance(stage, AccumulatingStage)]
-
-
-def loss_scale(layout: Layout) -> int:
-    """What each micro-batch's mean loss is divided by, so that the gradients summed over one
-    optimizer step are those of the mean loss over this replica's rows: micro-batches per
-    ``step()`` times the ``step()`` calls per optimizer step (gradient accumulation)."""
-    return layout.micro_batches * layout.grad_accumulation

@@ -24,8 +24,9 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 from meshrun.api.crd import load_jobs
 from meshrun.api.errors import SpecError
 from meshrun.api.spec import Data
-from meshrun.envcontract import TRAINER_COMMAND
+from meshrun.envcontract import TRAINER_COMMAND, metrics_dir
 from meshrun.files.checks import mount, plan_checked, read_with_files
+from meshrun.files.curves import PICTURE_SUFFIXES, curves_from_steps, draw
 from meshrun.files.hf import HFModel
 from meshrun.files.mountflag import add_mount_flag
 from meshrun_trainer.components.data.windows import dataset_tokens
@@ -50,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--local", action="store_true", help="run here (required)")
     parser.add_argument("--job", help="name of the job to run when the file holds several")
     parser.add_argument("--summary-json", metavar="PATH", help="write the run summary here")
-    parser.add_argument("--plot", metavar="PATH.png", help="draw the loss curve here")
+    parser.add_argument("--plot", metavar="PATH.png", help="draw the loss and tokens/s curves here")
     parser.add_argument(
         "--checkpoint-dir",
         metavar="DIR",
@@ -74,10 +75,11 @@ def pick_job(path: str, name: str | None) -> dict[str, Any]:
 
 
 def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], list[dict[str, str]]]:
-    """Plan the job and build each pod's environment; UsageError/SpecError on bad input."""
+    """Plan the job and build each pod's environment; UsageError/SpecError on bad input. The
+    plan's dict carries ``metricsDir``: where rank 0 writes its event files (or None)."""
     if not args.local:
         raise UsageError("only --local is supported here; use the operator to run on a cluster")
-    if args.plot and Path(args.plot).suffix.lower() not in (".png", ".svg", ".pdf"):
+    if args.plot and Path(args.plot).suffix.lower() not in PICTURE_SUFFIXES:
         raise UsageError(f"--plot: {args.plot} must end in .png, .svg or .pdf")
     job = pick_job(args.file, args.job)
     name = str(job.get("metadata", {}).get("name", "job"))
@@ -103,6 +105,7 @@ def prepare(args: argparse.Namespace, workdir: Path) -> tuple[dict[str, Any], li
         raise UsageError(f"the planned job cannot train: {error}") from None
     with_model(document, open_files(document))  # and its files, as the trainer opens them
     plan = planned.to_dict()
+    plan["metricsDir"] = metrics_dir(document.spec, document.pod.checkpoint_dir)
     return plan, envs
 
 
@@ -222,16 +225,14 @@ def run_job(args: argparse.Namespace) -> int:
         )
     else:
         print(f"{summary['job']}: already complete at step {summary['resumedFromStep']}")
+    if plan["metricsDir"]:
+        print(f"TensorBoard event files: {plan['metricsDir']} (tensorboard --logdir)")
     if args.summary_json:
         text = json.dumps(finite(summary), indent=2, allow_nan=False)
         Path(args.summary_json).write_text(text + "\n", encoding="utf-8")
-    if args.plot and summary["losses"]:
-        from meshrun_trainer.local.plot import plot_losses
-
-        first = int(summary["resumedFromStep"]) + 1
-        plot_losses(
-            summary["losses"], args.plot, f"{summary['job']} ({plan['layoutString']})", first
-        )
+    if args.plot and steps:
+        curves = curves_from_steps(steps, summary["eval"], plan.get("predictedTokensPerSecond"))
+        draw(curves, args.plot, f"{summary['job']} ({plan['layoutString']})")
     return 0
 
 

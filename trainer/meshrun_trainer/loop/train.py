@@ -26,12 +26,7 @@ from meshrun_trainer.distributed.parallel import (
     gradients_in_buckets,
     plain,
 )
-from meshrun_trainer.distributed.pipeline import (
-    build_schedule,
-    loss_scale,
-    schedule_stages,
-    stages_of_rank,
-)
+from meshrun_trainer.distributed.stagemap import loss_scale, stages_of_rank
 from meshrun_trainer.loop.hooks import UserHooks, weight_source
 from meshrun_trainer.models.context import sequence_share
 from meshrun_trainer.models.loss import cross_entropy
@@ -71,6 +66,9 @@ def build_runner(
     schedule = None
     context = mesh.group("cp") if layout.cp > 1 else None
     if layout.pp > 1:
+        # imported here: torch.distributed.pipelining costs every process 0.65 s (stagemap.py)
+        from meshrun_trainer.distributed.pipeline import build_schedule
+
         scale = loss_scale(layout)
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
@@ -97,7 +95,7 @@ def forward_backward(
     """
     accumulation = layout.grad_accumulation
     total = torch.zeros((), device=inputs.device)
-    stages = schedule_stages(runner.schedule) if runner.schedule is not None else []
+    stages = runner.pipeline_stages()
     chunks = zip(inputs.chunk(accumulation), targets.chunk(accumulation), strict=True)
     for index, (x, y) in enumerate(chunks):
         last = index == accumulation - 1
@@ -187,6 +185,7 @@ def train(
         local = forward_backward(layout, runner, inputs, targets)
         hooks.after_backward()
         norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
+        learning_rate = float(runner.optimizers[0].param_groups[0]["lr"])
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=not buckets or step == first)
@@ -200,6 +199,7 @@ def train(
             step=step,
             loss=loss,
             grad_norm=float(norm.item()),
+            learning_rate=learning_rate,
             step_time_s=elapsed,
             tokens_per_s=job.spec.tokens_per_step / elapsed,
             peak_memory_bytes=peak_memory()[0],

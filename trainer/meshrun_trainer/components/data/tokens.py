@@ -18,11 +18,11 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
-from tokenizers import Tokenizer
 
 from meshrun.api.errors import SpecError
 from meshrun.files.bounded import (
@@ -34,6 +34,9 @@ from meshrun.files.bounded import (
 )
 from meshrun.files.data import Format, data_files, token_width
 from meshrun.files.hf import FIELD
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 BATCH = 1024
 """Documents handed to the tokenizer at once (it encodes a batch on all cores)."""
@@ -117,6 +120,10 @@ def tokenize(
     quiet: bool = False,
 ) -> Path:
     """Tokenize the dataset into ``out`` (written under a temporary name, then renamed)."""
+    # imported here: the tokenizers package costs every trainer process 0.2 s to import, and
+    # only jobs that read text need it
+    from tokenizers import Tokenizer
+
     tokenizer = Tokenizer.from_file(str(model_folder / "tokenizer.json"))
     eos = eos_id(model_folder, tokenizer)
     dtype = np.uint16 if out.suffix == ".u16" else np.uint32
