@@ -15,12 +15,14 @@ chunk's last query sees every key, its first sees the keys before it). The gathe
 autograd-aware functional all-gather, whose backward reduce-scatters (sums) the keys' and
 values' gradients back to the ranks that computed them. On CUDA no mask is materialized: SDPA's
 flash and memory-efficient kernels apply the lower-right causal bias themselves; elsewhere each
-chunk's mask is chunk x prefix booleans, made once per model.
+chunk's mask is chunk x prefix values (0 or -inf), made once per model and kept once for every
+layer's backward.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -43,11 +45,17 @@ class ContextGroup:
     """The whole sequence's tokens (the model's seqLen)."""
     device: torch.device
     """Where the rank computes: CUDA takes torch's lower-right causal bias, which its SDPA
-    kernels apply without a mask in memory; elsewhere the mask is booleans."""
+    kernels apply without a mask in memory; elsewhere the mask is SDPA's additive one."""
     masks: tuple[torch.Tensor, ...] = field(init=False, repr=False)
-    """The causal masks of the rank's two chunks, made once here (neither a tensor subclass
-    nor the booleans are made again per layer, and a tensor subclass cannot be created inside
-    activation checkpointing's recomputation, a dispatch mode)."""
+    """The causal masks of the rank's two chunks (torch's bias on CUDA, else booleans), made
+    once here: a tensor subclass cannot be created inside activation checkpointing's
+    recomputation (a dispatch mode), and nothing is made again per layer."""
+    additive: dict[tuple[Any, ...], torch.Tensor] = field(
+        init=False, repr=False, compare=False, default_factory=dict
+    )
+    """The boolean masks as SDPA's additive ones (0 or -inf) in the compute dtype, made once:
+    given booleans, SDPA on the CPU makes that copy itself in every layer and keeps it for
+    backward; given this one, every layer keeps the same."""
 
     def __post_init__(self) -> None:
         bias = self.device.type == "cuda"
@@ -58,12 +66,18 @@ class ContextGroup:
         """The indices of the two chunks of each sequence this rank holds."""
         return self.rank, 2 * self.size - 1 - self.rank
 
-    def mask(self, half: int, chunk: int, device: torch.device) -> torch.Tensor:
+    def mask(self, half: int, chunk: int, like: torch.Tensor) -> torch.Tensor:
         """The causal mask of this rank's chunk ``half`` (0 early, 1 late), ``chunk`` tokens
-        long, against the keys up to its end."""
-        if chunk == self.seq_len // (2 * self.size) and device == self.device:
+        long, against the keys up to its end, for queries ``like``."""
+        usual = chunk == self.seq_len // (2 * self.size) and like.device == self.device
+        if usual and self.device.type == "cuda":
             return self.masks[half]
-        return self._masks(chunk, device)[half]  # another length: booleans
+        key = (half, chunk, like.dtype, like.device)
+        if key not in self.additive:
+            allowed = self.masks[half] if usual else self._masks(chunk, like.device)[half]
+            zeros = torch.zeros(allowed.shape, dtype=like.dtype, device=like.device)
+            self.additive[key] = zeros.masked_fill_(~allowed, float("-inf"))
+        return self.additive[key]
 
     def _masks(self, chunk: int, device: torch.device | None) -> tuple[torch.Tensor, ...]:
         seen = [(index + 1) * chunk for index in self.chunks()]
@@ -124,7 +138,7 @@ def context_attention(
     for half, index in enumerate(context.chunks()):
         query = q[:, half * chunk : (half + 1) * chunk].transpose(1, 2)
         seen = (index + 1) * chunk  # keys up to this chunk's end
-        mask = context.mask(half, chunk, q.device)
+        mask = context.mask(half, chunk, query)
         out = F.scaled_dot_product_attention(
             query, keys[:, :, :seen], values[:, :, :seen], attn_mask=mask
         )
