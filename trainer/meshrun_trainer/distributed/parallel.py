@@ -15,6 +15,12 @@ pipeline stage, so hybrids take data parallelism from FSDP2: ZeRO-0 replicates (
 reshard_after_forward=False (FSDP2 has no optimizer-only sharding, so ZeRO-1 also shards
 gradients there) and ZeRO-3 with True, except under pipelining (see :func:`apply_fsdp`).
 
+Context parallelism (:mod:`meshrun_trainer.models.context`): every parameter is replicated over
+the cp ranks, which see other tokens of the same sequences, so data parallelism spans dp x cp
+(:meth:`meshrun_trainer.distributed.mesh.Mesh.gradient_mesh`): DDP and ZeRO-1 over the dp x cp
+group, FSDP2 sharding over it (ZeRO-2/3), HSDP replicating over dp and sharding over cp (ZeRO-0
+in a hybrid, torchtitan's ``dp_shard_cp``). A layout with cp > 1 and dp 1 is data parallel.
+
 Precision (docs/trainer.md): parameters and optimizer state stay fp32 (the master weights).
 Under FSDP2, bf16 training is a ``MixedPrecisionPolicy``: parameters are gathered and computed in
 bf16, gradients reduced in fp32. Elsewhere (one process, DDP, TP or PP without data parallel
@@ -56,6 +62,7 @@ from meshrun_trainer.distributed.experts import (
 )
 from meshrun_trainer.distributed.gather import gather_inputs, placed
 from meshrun_trainer.distributed.mesh import Mesh
+from meshrun_trainer.models.context import ContextGroup
 from meshrun_trainer.models.llama import Transformer
 from meshrun_trainer.models.materialize import SeededInit, WeightSource, materialize
 
@@ -78,8 +85,9 @@ class PartOptions:
 
 
 def data_parallel_kind(layout: Layout) -> str:
-    """One of "none", "ddp", "ddp+zero1", "hsdp-replicate", "fsdp-zero2" or "fsdp-zero3"."""
-    if layout.dp == 1:
+    """One of "none", "ddp", "ddp+zero1", "hsdp-replicate", "fsdp-zero2" or "fsdp-zero3",
+    over the dp x cp ranks."""
+    if layout.dp * layout.cp == 1:
         return "none"
     pure = layout.pp == 1 and layout.tp == 1
     if pure and layout.zero_stage == 0:
@@ -193,14 +201,15 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
     ZeRO-3 gathers a unit only while it computes, so its peak holds one unit (the embedding, a
     block or the head) gathered, not the embedding and the head together for the whole step.
     The head's unit is not resharded after forward: backward needs it at once. ZeRO-0 in a
-    hybrid replicates: HSDP on (dp, dp_shard) with dp_shard of size 1. Under pipelining,
+    hybrid replicates: HSDP on (dp, dp_shard) with dp_shard of size 1 (with cp, sharded over
+    the cp ranks: (dp, dp_shard x cp)); ZeRO-2/3 shard over dp x cp. Under pipelining,
     parameters are not resharded after each micro-batch's forward (torchtitan's default): a
     stage's blocks would otherwise be gathered again for every micro-batch; the schedule
     reshards them once, after the last backward of the optimizer step.
     """
     kind = data_parallel_kind(layout)
     replicate = kind == "hsdp-replicate"
-    dp_mesh = mesh.device_mesh["dp", "dp_shard"] if replicate else mesh.device_mesh["dp"]
+    dp_mesh = mesh.gradient_mesh(replicate)
     reshard = kind == "fsdp-zero3" and layout.pp == 1
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if bf16 else None,
@@ -252,6 +261,10 @@ def build_parts(
             model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 and not fsdp else None)
         if layout.pp > 1:
             model.keep_layers(*job.plan.stage_layers[stage_id])
+        if layout.cp > 1:
+            group = mesh.group("cp")
+            context = ContextGroup(group, mesh.cp_rank, layout.cp, shape.seq_len, mesh.device)
+            model.split_sequences(context)
         shard_experts(model, ep_mesh)
         if layout.tp > 1:
             keep_shards = options.activation_checkpointing == "none" and not options.compile
@@ -277,7 +290,7 @@ def build_parts(
         ddp = DistributedDataParallel(
             parts[0],
             device_ids=device_ids,
-            process_group=mesh.group("dp"),
+            process_group=mesh.gradient_group(),
             gradient_as_bucket_view=True,
         )
         return [ddp]

@@ -95,6 +95,7 @@ def layout_env(
     dp: int = 1,
     pp: int = 1,
     tp: int = 1,
+    cp: int = 1,
     zero_stage: int = 0,
     schedule: str = "1f1b",
     micro_batches: int = 1,
@@ -108,7 +109,8 @@ def layout_env(
 
     ``training`` needs globalBatchSize; microBatchSize follows from the layout. The job goes
     through the planner (so its rules hold) and the env contract; the process serves no
-    metrics and writes its summary nowhere. For torchrun launched with dp x pp x tp processes.
+    metrics and writes its summary nowhere. For torchrun launched with dp x cp x pp x tp
+    processes.
     """
     batch = int(training["globalBatchSize"])
     per_rank = dp * micro_batches * grad_accumulation
@@ -117,6 +119,7 @@ def layout_env(
         "dataParallel": dp,
         "pipelineParallel": pp,
         "tensorParallel": tp,
+        "contextParallel": cp,
         "zeroStage": zero_stage,
         "pipelineSchedule": schedule,
     }
@@ -130,7 +133,7 @@ def layout_env(
     job = read_with_files(
         {
             "image": "local",
-            "resources": {"numNodes": 1, "numProcPerNode": dp * pp * tp, "accelerator": CPU},
+            "resources": {"numNodes": 1, "numProcPerNode": dp * cp * pp * tp, "accelerator": CPU},
             "strategy": strategy,
             "model": dict(model),
             "training": {**training, "microBatchSize": max(1, batch // per_rank)},

@@ -34,6 +34,7 @@ from meshrun_trainer.distributed.parallel import (
 )
 from meshrun_trainer.distributed.stagemap import loss_scale, stages_of_rank
 from meshrun_trainer.loop.hooks import UserHooks, weight_source
+from meshrun_trainer.models.context import sequence_share
 from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.models.materialize import WeightSource
 from meshrun_trainer.models.moe import set_aux_passes
@@ -65,12 +66,13 @@ def build_runner(
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(job, mesh, stage_ids, options, source)
     set_aux_passes(loss_scale(layout))
-    zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
+    zero1 = mesh.gradient_group() if data_parallel_kind(layout) == "ddp+zero1" else None
     optimizers = [
         make_optimizer(part.parameters(), training.learning_rate, training.optimizer, zero1)
         for part in parts
     ]
     schedule = None
+    context = mesh.group("cp") if layout.cp > 1 else None
     if layout.pp > 1:
         # imported here: torch.distributed.pipelining costs every process 0.65 s (stagemap.py)
         from meshrun_trainer.distributed.pipeline import build_schedule
@@ -78,7 +80,7 @@ def build_runner(
         scale = loss_scale(layout)
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return cross_entropy(output, target) / scale
+            return cross_entropy(output, target, context) / scale
 
         schedule = build_schedule(parts, stage_ids, layout, mesh, loss_fn)
     return Runner(
@@ -88,6 +90,7 @@ def build_runner(
         is_first=0 in stage_ids,
         is_last=layout.num_stages - 1 in stage_ids,
         loss_parallel=options.loss_parallel and layout.tp > 1,
+        context=context,
     )
 
 
@@ -106,7 +109,7 @@ def forward_backward(
         last = index == accumulation - 1
         if runner.schedule is None:
             with gradient_sync(runner.parts, layout, last), runner.loss_context():
-                loss = cross_entropy(runner.parts[0](x), y) / accumulation
+                loss = cross_entropy(runner.parts[0](x), y, runner.context) / accumulation
                 torch.autograd.backward(loss)
             total += plain(loss.detach())
             continue
@@ -130,14 +133,22 @@ class LossNotFinite(Exception):
 
 
 def global_loss(layout: Layout, mesh: Mesh, local: torch.Tensor) -> float:
-    """Average the replicas' losses; the last pipeline stage shares its value with the others."""
+    """Average the replicas' losses (over dp x cp: a context-parallel rank's loss is its share
+    of the mean times cp); the last pipeline stage shares its value with the others."""
     loss = local.detach().float().clone()
     if layout.pp > 1:
         dist.all_reduce(loss, group=mesh.group("pp"))  # only the last stage is non-zero
-    if layout.dp > 1:
-        dist.all_reduce(loss, group=mesh.group("dp"))
-        loss /= layout.dp
+    replicas = layout.dp * layout.cp
+    if replicas > 1:
+        dist.all_reduce(loss, group=mesh.gradient_group())
+        loss /= replicas
     return float(loss.item())
+
+
+def rank_rows(batch: torch.Tensor, layout: Layout, mesh: Mesh) -> torch.Tensor:
+    """This rank's part of a global batch: its replica's rows, its share of each sequence."""
+    rows = replica_rows(batch, mesh.dp_rank, layout.dp)
+    return sequence_share(rows, mesh.cp_rank, layout.cp).to(mesh.device)
 
 
 def train(
@@ -179,8 +190,7 @@ def train(
     for step in range(first, training.steps + 1):
         started = time.perf_counter()
         inputs, targets = stream.global_batch(step)
-        inputs = replica_rows(inputs, mesh.dp_rank, layout.dp).to(mesh.device)
-        targets = replica_rows(targets, mesh.dp_rank, layout.dp).to(mesh.device)
+        inputs, targets = rank_rows(inputs, layout, mesh), rank_rows(targets, layout, mesh)
         local = forward_backward(layout, runner, inputs, targets)
         hooks.after_backward()
         reduce_expert_grads(runner.parts, layout)

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshrun.api.presets import ModelShape
+from meshrun_trainer.models.context import ContextGroup, context_attention, positions
 from meshrun_trainer.models.materialize import SeededInit, materialize
 from meshrun_trainer.models.moe import MoE
 
@@ -72,6 +73,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(shape.hidden, kv, bias=bias)
         self.wv = nn.Linear(shape.hidden, kv, bias=bias)
         self.wo = nn.Linear(q, shape.hidden, bias=shape.output_bias)
+        self.context: ContextGroup | None = None
+        """Set under context parallelism: x holds this rank's two chunks of each sequence
+        (meshrun_trainer.models.context)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -79,7 +83,15 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        context = self.context
+        if context is not None:  # the tables' rows at the tokens' global positions
+            held = positions(seq, context.rank, context.size, cos.device)
+            cos, sin = cos[held], sin[held]
         q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+        if context is not None:
+            out = context_attention(q, k, v, context)
+            result: torch.Tensor = self.wo(out.reshape(batch, seq, -1))
+            return result
         repeats = q.shape[2] // k.shape[2]
         if repeats > 1:
             k = k.repeat_interleave(repeats, dim=2)
@@ -87,7 +99,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
-        result: torch.Tensor = self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        result = self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
         return result
 
 
@@ -151,6 +163,14 @@ class Transformer(nn.Module):
         tied = self.shape.tie_embeddings
         if tied and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
+
+    def split_sequences(self, context: ContextGroup) -> None:
+        """Run on this rank's share of every sequence (context parallelism): each attention
+        gathers the keys and values of the others."""
+        for block in self.layers.values():
+            attention = block.get_submodule("attention")
+            assert isinstance(attention, Attention)
+            attention.context = context
 
     def reset_buffers(self) -> None:
         """Recompute the rotary tables in place (a model built on the meta device gets garbage
