@@ -114,6 +114,8 @@ def pod_env(
         "MESHRUN_CP": str(layout.cp),
         "MESHRUN_PP": str(layout.pp),
         "MESHRUN_TP": str(layout.tp),
+        "MESHRUN_EP": str(layout.ep),
+        "MESHRUN_ETP": str(layout.etp),
         # a process's coordinates from its RANK: mixed radix over these, outermost first
         "MESHRUN_RANK_ORDER": ",".join(RANK_ORDER),
         "MESHRUN_CHECKPOINT_DIR": checkpoint_dir or "",

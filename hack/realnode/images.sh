@@ -51,7 +51,7 @@ log: {level: warn, accesslog: {disabled: true}}
 storage:
   filesystem: {rootdirectory: $CACHE/registry-root}
   delete: {enabled: true}
-http: {addr: $REGISTRY}
+http: {addr: $REGISTRY, secret: meshrun-local-only}
 YAML
   # No OpenTelemetry exporter: nothing listens for its traces here.
   start_daemon registry env OTEL_TRACES_EXPORTER=none "$BIN/registry" serve "$RN/registry.yml"

@@ -30,6 +30,11 @@ CRD_FILE = "meshrun.dev_paralleltrainingjobs.yaml"
 
 Schema = Mapping[str, Any]
 
+NULL_IS_UNSET = frozenset({"podTemplate"})
+"""Sections of ``spec`` (Kubernetes' own types) where a null reads as unset, as the API server
+reads it: it drops a null it cannot store (its field not ``nullable``) before defaulting. In
+meshrun's own fields a null is refused, so that a key left empty in YAML is named."""
+
 
 @functools.cache
 def crd() -> dict[str, Any]:
@@ -53,8 +58,32 @@ def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
     defaulting continues inside objects, including objects that were themselves defaulted.
     """
     result = copy.deepcopy(dict(spec))
+    properties = spec_schema()["properties"]
+    for name in NULL_IS_UNSET & result.keys():
+        _prune_nulls(result[name], properties[name])
     _apply_defaults(result, spec_schema())
     return result
+
+
+def _prune_nulls(value: Any, schema: Schema) -> None:
+    """Drop the nulls of fields that are not nullable, in place (the API server's pruning)."""
+    if isinstance(value, dict):
+        for name in list(value):
+            sub = _field_schema(schema, name)
+            if value[name] is None and not (sub or {}).get("nullable"):
+                del value[name]
+            elif sub is not None:
+                _prune_nulls(value[name], sub)
+    elif isinstance(value, list) and "items" in schema:
+        for item in value:
+            _prune_nulls(item, schema["items"])
+
+
+def _field_schema(schema: Schema, name: str) -> Schema | None:
+    properties = schema.get("properties", {})
+    if name in properties:
+        return properties[name]  # type: ignore[no-any-return]
+    return schema.get("additionalProperties")
 
 
 def _apply_defaults(value: Any, schema: Schema) -> None:
@@ -88,7 +117,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _validate(value: Any, schema: Schema, path: str) -> None:
+def _validate(value: Any, schema: Schema, path: str, nulls_unset: bool = False) -> None:
     kind = schema.get("type")
     if kind is not None:
         allowed = _TYPES[kind]
@@ -105,16 +134,17 @@ def _validate(value: Any, schema: Schema, path: str) -> None:
             if name not in value:
                 raise SpecError(f"{path}.{name}", "is required")
         for name, item in value.items():
-            if name not in properties:
-                if "additionalProperties" in schema:
-                    _validate(item, schema["additionalProperties"], f"{path}.{name}")
-                    continue
+            unset = nulls_unset or (path == "spec" and name in NULL_IS_UNSET)
+            sub = _field_schema(schema, name)
+            if sub is None:
                 known = ", ".join(properties)
                 raise SpecError(f"{path}.{name}", f"unknown field (known fields: {known})")
-            _validate(item, properties[name], f"{path}.{name}")
+            if item is None and unset and not sub.get("nullable"):
+                continue  # the API server drops it: unset
+            _validate(item, sub, f"{path}.{name}", unset)
     if isinstance(value, list) and "items" in schema:
         for index, item in enumerate(value):
-            _validate(item, schema["items"], f"{path}[{index}]")
+            _validate(item, schema["items"], f"{path}[{index}]", nulls_unset)
 
 
 def _check_bounds(value: Any, schema: Schema, path: str) -> None:

@@ -117,6 +117,11 @@ class Layout:
     """Forward/backward passes (or pipeline steps) summed per optimizer step."""
     micro_batch_size: int
     """Sequences per forward pass on one rank: the spec's, or the one auto chose."""
+    ep: int = 1
+    """Expert-parallel degree: ranks of one pipeline stage over which a MoE layer's experts are
+    spread (folded from dp x cp, and tp when etp is 1; not counted in the world size)."""
+    etp: int = 1
+    """Expert tensor-parallel degree: tp (each expert split like the dense MLP) or 1."""
 
     @property
     def dp(self) -> int:
@@ -158,7 +163,8 @@ class Layout:
         return (self.pp - 1) / (chunks + self.pp - 1)
 
     def text(self) -> str:
-        return self.degrees.text()
+        experts = f" (ep{self.ep})" if self.ep > 1 else ""
+        return f"{self.degrees.text()}{experts}"
 
 
 @dataclass(frozen=True)

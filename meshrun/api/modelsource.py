@@ -14,6 +14,7 @@ import dataclasses
 from typing import Any
 
 from meshrun.api.errors import Rule, SpecError
+from meshrun.api.moe import resolve_moe
 from meshrun.api.presets import PRESETS, REQUIRED_SIZES, SIZES, Mlp, ModelShape, sizes_of
 from meshrun.api.spec import Model
 
@@ -76,7 +77,35 @@ def resolve_model(model: Model, folder_shape: ModelShape | None = None) -> Model
     shape = dataclasses.replace(base, **overrides)
     if model.preset is None and model.kv_heads is None:
         shape = dataclasses.replace(shape, kv_heads=shape.heads)
+    if model.moe is not None:
+        shape = dataclasses.replace(shape, moe=resolve_moe(model.moe, shape.ffn_hidden))
     return shape
+
+
+def check_moe(shape: ModelShape, model: Model) -> ModelShape:
+    """``spec.model.moe`` given beside hf agrees with config.json's mixture of experts; the
+    training choices (the balancing) are the spec's."""
+    if model.moe is None:
+        return shape
+    folder = shape.moe
+    if folder is None:
+        raise SpecError(f"{MODEL}.moe", "is given, but config.json describes a dense model")
+    given = resolve_moe(model.moe, folder.expert_ffn_hidden)
+    checked = ("experts", "experts_per_token", "expert_ffn_hidden", "first_dense_layers", "router")
+    for name in checked:
+        if getattr(given, name) != getattr(folder, name):
+            key = "".join(w.capitalize() if i else w for i, w in enumerate(name.split("_")))
+            raise SpecError(
+                f"{MODEL}.moe.{key}",
+                f"{getattr(given, name)}, but config.json in spec.model.hf.path gives "
+                f"{getattr(folder, name)}",
+            )
+    trained = dataclasses.replace(
+        folder,
+        aux_loss_coefficient=given.aux_loss_coefficient,
+        bias_balancing=given.bias_balancing,
+    )
+    return dataclasses.replace(shape, moe=trained)
 
 
 def default_ffn_hidden(hidden: int, mlp: Mlp = "swiglu") -> int:
@@ -91,7 +120,7 @@ GELU_FAMILIES = ("gpt2", "gpt_neox", "falcon", "mpt", "bloom", "phi", "gptj", "g
 """Hugging Face ``model_type`` values whose blocks have the two-matrix GeLU MLP (an up and a
 down projection): GPT-2 (and GPT-3's design), GPT-NeoX (Pythia), Falcon, MPT, BLOOM, Phi (1, 1.5
 and 2), GPT-J and StarCoder's GPTBigCode."""
-SWIGLU_FAMILIES = ("llama", "mistral", "qwen2")
+SWIGLU_FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
 """Those with the SiLU-gated three-matrix MLP."""
 GELU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python")
 """transformers' names of the GeLU (exact or its tanh approximation)."""
@@ -130,7 +159,7 @@ def hf_shape(model: Model, folder_shape: ModelShape | None) -> ModelShape:
     if folder_shape is not None:
         check_sizes(folder_shape, given)
         check_mlp(folder_shape, model.mlp)
-        return dataclasses.replace(folder_shape, seq_len=model.seq_len)
+        return dataclasses.replace(check_moe(folder_shape, model), seq_len=model.seq_len)
     missing = [key for name, key in HF_SIZES.items() if given[name] is None]
     if missing:
         raise SpecError(
@@ -141,4 +170,7 @@ def hf_shape(model: Model, folder_shape: ModelShape | None) -> ModelShape:
             "beside hf (the trainer checks them against config.json): spec.model needs "
             f"{', '.join(missing)} too",
         )
-    return ModelShape(**sizes_of(model), mlp=model.mlp)  # type: ignore[arg-type]  # all given
+    shape = ModelShape(**sizes_of(model), mlp=model.mlp)  # type: ignore[arg-type]  # all given
+    if model.moe is not None:
+        shape = dataclasses.replace(shape, moe=resolve_moe(model.moe, shape.ffn_hidden))
+    return shape

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from meshrun.api.moe import MoeShape
+
 Mlp = Literal["swiglu", "gelu"]
 """A block's MLP: SwiGLU, ``w2(silu(w1 x) * w3 x)`` (Shazeer 2020; Llama, Mistral, Qwen2), or
 the two-matrix ``w2(gelu(w1 x))`` of GPT-2/3, GPT-NeoX, Falcon, MPT, BLOOM and Phi."""
@@ -68,30 +70,51 @@ class ModelShape:
     norm_eps: float = 1e-5
     """RMSNorm epsilon."""
     architecture: str = "llama"
-    """Hugging Face ``model_type`` of this architecture (llama, mistral or qwen2)."""
+    """Hugging Face ``model_type`` of this architecture (llama, mistral, qwen2, mixtral or
+    qwen2_moe; a GeLU family's for ``mlp: gelu``)."""
+    moe: MoeShape | None = None
+    """The mixture of experts of the MoE layers, or None for a dense model."""
     mlp: Mlp = "swiglu"
-    """The MLP: three h x f matrices (swiglu) or two (gelu)."""
+    """The dense MLP: three h x f matrices (swiglu) or two (gelu)."""
 
     @property
     def head_dim(self) -> int:
         return self.head_size or self.hidden // self.heads
 
-    def layer_parameters(self) -> int:
-        """Parameters of one transformer block (attention, MLP, two norms)."""
+    def attention_parameters(self) -> int:
+        """One block's attention projections (with their biases) and its two norms."""
         q = self.heads * self.head_dim
         kv = self.kv_heads * self.head_dim
         attention = 2 * self.hidden * q + 2 * self.hidden * kv
         biases = (q + 2 * kv if self.qkv_bias else 0) + (self.hidden if self.output_bias else 0)
-        mlp = MLP_MATRICES[self.mlp] * self.hidden * self.ffn_hidden
-        return attention + biases + mlp + 2 * self.hidden
+        return attention + biases + 2 * self.hidden
+
+    def mlp_parameters(self, layer: int, active: bool = False) -> int:
+        """Block ``layer``'s MLP: the dense SwiGLU or GeLU MLP, or a MoE layer's experts (all
+        of them, or with ``active`` the k routed ones a token visits), router and shared
+        experts."""
+        moe = self.moe
+        if moe is None or not moe.is_moe_layer(layer):
+            return MLP_MATRICES[self.mlp] * self.hidden * self.ffn_hidden
+        if active:
+            return moe.active_parameters(self.hidden)
+        return moe.routed_parameters(self.hidden) + moe.fixed_parameters(self.hidden)
+
+    def layer_parameters(self) -> int:
+        """Parameters of the largest transformer block (attention, MLP or all of a MoE layer's
+        experts, two norms)."""
+        return self.attention_parameters() + self.mlp_parameters(self.layers - 1)
 
     def embedding_parameters(self) -> int:
         """Input embedding, the output head unless tied to it, and the final norm."""
         tables = 1 if self.tie_embeddings else 2
         return tables * self.vocab * self.hidden + self.hidden
 
-    def parameters(self) -> int:
-        return self.layers * self.layer_parameters() + self.embedding_parameters()
+    def parameters(self, active: bool = False) -> int:
+        """Every parameter, or with ``active`` those one token uses (a MoE layer's k routed
+        experts rather than all of them)."""
+        mlp = sum(self.mlp_parameters(layer, active) for layer in range(self.layers))
+        return self.layers * self.attention_parameters() + mlp + self.embedding_parameters()
 
 
 SIZES = {
@@ -131,5 +154,29 @@ PRESETS: dict[str, ModelShape] = {
     ),
     "70b": ModelShape(
         layers=80, hidden=8192, heads=64, vocab=32000, seq_len=4096, ffn_hidden=28672, kv_heads=8
+    ),
+    # Qwen1.5-MoE-A2.7B's shape (60 experts of 1408, top 4, four shared), 14.3B parameters of
+    # which 2.7B are active per token, with meshrun's untied head.
+    "moe-small": ModelShape(
+        layers=24,
+        hidden=2048,
+        heads=16,
+        vocab=151936,
+        seq_len=4096,
+        ffn_hidden=5632,
+        kv_heads=16,
+        moe=MoeShape(experts=60, experts_per_token=4, expert_ffn_hidden=1408, shared_experts=4),
+    ),
+    # Mixtral 8x7B's shape: 8 experts of 14336, top 2, 46.7B parameters, 12.9B active.
+    "moe-large": ModelShape(
+        layers=32,
+        hidden=4096,
+        heads=32,
+        vocab=32000,
+        seq_len=4096,
+        ffn_hidden=14336,
+        kv_heads=8,
+        rope_theta=1e6,
+        moe=MoeShape(experts=8, experts_per_token=2, expert_ffn_hidden=14336),
     ),
 }

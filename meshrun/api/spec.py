@@ -24,6 +24,7 @@ from meshrun.api.hardware import (
     intra_node_rate,
     job_profile,
 )
+from meshrun.api.moe import Moe
 from meshrun.api.policyspec import PodFailurePolicy
 from meshrun.api.presets import Mlp, ModelShape
 
@@ -120,7 +121,7 @@ class Interconnect:
 
 Checkpointing = Literal["none", "selective", "full"]
 Dataset = Literal["synthetic", "corpus"]
-Preset = Literal["tiny", "small", "1b", "7b", "13b", "70b"]
+Preset = Literal["tiny", "small", "1b", "7b", "13b", "70b", "moe-small", "moe-large"]
 CleanPodPolicy = Literal["All", "Running", "None"]
 
 
@@ -223,6 +224,10 @@ class Strategy:
     """Micro-batches per pipeline step, or None to derive from the batch sizes."""
     virtual_stages: int | None
     """Model chunks per pipeline rank, or None for the schedule's default."""
+    expert_parallel: int | None
+    """Expert-parallel degree (ranks a MoE layer's experts are spread over); None: 1."""
+    expert_tensor_parallel: int | None
+    """Tensor-parallel degree of each expert: 1, or tensorParallel (None: tensorParallel)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -250,6 +255,8 @@ class Model:
     """The MLP's hidden size."""
     mlp: Mlp
     """swiglu (three matrices, SiLU-gated) or gelu (two matrices)."""
+    moe: Moe | None
+    """A mixture of experts, or None for a dense model."""
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -13,6 +13,7 @@ from typing import Any
 from xml.sax.saxutils import escape
 
 from meshrun.api.errors import SpecError
+from meshrun.planner.moe import held_experts
 from meshrun.planner.plan import Plan
 
 MAX_PODS = 32
@@ -53,6 +54,8 @@ def layout_boxes(
     title = f"{plan.name}: {plan.strategy}, {plan.layout.text()}; colour = pipeline stage"
     if plan.layout.tp > 1:
         title += ", dashed frame = TP group"
+    if plan.model.moe is not None:
+        title += ", eA-B = the routed experts held"
     left = 16 + CHAR_W * len(f"{plan.name}-{plan.num_nodes - 1}")
     labels: list[tuple[float, float, str]] = [(left, 24, title)]
     tp = plan.layout.tp
@@ -62,6 +65,10 @@ def layout_boxes(
         for local in range(cols):
             coords = plan.coords(pod * cols + local)
             x = left + local * (CELL_W + GAP)
+            third = f"cp{coords.cp} tp{coords.tp}" if plan.layout.cp > 1 else f"tp{coords.tp}"
+            held = held_experts(plan.model, plan.layout, coords.dp, coords.cp, coords.tp)
+            if held is not None:
+                third += f" e{held[0]}" + (f"-{held[1]}" if held[1] > held[0] else "")
             cells.append(
                 Box(
                     x,
@@ -69,11 +76,7 @@ def layout_boxes(
                     CELL_W,
                     CELL_H,
                     PALETTE[coords.pp % len(PALETTE)],
-                    (
-                        f"rank {coords.rank}",
-                        f"pp{coords.pp} dp{coords.dp}",
-                        f"cp{coords.cp} tp{coords.tp}" if plan.layout.cp > 1 else f"tp{coords.tp}",
-                    ),
+                    (f"rank {coords.rank}", f"pp{coords.pp} dp{coords.dp}", third),
                 )
             )
             if tp > 1 and coords.tp == 0:

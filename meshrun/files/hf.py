@@ -18,6 +18,7 @@ from typing import Any
 
 from meshrun.api.errors import SpecError
 from meshrun.api.modelsource import GELU_FAMILIES, mlp_of_config
+from meshrun.api.moe import MoeShape
 from meshrun.api.presets import ModelShape, RopeScaling
 from meshrun.files.bounded import (
     HEADER_CAP,
@@ -32,6 +33,8 @@ SUPPORTED = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
 }
 """model_type -> the transformers class that loads it."""
 TOKENIZER_FILES = (
@@ -148,11 +151,12 @@ def shape_from_config(config: dict[str, Any], seq_len: int, field: str = FIELD) 
         rope_theta=theta,
         rope_scaling=scaling,
         tie_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qkv_bias=kind == "qwen2" or attention_bias,
+        qkv_bias=kind in ("qwen2", "qwen2_moe") or attention_bias,
         output_bias=attention_bias,
         norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         architecture=kind,
         mlp=mlp,
+        moe=moe_from_config(config, field),
     )
 
 
@@ -209,14 +213,53 @@ def gelu_shape_from_config(config: dict[str, Any], seq_len: int, field: str = FI
     )
 
 
+def moe_from_config(config: dict[str, Any], field: str = FIELD) -> MoeShape | None:
+    """The mixture of experts of a Mixtral or Qwen2-MoE config.json, None for a dense model.
+
+    Mixtral: num_local_experts experts of intermediate_size, num_experts_per_tok of them per
+    token, renormalized. Qwen2-MoE: num_experts of moe_intermediate_size, a shared expert of
+    shared_expert_intermediate_size behind a sigmoid gate, norm_topk_prob; its dense layers
+    (mlp_only_layers, decoder_sparse_step) must be the first ones.
+    """
+    kind = config.get("model_type")
+    coefficient = float(config.get("router_aux_loss_coef", 0.01))
+    if kind == "mixtral":
+        return MoeShape(
+            experts=_int(config, "num_local_experts", field),
+            experts_per_token=_int(config, "num_experts_per_tok", field),
+            expert_ffn_hidden=_int(config, "intermediate_size", field),
+            aux_loss_coefficient=coefficient,
+        )
+    if kind != "qwen2_moe":
+        return None
+    layers = _int(config, "num_hidden_layers", field)
+    step = int(config.get("decoder_sparse_step", 1))
+    dense = set(config.get("mlp_only_layers") or [])
+    dense |= {i for i in range(layers) if step > 1 and (i + 1) % step}
+    first = len(dense)
+    if dense != set(range(first)):
+        raise SpecError(
+            field,
+            f"config.json: dense layers {sorted(dense)} (mlp_only_layers, decoder_sparse_step) "
+            "are supported only as the first layers",
+        )
+    shared = int(config.get("shared_expert_intermediate_size") or 0)
+    return MoeShape(
+        experts=_int(config, "num_experts", field),
+        experts_per_token=_int(config, "num_experts_per_tok", field),
+        expert_ffn_hidden=_int(config, "moe_intermediate_size", field),
+        shared_experts=1 if shared else 0,
+        first_dense_layers=first,
+        aux_loss_coefficient=coefficient,
+        normalize_top_k=bool(config.get("norm_topk_prob", False)),
+        shared_ffn_hidden=shared,
+        shared_expert_gate=bool(shared),
+    )
+
+
 def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     """transformers' tensor names and shapes for ``shape`` (lm_head absent when tied)."""
-    q, kv, h, f = (
-        shape.heads * shape.head_dim,
-        shape.kv_heads * shape.head_dim,
-        shape.hidden,
-        shape.ffn_hidden,
-    )
+    q, kv, h = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim, shape.hidden
     shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (shape.vocab, h)}
     for i in range(shape.layers):
         p = f"model.layers.{i}."
@@ -225,12 +268,10 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
             p + "self_attn.k_proj.weight": (kv, h),
             p + "self_attn.v_proj.weight": (kv, h),
             p + "self_attn.o_proj.weight": (h, q),
-            p + "mlp.gate_proj.weight": (f, h),
-            p + "mlp.up_proj.weight": (f, h),
-            p + "mlp.down_proj.weight": (h, f),
             p + "input_layernorm.weight": (h,),
             p + "post_attention_layernorm.weight": (h,),
         }
+        shapes |= mlp_shapes(shape, i)
         if shape.qkv_bias:
             shapes |= {p + "self_attn.q_proj.bias": (q,)}
             shapes |= {p + f"self_attn.{n}_proj.bias": (kv,) for n in ("k", "v")}
@@ -239,6 +280,57 @@ def expected_shapes(shape: ModelShape) -> dict[str, tuple[int, ...]]:
     shapes["model.norm.weight"] = (h,)
     if not shape.tie_embeddings:
         shapes["lm_head.weight"] = (shape.vocab, h)
+    return shapes
+
+
+MOE_NAMES = {
+    "mixtral": ("block_sparse_moe", "experts.{}.w1", "experts.{}.w2", "experts.{}.w3"),
+    "qwen2_moe": (
+        "mlp",
+        "experts.{}.gate_proj",
+        "experts.{}.down_proj",
+        "experts.{}.up_proj",
+    ),
+}
+"""model_type -> a MoE layer's module and its experts' (SwiGLU w1 gate, w2 down, w3 up) names;
+any other architecture with a mixture of experts is written as Mixtral names it."""
+
+
+def moe_names(shape: ModelShape) -> tuple[str, str, str, str]:
+    """(the MoE module, expert j's w1, w2, w3 with ``{}`` for j) for ``shape``'s architecture."""
+    return MOE_NAMES.get(shape.architecture, MOE_NAMES["mixtral"])
+
+
+def mlp_shapes(shape: ModelShape, layer: int) -> dict[str, tuple[int, ...]]:
+    """transformers' tensor names and shapes of block ``layer``'s MLP: dense, or a MoE layer's
+    router, experts, shared expert and its gate."""
+    h, p, moe = shape.hidden, f"model.layers.{layer}.", shape.moe
+    if moe is None or not moe.is_moe_layer(layer):
+        f = shape.ffn_hidden
+        return {
+            p + "mlp.gate_proj.weight": (f, h),
+            p + "mlp.up_proj.weight": (f, h),
+            p + "mlp.down_proj.weight": (h, f),
+        }
+    module, w1, w2, w3 = moe_names(shape)
+    p += module + "."
+    f = moe.expert_ffn_hidden
+    shapes: dict[str, tuple[int, ...]] = {p + "gate.weight": (moe.experts, h)}
+    for j in range(moe.experts):
+        shapes |= {
+            p + w1.format(j) + ".weight": (f, h),
+            p + w2.format(j) + ".weight": (h, f),
+            p + w3.format(j) + ".weight": (f, h),
+        }
+    if moe.shared_width:
+        s = moe.shared_width
+        shapes |= {
+            p + "shared_expert.gate_proj.weight": (s, h),
+            p + "shared_expert.up_proj.weight": (s, h),
+            p + "shared_expert.down_proj.weight": (h, s),
+        }
+    if moe.shared_expert_gate:
+        shapes[p + "shared_expert_gate.weight"] = (1, h)
     return shapes
 
 

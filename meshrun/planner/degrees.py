@@ -114,12 +114,13 @@ def complete_layout(
     schedule: tuple[str, int] | None = None,
     gpipe_below_stages: bool = False,
     micro_batch_size: int | None = None,
+    ep: int | None = None,
 ) -> Layout:
     """The full layout for these degrees (micro-batches, virtual stages, gradient accumulation),
     checked by the rules every component shares; ``schedule`` (name, virtual stages) replaces
-    the spec's, ``micro_batch_size`` the spec's (:func:`micro_batch_size_of`). With
-    ``gpipe_below_stages`` (degrees the spec gives), 1F1B with fewer micro-batches than stages
-    runs GPipe's order instead of breaking torch's rule."""
+    the spec's, ``micro_batch_size`` the spec's (:func:`micro_batch_size_of`), ``ep`` the spec's
+    expertParallel. With ``gpipe_below_stages`` (degrees the spec gives), 1F1B with fewer
+    micro-batches than stages runs GPipe's order instead of breaking torch's rule."""
     s, t = spec.strategy, spec.training
     dp, pp = degrees.dp, degrees.pp
     size = micro_batch_size or micro_batch_size_of(spec)
@@ -138,6 +139,8 @@ def complete_layout(
         virtual_stages=virtual if pp > 1 else 1,
         grad_accumulation=max(1, passes // micro),
         micro_batch_size=size,
+        ep=ep or s.expert_parallel or 1,
+        etp=s.expert_tensor_parallel or degrees.tp,
     )
     check_layout(
         layout,

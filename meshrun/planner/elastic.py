@@ -11,7 +11,7 @@ step counter and learning-rate schedule; only the time per step changes.
 from __future__ import annotations
 
 from dataclasses import replace
-from math import isqrt
+from math import gcd, isqrt
 from typing import cast
 
 from meshrun.api.errors import SpecError
@@ -53,6 +53,11 @@ def resized(spec: JobSpec, plan: Plan, dp: int) -> tuple[JobSpec, Plan]:
         zero_stage=lay.zero_stage,
         micro_batches=lay.micro_batches if lay.pp > 1 else None,
         virtual_stages=lay.virtual_stages if lay.virtual_stages > 1 else None,
+        # Expert parallelism follows the ranks a stage has now: the largest degree that
+        # divides both the planned one and dp x cp x tp; the experts reshard through the
+        # checkpoint.
+        expert_parallel=gcd(lay.ep, dp * lay.cp * lay.tp) if spec.shape.moe is not None else None,
+        expert_tensor_parallel=lay.etp if spec.shape.moe is not None else None,
     )
     checkpointing = cast(Checkpointing, plan.activation_checkpointing)
     # The plan's micro-batch size stays (auto's choice where the spec left it unset).

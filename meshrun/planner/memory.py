@@ -60,6 +60,13 @@ from dataclasses import dataclass
 from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import MLP_MATRICES, ModelShape
 from meshrun.api.spec import CPU, JobSpec
+from meshrun.planner.moe import (
+    compute_spec,
+    dispatch_bytes,
+    expert_parameters,
+    moe_layers_per_rank,
+    routed_parameters,
+)
 
 CHECKPOINTING = ("none", "selective", "full")
 """Activation checkpointing modes, least recomputation first."""
@@ -112,18 +119,20 @@ def loss_slice_rows(vocab: int) -> int:
 def sharded_by_fsdp(layout: Layout) -> bool:
     """Whether the trainer's data parallelism is FSDP2 sharding
     (meshrun_trainer.distributed.parallel): ZeRO-2 and 3, and ZeRO-1 beside tensor or pipeline
-    parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients too);
+    parallelism (FSDP2 has no optimizer-only sharding, so there it shards the gradients too) or
+    expert parallelism (ZeroRedundancyOptimizer would broadcast one rank's experts over
+    another's);
     and ZeRO-0 beside them with context parallelism (HSDP sharding over the cp ranks)."""
     return fsdp_shards(layout) > 1
 
 
 def fsdp_shards(layout: Layout) -> int:
     """The ranks FSDP2 shards each parameter over: the dp x cp ranks holding the same
-    parameters under ZeRO-1 to 3 (ZeRO-1 only beside TP or PP), the cp ranks under ZeRO-0
+    parameters under ZeRO-1 to 3 (ZeRO-1 only beside TP, PP or EP), the cp ranks under ZeRO-0
     beside TP or PP (HSDP: replicated over dp), else 1 (DDP, with ZeroRedundancyOptimizer under
     ZeRO-1, or nothing to shard)."""
     beside = layout.pp > 1 or layout.tp > 1
-    if layout.zero_stage >= 2 or (layout.zero_stage == 1 and beside):
+    if layout.zero_stage >= 2 or (layout.zero_stage == 1 and (beside or layout.ep > 1)):
         return layout.data_shards
     if layout.zero_stage == 0 and beside:
         return layout.cp
@@ -229,10 +238,11 @@ def estimate_memory(
     weight_b, grad_b, optim_b = bytes_per_parameter(spec.training.precision)
     layers_on = layers_per_rank(stages, layout.pp)
     micro_batch = layout.micro_batch_size
-    per_layer_act = layer_activation_bytes(spec, t, micro_batch, checkpointing, cp)
+    dense = compute_spec(spec)  # a mixture of experts as the MLP its busiest rank runs
+    per_layer_act = layer_activation_bytes(dense, t, micro_batch, checkpointing, cp)
     # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
     recompute = (
-        layer_activation_bytes(spec, t, micro_batch, cp=cp) if checkpointing == "full" else 0
+        layer_activation_bytes(dense, t, micro_batch, cp=cp) if checkpointing == "full" else 0
     )
     tokens = model.seq_len // cp * micro_batch
     per_element = element_bytes(spec.training.precision)
@@ -257,7 +267,8 @@ def estimate_memory(
     )
     fsdp = sharded_by_fsdp(layout)
     gathered_stage = layout.pp > 1  # ZeRO-3 does not reshard between micro-batches
-    unit = -(-max(model.layer_parameters(), model.vocab * model.hidden + model.hidden) // t)
+    block = model.layer_parameters() - routed_parameters(model)  # FSDP2 leaves experts out
+    unit = -(-max(block, model.vocab * model.hidden + model.hidden) // t)
     gathered = 0
     if fsdp and layout.zero_stage >= 3 and not gathered_stage:
         # Backward of one unit: its weights and the next unit's (prefetched), its unsharded
@@ -288,7 +299,9 @@ def estimate_memory(
     accumulating = (layout.grad_accumulation > 1 or layout.micro_batches > 1) and not fsdp
     arriving = grad_b * -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
     whole_embedding = grad_b * model.vocab * model.hidden if t > 1 else 0
-    layer_parameters = model.layer_parameters()
+    # Routed experts are counted apart: spread over the EP group, never sharded by ZeRO.
+    layer_parameters = model.layer_parameters() - routed_parameters(model)
+    moe_on = moe_layers_per_rank(model, stages, layout.pp)
     accelerator_bytes = spec.resources.accelerator_bytes
     best: tuple[int, int, int, int, int] | None = None
     seen: set[tuple[int, bool, bool]] = set()
@@ -313,9 +326,16 @@ def estimate_memory(
             params, grads, optim = local * weight_b, local * grad_b, local * optim_b
             if layout.zero_stage >= 1:
                 optim = -(-optim // layout.data_shards)  # ZeroRedundancyOptimizer
+        experts = expert_parameters(model, moe_on[rank], layout.ep)
+        params, grads, optim = params + experts * weight_b, grads + experts * grad_b, optim
+        optim += experts * optim_b
         if accumulating:
             grads += arriving
-        activations = int(per_layer_act * layers_on[rank] * in_flight(layout, rank)) + recompute
+        held = (
+            per_layer_act * layers_on[rank]
+            + dispatch_bytes(model, tokens, per_element) * (moe_on[rank])
+        )
+        activations = int(held * in_flight(layout, rank)) + recompute
         if rank == layout.pp - 1:
             activations += head_act + max(head_grads - recompute, 0)
         if rank == 0:

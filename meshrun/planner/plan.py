@@ -15,6 +15,7 @@ from meshrun.planner.degrees import explicit_degrees
 from meshrun.planner.explain import describe, warn
 from meshrun.planner.fastest import choose_fastest
 from meshrun.planner.memory import MemoryEstimate
+from meshrun.planner.moe import describe_experts
 from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
 from meshrun.planner.steptime import StepEstimate
 from meshrun.rules.elastic import check_elastic
@@ -201,6 +202,7 @@ def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     # Under auto the micro-batch size is the plan's, so the elastic degrees are checked with it.
     check_elastic(spec, choice.layout)
     reasons = [*choice.reasons, *describe(spec, choice.strategy, choice.layout)]
+    reasons += describe_experts(spec, choice.layout, choice.estimate)
     return Plan(
         name=name,
         strategy=choice.strategy,

@@ -10,6 +10,8 @@ per GPU (:mod:`meshrun.planner.steptime`).
 
 from __future__ import annotations
 
+from itertools import product
+
 from meshrun.api.errors import SpecError
 from meshrun.api.layout import Degrees, Layout, Stage, divisors
 from meshrun.api.spec import JobSpec
@@ -20,6 +22,7 @@ from meshrun.planner.auto import (
 )
 from meshrun.planner.degrees import complete_layout, stage_split
 from meshrun.planner.memory import MemoryEstimate, estimate_memory
+from meshrun.planner.moe import expert_degrees
 from meshrun.planner.steptime import WorkCache, estimate_step, pressure_slowdown
 from meshrun.rules.strategy import tp_unsplit
 
@@ -126,7 +129,8 @@ def _layouts_of(
             zeros: tuple[int, ...] = (
                 ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if shards > 1 else (0,)
             )
-            for schedule in schedules(spec, pp):
+            stage_ranks = dp * cp * tp  # expert parallelism is drawn from them
+            for schedule, ep in product(schedules(spec, pp), expert_degrees(spec, stage_ranks)):
                 # A higher ZeRO stage moves as much or more and recomputing more only costs, so
                 # once a stage fits with a mode and room to spare, later stages only count with
                 # less recompute. Without room to spare (memory pressure slows the step) more
@@ -135,7 +139,12 @@ def _layouts_of(
                 for zero in zeros:
                     try:
                         layout = complete_layout(
-                            spec, degrees, zero, schedule, micro_batch_size=micro_batch_size
+                            spec,
+                            degrees,
+                            zero,
+                            schedule,
+                            micro_batch_size=micro_batch_size,
+                            ep=ep,
                         )
                     except SpecError:
                         break  # the degrees or schedule break a rule for every stage

@@ -57,6 +57,15 @@ from meshrun.planner.memory import (
     fsdp_shards,
     layer_activation_elements,
 )
+from meshrun.planner.moe import (
+    ALL_TO_ALLS,
+    active_flops_parameters,
+    all_to_all_bytes,
+    compute_shape,
+    ep_stride,
+    expert_parameters,
+    routed_parameters,
+)
 
 GEMM_EFFICIENCY = 0.72
 """Share of the dense peak a large bf16 matrix multiply reaches (cuBLAS on H100 and A100 runs
@@ -270,7 +279,10 @@ def rank_work(
 ) -> RankWork:
     """The compute, element-wise and TP time of one micro-batch on a rank holding ``layers``
     blocks (and the embedding when ``first``, the output head when ``last``)."""
-    shape, t, cp, res = spec.shape, layout.tp, layout.cp, spec.resources
+    # A mixture of experts computes as the dense MLP its busiest rank runs; the experts it
+    # holds are its share of them (meshrun.planner.moe).
+    model, t, cp, res = spec.shape, layout.tp, layout.cp, spec.resources
+    shape = compute_shape(model)
     profile = res.profile
     peak = profile.peak_tflops * 1e12
     memory_rate = profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY
@@ -312,6 +324,12 @@ def rank_work(
         )
         head += tokens * shape.vocab / t * LOSS_BYTES_PER_LOGIT / memory_rate
     tp_layer = 2 * tp_forward + tp_recompute
+    # Two all-to-alls forward and two in backward per MoE layer, waited for (no overlap).
+    dispatch = collective_seconds(
+        all_to_all_bytes(model, layout, tokens, act_bytes),
+        group_of(res, layout.ep, ep_stride(layout)),
+    )
+    expert_layer = ALL_TO_ALLS * dispatch if model.moe is not None and layout.ep > 1 else 0.0
     # Context parallelism: the whole sequence's keys and values (kv heads / t of them on this
     # rank) all-gathered over the CP group forward, their gradients reduce-scattered backward;
     # recomputation (full or selective: the gathered keys and values are not kept) gathers
@@ -332,15 +350,17 @@ def rank_work(
         "tensorParallel": layers * tp_layer,
         "contextParallel": layers * cp_layer,
         "launch": layers * max(0.0, host - busy),
+        "expertParallel": layers * expert_layer,
     }
     # The host launches a forward's kernels in about a third of a block's time.
     forward = (
-        layers * (layer_forward + elementwise / 2 + tp_forward + cp_gather)
+        layers * (layer_forward + elementwise / 2 + tp_forward + cp_gather + expert_layer / 2)
         + parts["launch"] / 3
         + head_forward
     )
     total = sum(parts.values())
-    parameters = layers * shape.layer_parameters()
+    dense_layer = model.layer_parameters() - routed_parameters(model)
+    parameters = layers * dense_layer + expert_parameters(model, layers, layout.ep)
     if first:
         parameters += shape.vocab * shape.hidden
     if last:
@@ -458,7 +478,7 @@ def estimate_step(
     gpus = res.world_size
     per_gpu = tokens / step / gpus
     model_flops = (
-        6 * (shape.layers * shape.layer_parameters() + shape.vocab * shape.hidden)
+        6 * active_flops_parameters(shape)
         + 12 * shape.layers * shape.seq_len * shape.heads * shape.head_dim
     )
     mfu = per_gpu * model_flops / (profile.peak_tflops * 1e12) if res.accelerator != CPU else 0.0

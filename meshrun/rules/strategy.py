@@ -21,6 +21,7 @@ from meshrun.api.presets import ModelShape
 from meshrun.api.spec import BYTE_VOCAB, JobSpec
 from meshrun.rules.elastic import ELASTIC_RULES, check_elastic
 from meshrun.rules.files import FILE_RULES, check_files_spec
+from meshrun.rules.moe import MOE_RULES, check_expert_layout, check_moe_spec
 from meshrun.rules.names import NAME_RULES, check_queue_name
 
 CORPUS_BYTES = 10984
@@ -169,6 +170,7 @@ ALL_RULES = (
     *NAME_RULES,
     *POLICY_RULES,
     *ELASTIC_RULES,
+    *MOE_RULES,
 )
 """The rules the CRD also states as CEL."""
 
@@ -217,6 +219,7 @@ def check_spec(spec: JobSpec) -> None:
     if t.micro_batch_size is not None and t.global_batch_size % t.micro_batch_size:
         raise BATCH.error(f"{t.global_batch_size} and {t.micro_batch_size}")
     check_model(spec.shape)
+    check_moe_spec(spec)
     check_files_spec(spec)
     check_queue_name(spec)
     check_policy(spec.run_policy.pod_failure_policy)
@@ -314,6 +317,7 @@ def check_layout(
             f" x {layout.virtual_stages} virtual stages" if layout.virtual_stages > 1 else ""
         )
         raise PP_LAYERS.error(f"{stages} for layers={shape.layers}")
+    check_expert_layout(layout, shape)
     check_batch(layout, global_batch_size)
     check_schedule(layout)
 

@@ -43,11 +43,12 @@ from meshrun.api.errors import SpecError
 from meshrun.planner.plan import Plan
 from meshrun_operator import names
 from meshrun_operator.conditions import find, find_true, set_condition
+from meshrun_operator.kinds import WORKLOAD
 
-GROUP = "kueue.x-k8s.io"
-API_VERSION = f"{GROUP}/v1beta2"
-WORKLOAD_KIND = "Workload"
-WORKLOAD_PLURAL = "workloads"
+GROUP = WORKLOAD.at().group
+API_VERSION = WORKLOAD.at().api_version
+WORKLOAD_KIND = WORKLOAD.kind
+WORKLOAD_PLURAL = WORKLOAD.plural
 # Kueue validates at most 8 pod sets per Workload (WorkloadSpec.podSets, MaxItems=8).
 MAX_POD_SETS = 8
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import kopf
 from prometheus_client import start_http_server
 
-from meshrun_operator import kueue, names
+from meshrun_operator import names
 from meshrun_operator.children import netpolicy, podpolicy
 from meshrun_operator.children import platform as platform_policy
 from meshrun_operator.children.netpolicy import PolicyOptions
@@ -274,7 +274,7 @@ def kopf_settings(options: Options) -> kopf.OperatorSettings:
     settings.networking.connect_timeout = min(10.0, options.api_timeout_seconds)
     # Only the pods, Services, policies and Workloads the operator made are listed and watched
     # (server-side), not every pod of the cluster, nor the Workloads of every other kind of job.
-    for selector in (*LABELLED, (kueue.GROUP, kueue.WORKLOAD_PLURAL)):
+    for selector in LABELLED:
         settings.watching.label_selectors[selector] = names.LABEL_JOB
     # kopf posts nothing: the reconciler posts its own Events, one per change, through the
     # client that writes only while this operator leads (kube.py). kopf's poster writes with

@@ -2,7 +2,8 @@
 
 Published rows the model can express (no Float8): Megatron-Core's weak-scaling table, NVIDIA's
 DGX Cloud recipes (the Llama 3.1 ones with context parallelism 2 among them),
-Narayanan et al. 2021's PTD-P vs ZeRO-3 comparison (A100) and torchtitan's 8B FSDP run. Each
+Narayanan et al. 2021's PTD-P vs ZeRO-3 comparison (A100), torchtitan's 8B FSDP run and
+Megatron-Core's Mixtral 8x7B mixture of experts under expert parallelism. Each
 source counts FLOPs its own way, so the comparison is in tokens/s per GPU, derived from the
 published figure by the source's own FLOP count. Unstated micro-batch sizes are 1, unstated
 schedules plain 1F1B; activation checkpointing is what the source says, else the least the
@@ -103,6 +104,17 @@ def megatron_tokens(tflops: float, hidden: int, layers: int, seq: int, vocab: in
     return tflops * 1e12 / (72 * layers * hidden**2 * (1 + seq / (6 * hidden)) + 6 * hidden * vocab)
 
 
+def megatron_moe_tokens(tflops: float, model: dict[str, Any], groups: int) -> float:
+    """Megatron-Core's count for a mixture of experts (its ``num_floating_point_operations``):
+    12 l h^2 ((1 + g/a + s/h) + k f / h x 3/2 + V / (2 l h)) FLOPs per token, k experts of f."""
+    layers, hidden, seq, vocab = model["layers"], model["hidden"], model["seqLen"], model["vocab"]
+    moe = model["moe"]
+    attention = 1 + groups / model["heads"] + seq / hidden
+    experts = moe["expertsPerToken"] * moe["expertFfnHidden"] / hidden * 3 / 2
+    per_token = 12 * layers * hidden**2 * (attention + experts + vocab / (2 * layers * hidden))
+    return tflops * 1e12 / per_token
+
+
 def narayanan_tokens(tflops: float, hidden: int, layers: int, seq: int, vocab: int) -> float:
     """Narayanan et al.'s count with recomputation: 96 l h^2 (1 + s/(6h) + V/(16 l h))."""
     per_token = 96 * layers * hidden**2 * (1 + seq / (6 * hidden) + vocab / (16 * layers * hidden))
@@ -141,6 +153,16 @@ NEMOTRON_340B = {
 }
 GPT3_2K = gpt(12288, 96, 96, 2048, 51200, 8)
 GPT_530B = gpt(20480, 128, 105, 2048, 51200, 8)
+MIXTRAL_8X7B = {
+    "layers": 32,
+    "hidden": 4096,
+    "heads": 32,
+    "kvHeads": 8,
+    "vocab": 32000,
+    "seqLen": 4096,
+    "ffnHidden": 14336,
+    "moe": {"experts": 8, "expertsPerToken": 2, "expertFfnHidden": 14336},
+}
 TORCHTITAN_H100_GIB = 96
 """torchtitan's benchmark machines: H100s with 96 GB of HBM2e (its performance notes)."""
 TORCHTITAN_8B_MEASURED_GIB = 82.4
@@ -228,6 +250,11 @@ def published_rows() -> list[tuple[str, dict[str, Any], float]]:
         rows.append(
             (f"zero-3 530b {gpus}", spec, narayanan_tokens(tflops, 20480, 105, 2048, 51200))
         )
+    # Megatron-Core v0.8's MoE README: Mixtral 8x7B dropless, all-to-all dispatcher, BF16, 64
+    # H100s, TP1 EP8 PP4 VP8, MBS 1, GBS 256: 438 TFLOP/s per GPU.
+    mixtral = job(MIXTRAL_8X7B, 64, 1, 4, 256, schedule="interleaved-1f1b", virtual=8)
+    mixtral["strategy"]["expertParallel"] = 8
+    rows.append(("megatron-core mixtral 8x7b", mixtral, megatron_moe_tokens(438, MIXTRAL_8X7B, 8)))
     # torchtitan's H100s (Grand Teton, 500 W) have 96 GB of HBM2e; the run measured 82.4 GiB.
     rows.append(
         (

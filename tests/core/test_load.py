@@ -76,11 +76,29 @@ def test_missing_file_is_a_spec_error(tmp_path: Path) -> None:
         load_jobs(tmp_path / "absent.yaml")
 
 
-def test_pod_template_accepts_anything() -> None:
+def test_pod_template_is_a_pod_template_spec() -> None:
+    """The template takes what a pod takes, a null is unset, and anything else is named."""
     validate_spec(
         {
             "image": "x",
             "model": {"preset": "tiny"},
-            "podTemplate": {"spec": {"nodeSelector": {"a": "b"}, "anything": [1, {"x": 2}]}},
+            "podTemplate": {
+                "metadata": {"labels": {"team": "a"}, "annotations": None},
+                "spec": {
+                    "nodeSelector": {"a": "b"},
+                    "securityContext": None,
+                    "containers": [{"name": "trainer", "resources": {"limits": {"cpu": 2}}}],
+                },
+            },
         }
     )
+    with pytest.raises(SpecError) as caught:
+        validate_spec(
+            {
+                "image": "x",
+                "model": {"preset": "tiny"},
+                "podTemplate": {"spec": {"nodeSelector": {"a": "b"}, "anything": [1, {"x": 2}]}},
+            }
+        )
+    assert caught.value.field == "spec.podTemplate.spec.anything"
+    assert "unknown field" in caught.value.rule

@@ -30,6 +30,8 @@ LAYOUTS: dict[str, dict[str, Any]] = {
     "zero2-dp2": {"dp": 2, "zero_stage": 2},
     "zero3-dp2": {"dp": 2, "zero_stage": 3},
     "tp2": {"tp": 2},
+    "cp2": {"cp": 2},  # each sequence split over 2 ranks (context parallelism)
+    "pp2-cp2": {"pp": 2, "cp": 2, "micro_batches": 2, "grad_accumulation": 2},
     "pp2": {"pp": 2, "micro_batches": 2, "grad_accumulation": 2},
     "3d": {"dp": 2, "pp": 2, "tp": 2, "micro_batches": 2, "zero_stage": 3},
 }

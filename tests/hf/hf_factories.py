@@ -62,7 +62,7 @@ def make_hf_folder(folder: Path, kind: str = "llama", seed: int = 0, **config: A
         "vocab_size": VOCAB,
         "rms_norm_eps": 1e-6,
         "eos_token_id": tokenizer.token_to_id(EOS),
-        **KINDS[kind],
+        **KINDS.get(kind, {}),
         **config,
     }
     torch.manual_seed(seed)

@@ -139,6 +139,32 @@ PHI_2 = dict(
     vocab_size=51200,
     hidden_act="gelu_new",
 )
+MIXTRAL_8X7B = dict(
+    model_type="mixtral",
+    hidden_size=4096,
+    intermediate_size=14336,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    num_key_value_heads=8,
+    vocab_size=32000,
+    num_local_experts=8,
+    num_experts_per_tok=2,
+    rope_theta=1e6,
+)
+QWEN15_MOE_A27B = dict(
+    model_type="qwen2_moe",
+    hidden_size=2048,
+    intermediate_size=5632,
+    moe_intermediate_size=1408,
+    shared_expert_intermediate_size=5632,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    num_key_value_heads=16,
+    vocab_size=151936,
+    num_experts=60,
+    num_experts_per_tok=4,
+    tie_word_embeddings=False,
+)
 
 
 @pytest.mark.parametrize(
@@ -186,6 +212,30 @@ def test_gelu_weights_are_refused_and_its_shape_trains_from_random(tmp_path: Pat
     (tmp_path / "model.safetensors").write_bytes(b"")
     with pytest.raises(SpecError, match="gpt_neox weights, which the trainer does not load"):
         load_hf_model(tmp_path, 2048)
+
+
+@pytest.mark.parametrize(
+    ("config", "active"),
+    [(MIXTRAL_8X7B, 12.9e9), (QWEN15_MOE_A27B, 2.7e9)],
+    ids=["mixtral-8x7b", "qwen1.5-moe-a2.7b"],
+)
+def test_moe_config_counts(config: dict[str, Any], active: float, tmp_path: Path) -> None:
+    shape = shape_from_config(_written(config, tmp_path), seq_len=4096)
+    assert shape.moe is not None
+    assert shape.parameters() == _transformers_count(config)
+    assert sum(torch.Size(s).numel() for s in expected_shapes(shape).values()) == shape.parameters()
+    assert shape.parameters(active=True) == pytest.approx(active, rel=0.02)
+
+
+def test_qwen2_moe_features_and_dense_layers(tmp_path: Path) -> None:
+    config = {**QWEN15_MOE_A27B, "mlp_only_layers": [0, 1], "norm_topk_prob": True}
+    moe = shape_from_config(_written(config, tmp_path), seq_len=1024).moe
+    assert moe is not None
+    assert (moe.first_dense_layers, moe.shared_width, moe.shared_expert_gate) == (2, 5632, True)
+    assert moe.normalize_top_k and moe.expert_ffn_hidden == 1408
+    scattered = {**QWEN15_MOE_A27B, "mlp_only_layers": [3]}
+    with pytest.raises(SpecError, match="first layers"):
+        shape_from_config(_written(scattered, tmp_path), seq_len=1024)
 
 
 def test_architecture_features_are_read(tmp_path: Path) -> None:

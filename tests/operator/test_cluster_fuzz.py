@@ -1,8 +1,9 @@
 """Hostile specs against the real API server, with the operator running.
 
 Hypothesis generates jobs a careless or hostile author could write: wrong types, huge strings,
-NaN and 1e308, unicode names, deep nesting, paths of the operator's own filesystem, pod
-templates of every malformed shape, and names of Services, NetworkPolicies and pods that
+NaN and 1e308, unicode names, nesting past the 1,000 levels Python's JSON decoder takes, paths of
+the operator's own filesystem, pod templates of every malformed shape and of a megabyte, gangs
+past the operator's --max-pods-per-job, and names of Services, NetworkPolicies and pods that
 someone else already owns. Each is sent to the API server as it is. Whatever the API server
 accepts, the operator must judge without falling over: at the end the operator process is the
 one that started (no restart, no traceback), every accepted job either says Invalid naming the
@@ -14,12 +15,14 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from meshrun_operator import names
+from meshrun_operator.main import parse_args
 from operator_harness import Cluster, OperatorProcess
 from waiting import wait_for
 
@@ -28,6 +31,9 @@ from meshrun.api.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 pytestmark = [pytest.mark.cluster, pytest.mark.slow, pytest.mark.timeout(1200)]
 
 EXAMPLES = 300
+MAX_PODS = parse_args([]).max_pods_per_job
+"""The operator's --max-pods-per-job (the fixture's operator keeps the default): a larger gang
+must be Invalid, never built."""
 
 # Objects someone else made, each named as a job might be. The operator may read them, never
 # change them: the job of that name must say so instead.
@@ -112,7 +118,11 @@ def deep(depth: int) -> Any:
     return value
 
 
-HOSTILE = st.one_of(LEAVES, NESTED, st.integers(min_value=20, max_value=90).map(deep))
+# Past 1,000 levels Python's JSON decoder gives up: the operator must never be handed one.
+DEEP = st.one_of(
+    st.integers(min_value=20, max_value=90).map(deep), st.sampled_from([1_001, 3_000]).map(deep)
+)
+HOSTILE = st.one_of(LEAVES, NESTED, DEEP)
 # Values the schema lets through but the rules may not: most jobs must reach the operator.
 PLAUSIBLE = st.one_of(
     st.integers(min_value=0, max_value=70_000),
@@ -180,11 +190,29 @@ TEMPLATE_SHAPES: list[Any] = [
     {"metadata": {"labels": {"a": 1.5, "b": None}}},
     [],
     "template",
+    # deep where the schema has no field (pruned) and where it has one (refused)
+    {"spec": {"containers": [{"name": "side", "image": "busybox", "x": deep(3_000)}]}},
+    {"spec": {"nodeSelector": deep(1_001)}, "status": deep(3_000)},
+    {"metadata": {"labels": deep(3_000)}},
+    # big: a megabyte of environment, and annotations past what a pod may carry
+    {
+        "spec": {
+            "containers": [
+                {
+                    "name": "side",
+                    "image": "busybox",
+                    "env": [{"name": f"V{i}", "value": "x" * 1_000} for i in range(1_000)],
+                }
+            ]
+        }
+    },
+    {"metadata": {"annotations": {"big": "x" * 300_000}}},
 ]
 TEMPLATES = st.one_of(
     st.sampled_from(TEMPLATE_SHAPES),
     NESTED,
     st.dictionaries(st.sampled_from(["spec", "metadata", "status"]), NESTED, max_size=2),
+    DEEP.map(lambda value: {"spec": value}),
 )
 
 # --- whole specs -----------------------------------------------------------------------------
@@ -269,21 +297,45 @@ def jobs(draw: st.DrawFn) -> tuple[str, dict[str, Any]]:
             spec["training"]["data"]["format"] = draw(
                 st.sampled_from(["jsonl", "parquet", "arrow", "tokens"])
             )
-    if draw(st.booleans()):
+    if draw(st.sampled_from([False, False, True])):  # most malformed ones never reach the operator
         spec["podTemplate"] = draw(TEMPLATES)
     if draw(st.sampled_from([False] * 19 + [True])):
         spec = draw(NESTED)  # not even an object, now and then
     return name, spec
 
 
-def has_non_finite(value: Any) -> bool:
-    if isinstance(value, float):
-        return not math.isfinite(value)
+def children(value: Any) -> list[Any]:
     if isinstance(value, dict):
-        return any(has_non_finite(v) for v in value.values())
-    if isinstance(value, list):
-        return any(has_non_finite(v) for v in value)
+        return list(value.values())
+    return value if isinstance(value, list) else []
+
+
+def has_non_finite(value: Any) -> bool:
+    """Without recursion: a spec may nest 3,000 levels."""
+    todo = [value]
+    while todo:
+        item = todo.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return True
+        todo.extend(children(item))
     return False
+
+
+def nesting(value: Any) -> int:
+    """How deep ``value`` nests, without recursion."""
+    deepest, todo = 0, [(value, 0)]
+    while todo:
+        item, level = todo.pop()
+        deepest = max(deepest, level)
+        todo.extend((child, level + 1) for child in children(item))
+    return deepest
+
+
+def huge_gang(spec: Any) -> bool:
+    """The spec asks for more pods than the operator makes for one job."""
+    resources = spec.get("resources") if isinstance(spec, dict) else None
+    nodes = resources.get("numNodes") if isinstance(resources, dict) else None
+    return type(nodes) is int and nodes > MAX_PODS
 
 
 # --- the test --------------------------------------------------------------------------------
@@ -340,6 +392,8 @@ def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
     custom = client.CustomObjectsApi(api_client)
     sent: list[tuple[str, bool]] = []  # name, accepted
     accepted: set[str] = set()  # the jobs that exist now
+    huge: set[str] = set()  # the accepted jobs that ask for more pods than the cap
+    deep_sent: list[bool] = []  # accepted or not, for each spec nested past 1,000 levels
 
     @settings(
         max_examples=EXAMPLES,
@@ -362,13 +416,26 @@ def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
                 f"{name} gone",
             )
             accepted.discard(name)
+            huge.discard(name)
         ok = create(custom, cluster.ns, name, spec)
         sent.append((name, ok))
+        if nesting(spec) > 1_000:
+            deep_sent.append(ok)
         if ok:
             accepted.add(name)
             assert not has_non_finite(spec), "the API server accepted a non-finite number"
+            if huge_gang(spec):
+                huge.add(name)
 
     apply_one()
+    # gangs the operator must not build: just past its cap, and the most the CRD admits
+    for name, pods in (("huge-past-cap", MAX_PODS + 1), ("huge-most", 65_536)):
+        spec = base_spec()
+        spec["resources"]["numNodes"] = spec["training"]["globalBatchSize"] = pods
+        assert create(custom, cluster.ns, name, spec), name
+        accepted.add(name)
+        huge.add(name)
+    assert any(deep_sent), f"of {len(deep_sent)} specs past 1,000 levels none was accepted"
     assert len(sent) >= EXAMPLES, f"only {len(sent)} specs were generated"
     reached = sum(ok for _, ok in sent)
     assert reached >= 75, f"only {reached} of {len(sent)} specs reached the operator"
@@ -398,6 +465,17 @@ def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
     )
     wrong = {name: v for name, v in results.items() if v.startswith("failed")}
     assert not wrong, f"jobs that neither ran nor were Invalid: {wrong}"
+    built = {name: results[name] for name in huge if results[name] not in ("invalid", "conflict")}
+    assert not built, f"gangs past --max-pods-per-job {MAX_PODS} were not refused: {built}"
+    for name in ("huge-past-cap", "huge-most"):
+        job = json.loads(
+            cluster.kubectl("get", PLURAL, name, "-n", cluster.ns, "-o", "json").stdout
+        )
+        invalid = next(c for c in job["status"]["conditions"] if c["type"] == "Invalid")
+        assert invalid["message"].startswith("spec.resources.numNodes"), invalid
+        assert not cluster.kubectl(
+            "get", "pods", "-n", cluster.ns, "-l", names.selector(name), "-o", "name"
+        ).stdout.strip(), f"{name} has pods"
     for name in {BYSTANDER_SERVICE, BYSTANDER_POLICY, BYSTANDER_POD_JOB} & set(results):
         assert results[name] in ("conflict", "invalid"), f"{name} took a name someone owns"
     assert operator.proc is not None and operator.proc.poll() is None, operator.log_tail()
@@ -413,7 +491,9 @@ def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
     )
     assert not impostor["metadata"].get("ownerReferences")
     print(
-        f"sent {len(sent)} specs, {len(accepted)} accepted; verdicts: "
+        f"sent {len(sent)} specs ({len(deep_sent)} past 1,000 levels, {sum(deep_sent)} of them "
+        f"accepted and pruned), {len(accepted)} accepted, {len(huge)} past the pod cap; "
+        "verdicts: "
         f"{ {v: list(results.values()).count(v) for v in set(results.values())} }"
     )
 
@@ -429,6 +509,9 @@ def create(custom: Any, namespace: str, name: str, spec: Any) -> bool:
         "metadata": {"name": name},
         "spec": spec,
     }
+    limit = sys.getrecursionlimit()
+    # the client serialises recursively: a 3,000-level spec needs more frames than the default
+    sys.setrecursionlimit(max(limit, 20_000))
     try:
         custom.create_namespaced_custom_object(GROUP, VERSION, namespace, PLURAL, job)
     except ApiException as exc:
@@ -436,4 +519,6 @@ def create(custom: Any, namespace: str, name: str, spec: Any) -> bool:
         return False
     except ValueError:  # the client itself refuses some values (a name it cannot put in a URL)
         return False
+    finally:
+        sys.setrecursionlimit(limit)
     return True

@@ -70,6 +70,8 @@ LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
         "dp2-tp2": {"dp": 2, "tp": 2},  # ZeRO-0 in a hybrid: HSDP, shard size 1
         "dp2-tp2-zero2": {"dp": 2, "tp": 2, "zero_stage": 2},
         "pp2-tp2-acc2": _accumulating("1f1b", pp=2, tp=2),
+        "cp4": {"cp": 4},  # autocast over DDP's fp32 parameters
+        "cp2-tp2": {"cp": 2, "tp": 2},  # FSDP2's bf16 policy (sharded over cp), sharded logits
     },
     8: {
         "3d-pp2-dp2-tp2": _pipeline("1f1b", pp=2, dp=2, tp=2),

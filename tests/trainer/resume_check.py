@@ -33,7 +33,7 @@ from meshrun_trainer.models.llama import build_model
 from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.runner import Runner
 
-from meshrun.api.presets import PRESETS
+from meshrun.api.presets import PRESETS, ModelShape
 from meshrun.jobdoc import JobDocument
 
 STEPS, HALF = 6, 3
@@ -83,10 +83,11 @@ def _train(layout: dict[str, Any], steps: int, directory: Path) -> dict[str, Any
     return {"resumedFrom": result.resumed_from, "losses": [r.loss for r in result.records]}
 
 
-def _single_process(directory: Path | None, first: int, last: int) -> list[float]:
+def _single_process(
+    directory: Path | None, first: int, last: int, shape: ModelShape = PRESETS["tiny"]
+) -> list[float]:
     """Steps first..last of the plain model on the whole batch, from ``directory``'s
     checkpoint of step first - 1 (loaded without a process group) or from scratch."""
-    shape = PRESETS["tiny"]
     model = build_model(shape, int(TRAINING["seed"]))
     optimizer = make_optimizer(model.parameters(), float(TRAINING["learningRate"]))
     if directory is not None:

@@ -106,6 +106,23 @@ PLAN_MB4 = {"layout": PIPELINE}
             "spec.strategy.contextParallel",
             "seqLen=20 for contextParallel=4",
         ),
+        # seqLen 64 splits into 2 x cp chunks for cp 2, 4, 8 and 16, not for 3 or 64
+        (
+            {"plan": {"layout": {"degrees": {"cp": 3}}}},
+            "spec.strategy.contextParallel",
+            "2 x contextParallel",
+        ),
+        (
+            {"plan": {"layout": {"degrees": {"cp": 64}}}},
+            "spec.strategy.contextParallel",
+            "seqLen=64",
+        ),
+        (
+            # 2 tokens per rank, 4 tp ranks
+            {"plan": {"layout": {"degrees": {"cp": 32, "tp": 4}}}},
+            "spec.strategy.contextParallel",
+            "64 / 32 for tensorParallel=4",
+        ),
         ({"plan": {"layout": {"microBatchSize": 0}}}, "spec.training.microBatchSize", "got 0"),
         ({"spec": {"training": {"learningRate": "fast"}}}, "spec.training.learningRate", "number"),
         ({"spec": {"training": {"precision": "fp8"}}}, "spec.training.precision", "bf16"),
@@ -131,6 +148,10 @@ def test_bad_values_name_the_spec_field_and_rule(
 def test_world_size_must_match_the_layout() -> None:
     with pytest.raises(SpecError, match=r"spec.strategy: .*1x1x1x1 = 1, not 4"):
         read_job({**make_env(), "WORLD_SIZE": "4"})
+    cp = make_env(plan={"layout": {"degrees": {"cp": 2}}})
+    with pytest.raises(SpecError, match=r"spec.strategy: .*1x2x1x1 = 2, not 4"):
+        read_job({**cp, "WORLD_SIZE": "4"})
+    assert read_job({**cp, "WORLD_SIZE": "2"}).plan.layout.world_size == 2
 
 
 def test_the_document_holds_only_what_the_crd_allows() -> None:

@@ -52,6 +52,7 @@ def test_demo_job_env_for_second_pod() -> None:
     assert env["PET_MASTER_PORT"] == env["MASTER_PORT"] == "29501"
     assert env["WORLD_SIZE"] == "8" and env["MESHRUN_ATTEMPT"] == "2"
     assert (env["MESHRUN_DP"], env["MESHRUN_PP"], env["MESHRUN_TP"]) == ("2", "2", "2")
+    assert (env["MESHRUN_EP"], env["MESHRUN_ETP"]) == ("1", "2")  # a dense model's
     assert env["MESHRUN_CP"] == "1" and env["MESHRUN_RANK_ORDER"] == "pp,dp,cp,tp"
     assert env["MESHRUN_CHECKPOINT_DIR"] == "/ckpt"
     assert set(env) == {*TORCHRUN, *COORDINATES, JOB_VARIABLE}
@@ -75,6 +76,7 @@ TORCHRUN += ("PET_NODE_RANK", "PET_MASTER_ADDR", "PET_MASTER_PORT")
 COORDINATES = ("MESHRUN_JOB_NAME", "MESHRUN_NAMESPACE", "MESHRUN_ATTEMPT", "MESHRUN_POD_INDEX")
 COORDINATES += ("MESHRUN_DP", "MESHRUN_CP", "MESHRUN_PP", "MESHRUN_TP", "MESHRUN_RANK_ORDER")
 COORDINATES += ("MESHRUN_CHECKPOINT_DIR",)
+COORDINATES += ("MESHRUN_EP", "MESHRUN_ETP")
 """The variables docs/env-contract.md documents for a custom entrypoint."""
 
 

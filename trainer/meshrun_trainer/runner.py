@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
 
@@ -63,6 +64,8 @@ class Runner:
     """This rank computes the loss (holds the last stage)."""
     loss_parallel: bool = False
     """The logits stay sharded over the vocabulary (TP): compute the loss in loss_context()."""
+    context: dist.ProcessGroup | None = None
+    """The context-parallel group holding the rest of this rank's sequences (cp > 1)."""
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]

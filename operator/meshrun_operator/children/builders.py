@@ -30,10 +30,14 @@ from meshrun_operator.children.podtemplate import (
     stage_affinity,
     trainer_container,
 )
+from meshrun_operator.kinds import POD, POD_GROUP, SERVICE
 
 # The trainer image's entrypoint: torchrun reads PET_* from the environment and starts one
 # process per GPU running the trainer package (docs/env-contract.md).
 DEFAULT_COMMAND = list(TRAINER_COMMAND)
+
+VOLCANO, COSCHEDULING = POD_GROUP.served
+"""Where volcano's PodGroups are served, and scheduler-plugins' (coscheduling)."""
 
 
 def build_service(job: JobRef) -> dict[str, Any]:
@@ -44,8 +48,8 @@ def build_service(job: JobRef) -> dict[str, Any]:
     from publishing only Ready addresses.
     """
     return {
-        "apiVersion": "v1",
-        "kind": "Service",
+        "apiVersion": SERVICE.at().api_version,
+        "kind": SERVICE.kind,
         "metadata": child_metadata(job, names.service_name(job.name), {}),
         "spec": {
             "clusterIP": "None",
@@ -148,7 +152,12 @@ def build_pod(
     checkpoint_volume(spec.training.checkpoint.volume, pod_spec, container)
     shared_memory(pod_spec, container, spec.resources.shared_memory_gib)
     restricted_security(pod_spec)
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
+    return {
+        "apiVersion": POD.at().api_version,
+        "kind": POD.kind,
+        "metadata": metadata,
+        "spec": pod_spec,
+    }
 
 
 def build_podgroup(job: JobRef, spec: JobSpec) -> dict[str, Any] | None:
@@ -170,14 +179,14 @@ def build_podgroup(job: JobRef, spec: JobSpec) -> dict[str, Any] | None:
         if spec.scheduling.priority_class_name:
             group_spec["priorityClassName"] = spec.scheduling.priority_class_name
         return {
-            "apiVersion": "scheduling.volcano.sh/v1beta1",
-            "kind": "PodGroup",
+            "apiVersion": VOLCANO.api_version,
+            "kind": POD_GROUP.kind,
             "metadata": metadata,
             "spec": group_spec,
         }
     return {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
+        "apiVersion": COSCHEDULING.api_version,
+        "kind": POD_GROUP.kind,
         "metadata": metadata,
         "spec": {
             "minMember": spec.resources.num_nodes,

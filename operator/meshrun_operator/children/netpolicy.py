@@ -30,6 +30,7 @@ from meshrun_operator import names
 from meshrun_operator.children.owner import JobRef, child_metadata
 from meshrun_operator.children.platform import DnsPeer, PlatformEgress
 from meshrun_operator.client.credentials import own_namespace
+from meshrun_operator.kinds import NETWORK_POLICY
 
 
 @dataclass(frozen=True)
@@ -135,8 +136,8 @@ def build_network_policy(
             job, egress or Egress(policy="Restricted", allowed_cidrs=None), floor
         )
     return {
-        "apiVersion": "networking.k8s.io/v1",
-        "kind": "NetworkPolicy",
+        "apiVersion": NETWORK_POLICY.at().api_version,
+        "kind": NETWORK_POLICY.kind,
         "metadata": child_metadata(job, names.network_policy_name(job.name), {}),
         "spec": spec,
     }

@@ -30,39 +30,26 @@ from meshrun_operator.client.errors import (
 )
 from meshrun_operator.client.rest import MERGE_PATCH, Rest
 from meshrun_operator.clock import format_time
+from meshrun_operator.kinds import EVENT, KINDS, POD, Served
 
 logger = logging.getLogger("meshrun.operator")
 
 EVENT_MESSAGE_MAX = 1000
 """Event messages are cut to this length (the API server limits event notes to 1 KiB)."""
 
-CUSTOM_KINDS = {
-    "NetworkPolicy": {"networking.k8s.io/v1": ("networking.k8s.io", "v1", "networkpolicies")},
-    "PodGroup": {
-        "scheduling.volcano.sh/v1beta1": ("scheduling.volcano.sh", "v1beta1", "podgroups"),
-        "scheduling.x-k8s.io/v1alpha1": ("scheduling.x-k8s.io", "v1alpha1", "podgroups"),
-    },
-    "Workload": {"kueue.x-k8s.io/v1beta2": ("kueue.x-k8s.io", "v1beta2", "workloads")},
-}
-CORE_KINDS = {"Pod": "pods", "Service": "services", "Event": "events"}
+
+def served_path(served: Served, namespace: str | None, name: str = "") -> str:
+    """The URL path of ``served``'s objects (in ``namespace``, or of every namespace)."""
+    if not served.group:
+        return core_path(served.plural, namespace, name)
+    return group_path(served.group, served.version, served.plural, namespace, name)
 
 
 def child_path(kind: str, namespace: str, name: str, api_version: str | None = None) -> str:
-    """The URL path of one child: a Pod, a Service, a NetworkPolicy, or a PodGroup or Workload
-    of ``api_version`` (the first one known when None)."""
-    if kind in CORE_KINDS:
-        return core_path(CORE_KINDS[kind], namespace, name)
-    group, version, plural = _custom(kind, api_version)
-    return group_path(group, version, plural, namespace, name)
-
-
-def _custom(kind: str, api_version: str | None) -> tuple[str, str, str]:
-    versions = CUSTOM_KINDS[kind]
-    return versions[api_version] if api_version else next(iter(versions.values()))
-
-
-def _plural(kind: str) -> str:
-    return CORE_KINDS.get(kind) or _custom(kind, None)[2]
+    """The URL path of one object of a kind of the table (kinds.py): a Pod, a Service, a
+    NetworkPolicy, or a PodGroup or Workload of ``api_version`` (the first one made when
+    None)."""
+    return served_path(KINDS[kind].at(api_version), namespace, name)
 
 
 class StaleJob(Exception):
@@ -95,11 +82,8 @@ def job_path(namespace: str, name: str, sub: str = "") -> str:
 
 def kind_path(obj: Mapping[str, Any]) -> tuple[str, str]:
     """(resource, collection path) where ``obj`` is created."""
-    kind, namespace = obj["kind"], obj["metadata"]["namespace"]
-    if kind in CORE_KINDS:
-        return CORE_KINDS[kind], core_path(CORE_KINDS[kind], namespace)
-    group, version, plural = CUSTOM_KINDS[kind][obj["apiVersion"]]
-    return plural, group_path(group, version, plural, namespace)
+    served = KINDS[obj["kind"]].at(obj["apiVersion"])
+    return served.plural, served_path(served, obj["metadata"]["namespace"])
 
 
 class Kube:
@@ -203,7 +187,7 @@ class Kube:
         Service or NetworkPolicy, or a PodGroup or Workload of ``api_version``."""
         path = child_path(kind, namespace, name, api_version)
         try:
-            found = await self.call("get", _plural(kind), "GET", path)
+            found = await self.call("get", KINDS[kind].plural, "GET", path)
         except ApiError as error:
             if error.status == 404:
                 return None
@@ -254,7 +238,7 @@ class Kube:
         again next time)."""
         preconditions = {"uid": holder.uid, "resourceVersion": holder.resource_version}
         path = child_path(kind, namespace, name, api_version)
-        await self._delete_if(_plural(kind), path, preconditions)
+        await self._delete_if(KINDS[kind].plural, path, preconditions)
 
     async def delete_pods(
         self,
@@ -277,8 +261,8 @@ class Kube:
             options: dict[str, Any] = {"propagationPolicy": "Background"}
             if force:
                 options["gracePeriodSeconds"] = 0
-            path = core_path("pods", namespace, name)
-            await self._delete_if("pods", path, {"uid": uid}, **options)
+            path = child_path(POD.kind, namespace, name)
+            await self._delete_if(POD.plural, path, {"uid": uid}, **options)
 
         await asyncio.gather(*(one(p) for p in pods))
 
@@ -315,8 +299,8 @@ class Kube:
         help people but must not stop a reconcile), but NamespaceGone: the job goes with it."""
         now, namespace = format_time(datetime.now(UTC)), involved["namespace"]
         body = {
-            "apiVersion": "v1",
-            "kind": "Event",
+            "apiVersion": EVENT.at().api_version,
+            "kind": EVENT.kind,
             "metadata": {"generateName": f"{involved['name']}.", "namespace": namespace},
             "involvedObject": dict(involved),
             "type": type,

@@ -9,7 +9,7 @@ job waits with a NameConflict and no pod is created.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 from meshrun.api.spec import Egress
@@ -21,6 +21,7 @@ from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.children.podtemplate import CHECKPOINT_MOUNT
 from meshrun_operator.client.answers import Refused
 from meshrun_operator.client.errors import ApiError
+from meshrun_operator.kinds import NETWORK_POLICY, POD, POD_GROUP, SERVICE
 from meshrun_operator.lifecycle.decide import Decision
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.lifecycle.phases import Event
@@ -103,7 +104,7 @@ async def _create_children(
                 # A PodGroup of the name that is not the job's (planted with a small
                 # minMember) would let the scheduler bind a partial gang: never taken for it.
                 name, version = podgroup["metadata"]["name"], podgroup["apiVersion"]
-                await _child_taken(ctx, job, "PodGroup", name, version)
+                await _child_taken(ctx, job, POD_GROUP.kind, name, version)
     admitted = decision.kueue.admitted if decision.kueue is not None else None
     domains = None
     if admitted is None and ctx.placer is not None:
@@ -138,7 +139,7 @@ async def _create_children(
             refused.append((index, result))
     for index, name, result in zip(decision.create_pods, names_sent, results, strict=True):
         if result is False:
-            conflict = await _name_taken(ctx, job, "Pod", name, attempt)
+            conflict = await _name_taken(ctx, job, POD.kind, name, attempt)
             if conflict is not None:
                 refused.append((index, conflict))
     if refused:
@@ -162,20 +163,39 @@ async def restore(
     pods' DNS names; its NetworkPolicy: who may reach them); the pods are left alone."""
     notes = []
     for kind in kinds:
-        if kind == "Service":
-            created = await _create_service(ctx, job)
-            name = names.service_name(job.name)
-        elif kind == "NetworkPolicy" and ctx.network_policy and ev.spec is not None:
-            egress = ev.spec.networking.egress
-            created = await _create_network_policy(ctx, job, ctx.network_policy, egress)
-            name = names.network_policy_name(job.name)
-        else:
+        created = await RESTORERS[kind](ctx, job, ev)
+        if created is None or not created.made:  # not made here, or the job's own was there
             continue
-        if not created:  # the watch had not shown the job's own yet
-            continue
-        message = Reason.CHILD_RESTORED.message(kind=kind, name=name)
+        message = Reason.CHILD_RESTORED.message(kind=kind, name=created.name)
         notes.append(Event(EventType.WARNING, Reason.CHILD_RESTORED, message))
     return notes
+
+
+@dataclass(frozen=True)
+class Made:
+    """What a child's create did: ``made`` (False: the job's own held the name already)."""
+
+    name: str
+    made: bool
+
+
+async def _restore_service(ctx: OperatorContext, job: JobRef, ev: Evaluation) -> Made:
+    return Made(names.service_name(job.name), await _create_service(ctx, job))
+
+
+async def _restore_network_policy(ctx: OperatorContext, job: JobRef, ev: Evaluation) -> Made | None:
+    if ctx.network_policy is None or ev.spec is None:
+        return None
+    egress = ev.spec.networking.egress
+    created = await _create_network_policy(ctx, job, ctx.network_policy, egress)
+    return Made(names.network_policy_name(job.name), created)
+
+
+RESTORERS: dict[str, Callable[[OperatorContext, JobRef, Evaluation], Awaitable[Made | None]]] = {
+    SERVICE.kind: _restore_service,
+    NETWORK_POLICY.kind: _restore_network_policy,
+}
+"""How each child whose drift is judged (kinds.py: restored) is created again."""
 
 
 async def _create_service(ctx: OperatorContext, job: JobRef) -> bool:
@@ -187,7 +207,7 @@ async def _create_service(ctx: OperatorContext, job: JobRef) -> bool:
         refusal = Refusal((), refused.reason, refused.message, retry_after=refused.retry_after)
         raise CreationRefused(refusal) from refused
     if not created:
-        await _child_taken(ctx, job, "Service", names.service_name(job.name))
+        await _child_taken(ctx, job, SERVICE.kind, names.service_name(job.name))
     return created
 
 
@@ -199,7 +219,7 @@ async def _create_network_policy(
     job's policy is waited for like its Service (its egress rules may differ), and a policy of
     that name that is not meshrun's is never taken for the job's."""
     name = names.network_policy_name(job.name)
-    what = f"NetworkPolicy {name}"
+    what = f"{NETWORK_POLICY.kind} {name}"
     try:
         policy = build_network_policy(job, options.operator, egress, options.egress)
         created = await ctx.kube.create(policy)
@@ -207,7 +227,7 @@ async def _create_network_policy(
         refusal = Refusal((), refused.reason, refused.message, what, refused.retry_after)
         raise CreationRefused(refusal) from refused
     if not created:
-        await _child_taken(ctx, job, "NetworkPolicy", name)
+        await _child_taken(ctx, job, NETWORK_POLICY.kind, name)
     return created
 
 
@@ -244,19 +264,19 @@ async def _name_taken(
     exception, so the attempt is not recorded as started."""
     holder = await ctx.kube.holder(kind, job.namespace, name, api_version)
     if holder is None:
-        if kind == "Pod":
+        if kind == POD.kind:
             ctx.expectations.not_created(job.uid, name)
         raise StillTerminating(f"{kind} {name} went away while it was being created")
     whose = claim(job, holder)
     if whose is Claim.OURS and not holder.deleting and attempt in (None, holder.attempt):
         return None
-    if kind == "Pod":
+    if kind == POD.kind:
         ctx.expectations.not_created(job.uid, name)
     if whose is Claim.FOREIGN:
         owner = f"{holder.controller_kind} {holder.controller}" if holder.controller else "none"
         message = Reason.NAME_CONFLICT.message(kind=kind, name=name, owner=owner)
         return Conflict(message)
-    if whose is Claim.ORPHAN and kind != "Pod" and not holder.deleting:
+    if whose is Claim.ORPHAN and kind != POD.kind and not holder.deleting:
         await ctx.kube.delete_child(kind, job.namespace, holder, name, api_version)
     who = "an orphan" if holder.controller is None else f"owner {holder.controller}"
     raise StillTerminating(f"{kind} {name} ({who}, attempt {holder.attempt}) holds the name")

@@ -16,10 +16,11 @@ from typing import Any
 import kopf
 
 from meshrun.api.crd import GROUP, PLURAL, VERSION
-from meshrun_operator import metrics, names
+from meshrun_operator import kinds, metrics, names
 from meshrun_operator.background import Liveness, Stalled
 from meshrun_operator.bodies import kept
 from meshrun_operator.children.placer import Placer
+from meshrun_operator.kinds import KINDS, POD
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.leader import Elector
 from meshrun_operator.runtime.resync import Resyncer
@@ -28,9 +29,14 @@ from meshrun_operator.seen.nodes import NodeWatch
 from meshrun_operator.seen.relist import Auditor, LiveIndex
 from meshrun_operator.seen.views import PodView, job_controller, owning_job, pod_view
 
-LABELLED = (("v1", "pods"), ("v1", "services"), ("networking.k8s.io", "networkpolicies"))
+LABELLED = tuple(
+    (served.group or served.version, served.plural)
+    for kind in KINDS.values()
+    if kind.labelled
+    for served in kind.served
+)
 """kopf's selectors of what the operator watches by the job-name label (server-side): the jobs'
-pods, Services and NetworkPolicies, not every one of the cluster."""
+pods, Services, NetworkPolicies and Workloads (kinds.py), not every one of the cluster."""
 
 
 def alive(liveness: Liveness, what: object) -> dict[str, Any]:
@@ -79,41 +85,63 @@ def register(
     /healthz fails when the resync loop completed no pass for ``stall_seconds`` or one of
     kopf's watchers ended, and reports jobs whose reconciles did not complete for that long.
     After each listing of the served ``namespaces`` (all when empty), jobs and pods deleted while a
-    watch was down are dropped (relist.py). The jobs' Services (and, with
-    ``network_policies``, their NetworkPolicies) are watched too: one deleted while its job runs
-    is created again.
+    watch was down are dropped (relist.py). The jobs' children indexed on their own (kinds.py:
+    the Services and, with ``network_policies``, the NetworkPolicies) are watched too: one
+    deleted while its job runs is created again.
     """
+    watched = kinds.watched(optional=network_policies)
+    for kind in watched:
+        _child_handlers(registry, kind)
+    _login_handler(registry)
+    _pod_handlers(registry)
+    _job_handlers(registry)
+    _start_stop_handlers(registry, watch_nodes, stall_seconds, namespaces, watched)
+    _probe_handlers(registry, stall_seconds)
 
-    def child_index(resource: tuple[str, ...], id: str) -> None:
-        @kopf.index(*resource, id=id, labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
-        async def children(
-            namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, **_: Any
-        ) -> dict[tuple[str, str], str]:
-            # (namespace, job name) -> the uid of the job that controls it: whose child it is.
-            return {(str(namespace), str(labels[names.LABEL_JOB])): job_controller(meta) or ""}
 
-        @kopf.on.event(
-            *resource, id=f"{id}-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
-        )
-        async def child_changed(
-            memo: OperatorMemo, meta: kopf.Meta, type: str | None, **_: Any
-        ) -> None:
-            if type == "DELETED":
-                memo.resync.poke_owner(owning_job(meta))
+def _child_handlers(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
+    """The index of the jobs' children of ``kind`` (their controllers' uids) and the watch
+    that pokes a job when one of them is deleted."""
+    served = kind.at()
+    resource: tuple[str, ...] = (served.version, served.plural)
+    if served.group:
+        resource = (served.group, *resource)
 
-    child_index(("v1", "services"), "meshrun_services")
-    if network_policies:
-        child_index(("networking.k8s.io", "v1", "networkpolicies"), "meshrun_policies")
+    @kopf.index(*resource, id=kind.index, labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
+    async def children(
+        namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, **_: Any
+    ) -> dict[tuple[str, str], str]:
+        # (namespace, job name) -> the uid of the job that controls it: whose child it is.
+        return {(str(namespace), str(labels[names.LABEL_JOB])): job_controller(meta) or ""}
 
+    @kopf.on.event(
+        *resource,
+        id=f"{kind.index}-changed",
+        labels={names.LABEL_JOB: kopf.PRESENT},
+        registry=registry,
+    )
+    async def child_changed(
+        memo: OperatorMemo, meta: kopf.Meta, type: str | None, **_: Any
+    ) -> None:
+        if type == "DELETED":
+            memo.resync.poke_owner(owning_job(meta))
+
+
+def _login_handler(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.login(id="login", registry=registry)
     async def credentials(memo: OperatorMemo, **_: Any) -> Any:
         # The process's one login (login.py): kopf's watches and the operator's requests agree,
         # and kopf asking again after a 401 joins any login already under way.
         return await memo.ctx.kube.rest.login.for_kopf()
 
-    @kopf.index(
-        "v1", "pods", id="meshrun_pods", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
-    )
+
+def _pod_handlers(registry: kopf.OperatorRegistry) -> None:
+    """The pods' two indexes (their views; their versions for the watch-gap audit) and the
+    watch that pokes their job."""
+    pods = ("v1", POD.plural)
+    labelled = {names.LABEL_JOB: kopf.PRESENT}
+
+    @kopf.index(*pods, id="meshrun_pods", labels=labelled, registry=registry)
     async def meshrun_pods(
         namespace: str | None, labels: kopf.Labels, body: kopf.Body, **_: Any
     ) -> dict[tuple[str, str], PodView]:
@@ -121,39 +149,51 @@ def register(
         # the view reads the body without copying it.
         return {(str(namespace), str(labels[names.LABEL_JOB])): pod_view(body)}
 
-    @kopf.index(
-        "v1",
-        "pods",
-        id="meshrun_pod_versions",
-        labels={names.LABEL_JOB: kopf.PRESENT},
-        registry=registry,
-    )
+    @kopf.index(*pods, id="meshrun_pod_versions", labels=labelled, registry=registry)
     async def meshrun_pod_versions(
         uid: str, namespace: str | None, meta: kopf.Meta, **_: Any
     ) -> dict[str, tuple[str, str]]:
         """What a watch-gap audit compares with a fresh list: uid -> (version, namespace)."""
         return {str(uid): (str(meta.get("resourceVersion", "")), str(namespace))}
 
+    @kopf.on.event(*pods, id="pod-changed", labels=labelled, registry=registry)
+    async def pod_changed(memo: OperatorMemo, body: kopf.Body, type: str | None, **_: Any) -> None:
+        if type is None:  # listed (at start, or again after a watch gap)
+            memo.auditor.soon()
+        if type == "DELETED":
+            # The pods index forgets a deleted pod; its last state decides what its deletion
+            # meant (a DisruptionTarget makes it a disruption, not a failure).
+            memo.resync.poke_owner(memo.ctx.tombstones.record(kept(body)), batch=True)
+            return
+        memo.resync.poke_owner(owning_job(body.get("metadata") or {}), batch=True)
+
+
+def _job_handlers(registry: kopf.OperatorRegistry) -> None:
+    @kopf.on.event(GROUP, VERSION, PLURAL, id="job-changed", registry=registry)
+    async def job_changed(
+        memo: OperatorMemo, uid: str, type: str | None, body: kopf.Body, **_: Any
+    ) -> None:
+        if type is None:
+            memo.auditor.soon()
+        memo.resync.job_changed(uid, body, deleted=type == "DELETED")
+
+
+def _start_stop_handlers(
+    registry: kopf.OperatorRegistry,
+    watch_nodes: bool,
+    stall_seconds: float,
+    namespaces: tuple[str, ...],
+    watched: tuple[kinds.Kind, ...],
+) -> None:
     @kopf.on.startup(id="start-resync", registry=registry)
     async def start_resync(memo: OperatorMemo, **kwargs: Any) -> None:
         """Start the resync loop with kopf's live indexes (kopf hands them to startup handlers
         already created, and fills them before any other handler runs) and the node watch (the
         loop waits for its first listing)."""
-        nodes = None
-        if watch_nodes:
-            # A node's change of readiness (or its deletion) concerns every job.
-            nodes = NodeWatch(
-                memo.ctx.kube.rest, lambda: memo.resync.poke_all(), deadline=stall_seconds
-            )
-            memo.ctx.node_labels = nodes.labels
-            memo.ctx.placer = Placer(nodes.nodes, kwargs["meshrun_pods"])
-            memo.nodes = nodes
-            nodes.start()
+        nodes = _start_nodes(memo, kwargs["meshrun_pods"], stall_seconds) if watch_nodes else None
         elector: Elector | None = memo.get("elector")
         leading = elector.leading if elector is not None else always
-        memo.ctx.children = {"Service": kwargs["meshrun_services"]}
-        if "meshrun_policies" in kwargs:
-            memo.ctx.children["NetworkPolicy"] = kwargs["meshrun_policies"]
+        memo.ctx.children = {kind.kind: kwargs[kind.index] for kind in watched}
         memo.resync = Resyncer(
             memo.ctx, kwargs["meshrun_pods"], nodes, leading=leading, stall_seconds=stall_seconds
         )
@@ -166,43 +206,67 @@ def register(
         versions = kwargs["meshrun_pod_versions"]
         memo.auditor = Auditor(memo.ctx.kube, resync.jobs, resync.forget, versions, namespaces)
         resync.pods_index = LiveIndex(kwargs["meshrun_pods"], memo.auditor.ghosts)
-        if elector is None:
-            metrics.LEADER.set(1)
-        else:
-            # Every index stays warm on a standby; only its writes are refused.
-            memo.ctx.kube.may_write = elector.leading
-            memo.ctx.kube.write_seconds = elector.write_seconds
-            run = elector.run(memo.resync.leadership_changed)
-            memo.lead_task = asyncio.create_task(run, name="meshrun-lease")
-            elector.liveness.task = memo.lead_task
+        _start_lease(memo, elector)
 
     @kopf.on.cleanup(id="stop-resync", registry=registry)
     async def stop_resync(memo: OperatorMemo, **_: Any) -> None:
-        nodes: NodeWatch | None = memo.get("nodes")
-        if nodes is not None:
-            nodes.stop()
-        watchers: Watchers | None = memo.get("watchers")
-        if watchers is not None:
-            watchers.uninstall()
-        task: asyncio.Task[None] | None = memo.get("task")
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-        await memo.ctx.progress.close()
-        auditor: Auditor | None = memo.get("auditor")
-        if auditor is not None:
-            await auditor.stop()
-        lead: asyncio.Task[None] | None = memo.get("lead_task")
-        elector: Elector | None = memo.get("elector")
-        if lead is not None and elector is not None:
-            lead.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await lead
-            await elector.release()  # a standby takes over at once
-            await elector.api.rest.close()
-        await memo.ctx.kube.rest.close()
+        await _stop(memo)
 
+
+def _start_nodes(memo: OperatorMemo, pods: Any, stall_seconds: float) -> NodeWatch:
+    """The node watch, and the placer that reads it: a node's change of readiness (or its
+    deletion) concerns every job."""
+    nodes = NodeWatch(memo.ctx.kube.rest, lambda: memo.resync.poke_all(), deadline=stall_seconds)
+    memo.ctx.node_labels = nodes.labels
+    memo.ctx.placer = Placer(nodes.nodes, pods)
+    memo.nodes = nodes
+    nodes.start()
+    return nodes
+
+
+def _start_lease(memo: OperatorMemo, elector: Elector | None) -> None:
+    """The leader election's loop; without one, this operator leads."""
+    if elector is None:
+        metrics.LEADER.set(1)
+        return
+    # Every index stays warm on a standby; only its writes are refused.
+    memo.ctx.kube.may_write = elector.leading
+    memo.ctx.kube.write_seconds = elector.write_seconds
+    run = elector.run(memo.resync.leadership_changed)
+    memo.lead_task = asyncio.create_task(run, name="meshrun-lease")
+    elector.liveness.task = memo.lead_task
+
+
+async def _stop(memo: OperatorMemo) -> None:
+    """Stop the node watch, the watchers' record, the resync loop, the progress reader, the
+    auditor and the lease (released: a standby takes over at once), then the connections."""
+    nodes: NodeWatch | None = memo.get("nodes")
+    if nodes is not None:
+        nodes.stop()
+    watchers: Watchers | None = memo.get("watchers")
+    if watchers is not None:
+        watchers.uninstall()
+    task: asyncio.Task[None] | None = memo.get("task")
+    if task is not None:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    await memo.ctx.progress.close()
+    auditor: Auditor | None = memo.get("auditor")
+    if auditor is not None:
+        await auditor.stop()
+    lead: asyncio.Task[None] | None = memo.get("lead_task")
+    elector: Elector | None = memo.get("elector")
+    if lead is not None and elector is not None:
+        lead.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await lead
+        await elector.release()  # a standby takes over at once
+        await elector.api.rest.close()
+    await memo.ctx.kube.rest.close()
+
+
+def _probe_handlers(registry: kopf.OperatorRegistry, stall_seconds: float) -> None:
     @kopf.on.probe(id="resync", registry=registry)
     def resync_alive(memo: OperatorMemo, **_: Any) -> dict[str, Any]:
         """/healthz fails (HTTP 500) when the resync loop ended or completes no pass: the
@@ -239,24 +303,3 @@ def register(
         if elector is None:
             return {"election": False}
         return alive(elector.liveness, elector.leading())
-
-    @kopf.on.event(
-        "v1", "pods", id="pod-changed", labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry
-    )
-    async def pod_changed(memo: OperatorMemo, body: kopf.Body, type: str | None, **_: Any) -> None:
-        if type is None:  # listed (at start, or again after a watch gap)
-            memo.auditor.soon()
-        if type == "DELETED":
-            # The pods index forgets a deleted pod; its last state decides what its deletion
-            # meant (a DisruptionTarget makes it a disruption, not a failure).
-            memo.resync.poke_owner(memo.ctx.tombstones.record(kept(body)), batch=True)
-            return
-        memo.resync.poke_owner(owning_job(body.get("metadata") or {}), batch=True)
-
-    @kopf.on.event(GROUP, VERSION, PLURAL, id="job-changed", registry=registry)
-    async def job_changed(
-        memo: OperatorMemo, uid: str, type: str | None, body: kopf.Body, **_: Any
-    ) -> None:
-        if type is None:
-            memo.auditor.soon()
-        memo.resync.job_changed(uid, body, deleted=type == "DELETED")

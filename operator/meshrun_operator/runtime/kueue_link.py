@@ -199,10 +199,10 @@ async def create_workload(
         return
     # The name is taken. Only the job's own Workload (its controller reference) is waited
     # for: one planted with a smaller gang would have Kueue admit the pods outside quota.
-    holder = await kube.holder("Workload", job.namespace, name, workload["apiVersion"])
+    holder = await kube.holder(kueue.WORKLOAD_KIND, job.namespace, name, workload["apiVersion"])
     if holder is not None and claim(job, holder) is not Claim.OURS:
         owner = f"{holder.controller_kind} {holder.controller}" if holder.controller else "none"
-        message = Reason.NAME_CONFLICT.message(kind="Workload", name=name, owner=owner)
+        message = Reason.NAME_CONFLICT.message(kind=kueue.WORKLOAD_KIND, name=name, owner=owner)
         raise KueueHold(Hold(Reason.NAME_CONFLICT, message))
 
 

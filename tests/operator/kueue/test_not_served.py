@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from dataclasses import replace
 
 import pytest
 from kueue_factories import pipeline_spec
 from kueue_support import KueueEnv
+from meshrun_operator import kinds
 from meshrun_operator.children.owner import JobRef
-from meshrun_operator.client import kube as kube_module
 from meshrun_operator.kueue import QueueRef
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.runtime.kueue_link import KueueHold, KueueLink, create_workload
@@ -25,10 +26,9 @@ def test_an_api_server_without_kueues_workloads_is_named(
 ) -> None:
     # The API server's own answer for a resource it does not serve (404), which is what a
     # cluster without Kueue gives the Workload create: asked here under a plural Kueue lacks.
-    served = kube_module.CUSTOM_KINDS["Workload"]
-    (version,) = served
-    group, api, _ = served[version]
-    monkeypatch.setitem(kube_module.CUSTOM_KINDS, "Workload", {version: (group, api, "nothing")})
+    (served,) = kinds.WORKLOAD.served
+    unserved = replace(kinds.WORKLOAD, served=(replace(served, plural="nothing"),))
+    monkeypatch.setitem(kinds.KINDS, kinds.WORKLOAD.kind, unserved)
     namespace = kueue_env.namespaces["team-a"]
     spec = pipeline_spec(2, 8, 2)
     job = JobRef(name="unserved", namespace=namespace, uid=str(uuid.uuid4()))

@@ -4,7 +4,8 @@ token of every validation window (meshrun_trainer.components.data.windows).
 Windows go to the data-parallel replicas in blocks shaped like one training call (the rows a
 replica feeds per forward pass), so pipeline stages see the shapes they were built for; a last
 short block is padded with rows whose targets are ignored. Every replica sums its loss and
-counts its tokens, and the sums meet in one all-reduce.
+counts its tokens, and the sums meet in one all-reduce. Under context parallelism each rank
+takes its share of every window (meshrun_trainer.models.context) and the sums meet over dp x cp.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch.distributed.tensor import DTensor
 
 from meshrun_trainer.distributed.parallel import end_forward_only
 from meshrun_trainer.distributed.stagemap import loss_scale
+from meshrun_trainer.models.context import sequence_share
 
 if TYPE_CHECKING:
     from meshrun.api.layout import Layout
@@ -66,11 +68,15 @@ def _summed_loss(
             runner.schedule.eval(*args)
             return torch.zeros((), device=inputs.device)
         runner.schedule.eval(*args, target=targets, losses=losses)
-    # Each micro-batch's loss is its token mean divided by the schedule's loss scale.
-    counts = [int((t != IGNORE).sum()) for t in targets.chunk(len(losses))]
+    # Each micro-batch's loss is its token mean divided by the schedule's loss scale (under
+    # context parallelism: its share of the group's mean, times cp).
+    counts = torch.stack([(t != IGNORE).sum() for t in targets.chunk(len(losses))]).float()
+    if runner.context is not None:
+        dist.all_reduce(counts, group=runner.context)
+        counts /= layout.cp
     scale = loss_scale(layout)
     total = torch.zeros((), device=inputs.device)
-    for loss, count in zip(losses, counts, strict=True):
+    for loss, count in zip(losses, counts.tolist(), strict=True):
         if count:
             value = loss.full_tensor() if isinstance(loss, DTensor) else loss
             total += value.detach().float() * scale * count
@@ -85,6 +91,8 @@ def validation_loss(job: JobDocument, runner: Runner, mesh: Mesh, windows: np.nd
     sums = torch.zeros(2, dtype=torch.float64, device=mesh.device)
     for start in range(0, len(windows), rows * layout.dp):
         inputs, targets = _block(windows, start, rows, layout.dp, mesh.dp_rank)
+        inputs = sequence_share(inputs, mesh.cp_rank, layout.cp)
+        targets = sequence_share(targets, mesh.cp_rank, layout.cp)
         loss = _summed_loss(layout, runner, inputs.to(mesh.device), targets.to(mesh.device))
         sums[0] += loss.double()
         if runner.is_last:
@@ -92,6 +100,6 @@ def validation_loss(job: JobDocument, runner: Runner, mesh: Mesh, windows: np.nd
     end_forward_only(runner.parts)  # FSDP2 units gathered by these forward passes
     if layout.pp > 1:
         dist.all_reduce(sums, group=mesh.group("pp"))  # only the last stage holds the sums
-    if layout.dp > 1:
-        dist.all_reduce(sums, group=mesh.group("dp"))
+    if layout.dp * layout.cp > 1:
+        dist.all_reduce(sums, group=mesh.gradient_group())
     return float(sums[0] / sums[1])

@@ -80,6 +80,8 @@ def clip_grad_norm(
     max_norm: float,
     pp_group: dist.ProcessGroup | None = None,
     duplicates: Iterable[torch.nn.Parameter] = (),
+    experts: Iterable[torch.nn.Parameter] = (),
+    expert_square: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Clip by the norm over all parameters of the whole model; returns that norm.
 
@@ -87,17 +89,29 @@ def clip_grad_norm(
     TP/DP shards; pipeline stages hold disjoint parameters, so their squared norms are summed
     across the pp group (the torchtitan recipe). DDP gradients are already whole on each rank.
     ``duplicates``: parameters another stage also holds (a tied head's copy of the embedding),
-    counted once, by that other stage.
+    counted once, by that other stage. ``experts``: a mixture of experts' weights, spread over
+    the expert-parallel group, whose squared gradient norm over that group is
+    ``expert_square`` (meshrun_trainer.distributed.experts).
     """
-    skip = {id(p) for p in duplicates}
+    expert_list = list(experts)
+    own = {id(p) for p in expert_list}
+    skip = {id(p) for p in duplicates} | own
     grads = [p.grad for p in params if p.grad is not None and id(p) not in skip]
     total = torch.nn.utils.get_total_norm(grads, norm_type=2.0)
     if isinstance(total, DTensor):
         total = total.full_tensor()
+    if expert_square is not None:
+        total = (total.pow(2) + expert_square.to(total)).sqrt()
     if pp_group is not None and dist.get_world_size(pp_group) > 1:
         squared = total.pow(2)
         dist.all_reduce(squared, group=pp_group)
         total = squared.sqrt()
     if max_norm > 0:
-        torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
+        dense = [p for p in params if id(p) not in own]
+        torch.nn.utils.clip_grads_with_norm_(dense, max_norm, total)
+        coefficient = (max_norm / (total + 1e-6)).clamp(max=1.0)
+        for param in expert_list:
+            if param.grad is not None:
+                grad = param.grad
+                (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coefficient)
     return total

@@ -119,6 +119,8 @@ def gather_inputs(blocks: list[nn.Module], keep_shard: bool) -> None:
     keeps the gathered tensor, or activation checkpointing decides)."""
     for block in blocks:
         for name in ("attention", "feed_forward"):
-            module = block.get_submodule(name)
+            module = getattr(block, name, None)  # a MoE layer has no feed_forward
+            if module is None:
+                continue
             # An instance attribute shadows the class's forward; __call__ still runs the hooks.
             module.__dict__["forward"] = _gathering(module.forward, keep_shard)

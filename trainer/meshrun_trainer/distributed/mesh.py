@@ -1,10 +1,16 @@
 """Process group and DeviceMesh setup.
 
-Mesh dimensions are (pp, dp, dp_shard, tp) with TP innermost, so a TP group is consecutive ranks
-inside one pod and PP outermost, matching the planner's rank order
-rank = (pp * dp_size + dp) * tp + tp_rank (the same order torchtitan and Megatron-LM use).
+Mesh dimensions are (pp, dp, dp_shard, cp, tp), torchtitan's order: TP innermost, so a TP group
+is consecutive ranks inside one pod, then CP, then data parallelism, PP outermost, matching the
+planner's rank order rank = ((pp * dp_size + dp) * cp_size + cp) * tp + tp_rank.
 ``dp_shard`` always has size 1: with ``dp`` it forms the 2-D mesh on which FSDP2 replicates
 without sharding (HSDP with shard size 1), the data parallelism hybrids use at ZeRO stage 0.
+
+Context parallelism splits each sequence over the cp ranks; every parameter is replicated over
+them, so gradients are reduced over dp x cp together: ``dp_cp`` is (dp, dp_shard, cp) flattened
+into one dimension (data parallelism's group when cp > 1), and ``dp_shard_cp`` (dp_shard, cp)
+flattened, the dimension FSDP2 shards over when it replicates over ``dp`` (torchtitan's
+``dp_shard_cp``). With cp 1 they are ``dp`` and ``dp_shard`` themselves.
 """
 
 from __future__ import annotations
@@ -74,10 +80,10 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0) -> None:
 
 @dataclass(frozen=True)
 class Mesh:
-    """The 3-D mesh and this rank's coordinates in it."""
+    """The mesh and this rank's coordinates in it."""
 
     device_mesh: DeviceMesh
-    """Mesh with dimensions ("pp", "dp", "dp_shard", "tp"); dp_shard has size 1."""
+    """Mesh with dimensions ("pp", "dp", "dp_shard", "cp", "tp"); dp_shard has size 1."""
     device: torch.device
     """Where this rank computes."""
     pp_rank: int
@@ -86,9 +92,31 @@ class Mesh:
     """Data-parallel replica index of this rank."""
     tp_rank: int
     """Position inside the tensor-parallel group."""
+    cp_rank: int = 0
+    """Position inside the context-parallel group (which chunks of each sequence it holds)."""
 
     def group(self, dim: str) -> dist.ProcessGroup:
         return self.device_mesh[dim].get_group()
+
+    @property
+    def cp(self) -> int:
+        """The context-parallel degree (1 on a mesh without a cp dimension)."""
+        names = self.device_mesh.mesh_dim_names or ()
+        return self.device_mesh["cp"].size() if "cp" in names else 1
+
+    def gradient_mesh(self, replicate: bool) -> DeviceMesh:
+        """Where data parallelism reduces gradients: dp x cp in one dimension, or with
+        ``replicate`` the 2-D (dp, dp_shard x cp) mesh of HSDP."""
+        if replicate:
+            return self.device_mesh["dp", _DP_SHARD_CP if self.cp > 1 else "dp_shard"]
+        return self.device_mesh[_DP_CP if self.cp > 1 else "dp"]
+
+    def gradient_group(self) -> dist.ProcessGroup:
+        """The ranks that hold the same parameters and see other tokens: dp x cp."""
+        return self.gradient_mesh(replicate=False).get_group()
+
+
+_DP_CP, _DP_SHARD_CP = "dp_cp", "dp_shard_cp"
 
 
 def build_mesh(layout: Layout, device: torch.device) -> Mesh:
@@ -97,13 +125,17 @@ def build_mesh(layout: Layout, device: torch.device) -> Mesh:
     assert world == layout.world_size, f"world {world} != layout {layout.world_size}"
     mesh = init_device_mesh(
         device.type,
-        (layout.pp, layout.dp, 1, layout.tp),
-        mesh_dim_names=("pp", "dp", "dp_shard", "tp"),
+        (layout.pp, layout.dp, 1, layout.cp, layout.tp),
+        mesh_dim_names=("pp", "dp", "dp_shard", "cp", "tp"),
     )
+    if layout.cp > 1:
+        mesh["dp", "dp_shard", "cp"]._flatten(_DP_CP)
+        mesh["dp_shard", "cp"]._flatten(_DP_SHARD_CP)
     return Mesh(
         device_mesh=mesh,
         device=device,
         pp_rank=mesh.get_local_rank("pp"),
         dp_rank=mesh.get_local_rank("dp"),
         tp_rank=mesh.get_local_rank("tp"),
+        cp_rank=mesh.get_local_rank("cp"),
     )

@@ -15,6 +15,12 @@ pipeline stage, so hybrids take data parallelism from FSDP2: ZeRO-0 replicates (
 reshard_after_forward=False (FSDP2 has no optimizer-only sharding, so ZeRO-1 also shards
 gradients there) and ZeRO-3 with True, except under pipelining (see :func:`apply_fsdp`).
 
+Context parallelism (:mod:`meshrun_trainer.models.context`): every parameter is replicated over
+the cp ranks, which see other tokens of the same sequences, so data parallelism spans dp x cp
+(:meth:`meshrun_trainer.distributed.mesh.Mesh.gradient_mesh`): DDP and ZeRO-1 over the dp x cp
+group, FSDP2 sharding over it (ZeRO-2/3), HSDP replicating over dp and sharding over cp (ZeRO-0
+in a hybrid, torchtitan's ``dp_shard_cp``). A layout with cp > 1 and dp 1 is data parallel.
+
 Precision (docs/trainer.md): parameters and optimizer state stay fp32 (the master weights).
 Under FSDP2, bf16 training is a ``MixedPrecisionPolicy``: parameters are gathered and computed in
 bf16, gradients reduced in fp32. Elsewhere (one process, DDP, TP or PP without data parallel
@@ -36,6 +42,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor import DTensor, Replicate, Shard
 from torch.distributed.tensor.parallel import (
     ColwiseParallel,
+    PrepareModuleInput,
     RowwiseParallel,
     SequenceParallel,
     parallelize_module,
@@ -45,8 +52,17 @@ from torch.nn.parallel import DistributedDataParallel
 from meshrun.api.layout import Layout
 from meshrun.jobdoc import JobDocument
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
+from meshrun_trainer.distributed.experts import (
+    ddp_ignore,
+    expert_mesh,
+    own_params,
+    place_experts,
+    shard_experts,
+    stage_group,
+)
 from meshrun_trainer.distributed.gather import gather_inputs, placed
 from meshrun_trainer.distributed.mesh import Mesh
+from meshrun_trainer.models.context import ContextGroup
 from meshrun_trainer.models.llama import Transformer
 from meshrun_trainer.models.materialize import SeededInit, WeightSource, materialize
 
@@ -69,13 +85,17 @@ class PartOptions:
 
 
 def data_parallel_kind(layout: Layout) -> str:
-    """One of "none", "ddp", "ddp+zero1", "hsdp-replicate", "fsdp-zero2" or "fsdp-zero3"."""
-    if layout.dp == 1:
+    """One of "none", "ddp", "ddp+zero1", "hsdp-replicate", "fsdp-zero2" or "fsdp-zero3",
+    over the dp x cp ranks."""
+    if layout.dp * layout.cp == 1:
         return "none"
     pure = layout.pp == 1 and layout.tp == 1
     if pure and layout.zero_stage == 0:
         return "ddp"
-    if pure and layout.zero_stage == 1:
+    # ZeroRedundancyOptimizer broadcasts each parameter from the rank that updates it: experts
+    # sharded over an EP group differ from rank to rank, so ZeRO-1 with expert parallelism
+    # takes FSDP2's (which leaves the experts alone and shards gradients too, as in hybrids).
+    if pure and layout.zero_stage == 1 and layout.ep == 1:
         return "ddp+zero1"
     if layout.zero_stage == 0:
         return "hsdp-replicate"
@@ -129,8 +149,22 @@ def apply_tensor_parallel(
     }
     if model.shape.mlp == "gelu":  # two matrices: w1 up (column), w2 down (row), no gate
         del block_plan["feed_forward.w3"]
+    # A MoE layer routes the tokens of its sequence shard (expertTensorParallel 1): its input
+    # is the norm's shard as a plain tensor, its output joins the residual stream's shard
+    # (plain, as the row-parallel outputs are), and its weights are whole on every rank
+    # (meshrun_trainer.distributed.experts reduces their gradients).
+    dense = {k: v for k, v in block_plan.items() if not k.startswith("feed_forward.")}
+    moe_plan = {
+        **dense,
+        "moe": PrepareModuleInput(
+            input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),), use_local_output=True
+        ),
+    }
     for block in model.layers.values():
-        parallelize_module(block, tp_mesh, block_plan)
+        moe = getattr(block, "moe", None)
+        parallelize_module(block, tp_mesh, block_plan if moe is None else moe_plan)
+        if moe is not None:
+            moe.tp_group = tp_mesh.get_group()
     # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
     # checkpointing; under selective checkpointing the gathers are redone anyway, and a
     # compiled block's saved tensors are the compiler's to choose).
@@ -169,23 +203,30 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
     ZeRO-3 gathers a unit only while it computes, so its peak holds one unit (the embedding, a
     block or the head) gathered, not the embedding and the head together for the whole step.
     The head's unit is not resharded after forward: backward needs it at once. ZeRO-0 in a
-    hybrid replicates: HSDP on (dp, dp_shard) with dp_shard of size 1. Under pipelining,
+    hybrid replicates: HSDP on (dp, dp_shard) with dp_shard of size 1 (with cp, sharded over
+    the cp ranks: (dp, dp_shard x cp)); ZeRO-2/3 shard over dp x cp. Under pipelining,
     parameters are not resharded after each micro-batch's forward (torchtitan's default): a
     stage's blocks would otherwise be gathered again for every micro-batch; the schedule
     reshards them once, after the last backward of the optimizer step.
     """
     kind = data_parallel_kind(layout)
     replicate = kind == "hsdp-replicate"
-    dp_mesh = mesh.device_mesh["dp", "dp_shard"] if replicate else mesh.device_mesh["dp"]
+    dp_mesh = mesh.gradient_mesh(replicate)
     reshard = kind == "fsdp-zero3" and layout.pp == 1
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if bf16 else None,
         reduce_dtype=torch.float32 if bf16 else None,
     )
 
+    experts = set(own_params([model], layout))  # reduced by meshrun_trainer.distributed.experts
+
     def shard(modules: nn.Module | list[nn.Module], reshard_after_forward: bool) -> None:
         fully_shard(
-            modules, mesh=dp_mesh, reshard_after_forward=reshard_after_forward, mp_policy=policy
+            modules,
+            mesh=dp_mesh,
+            reshard_after_forward=reshard_after_forward,
+            mp_policy=policy,
+            ignored_params=experts or None,
         )
 
     separate = not model.shape.tie_embeddings
@@ -213,6 +254,8 @@ def build_parts(
     layout, shape = job.plan.layout, job.plan.model
     bf16 = job.spec.training.precision == "bf16"
     fsdp = uses_fsdp(layout)
+    ep_mesh = expert_mesh(layout, mesh.device) if shape.moe is not None else None
+    stage = stage_group(layout, mesh.device) if shape.moe is not None else None
     parts: list[nn.Module] = []
     for stage_id in stage_ids:
         with torch.device("meta"):
@@ -220,6 +263,11 @@ def build_parts(
             model = Transformer(shape, autocast_dtype=torch.bfloat16 if bf16 and not fsdp else None)
         if layout.pp > 1:
             model.keep_layers(*job.plan.stage_layers[stage_id])
+        if layout.cp > 1:
+            group = mesh.group("cp")
+            context = ContextGroup(group, mesh.cp_rank, layout.cp, shape.seq_len, mesh.device)
+            model.split_sequences(context)
+        shard_experts(model, ep_mesh)
         if layout.tp > 1:
             keep_shards = options.activation_checkpointing == "none" and not options.compile
             apply_tensor_parallel(model, mesh, options.loss_parallel, keep_shards)
@@ -232,17 +280,19 @@ def build_parts(
         parts.append(model)
     seeded = SeededInit(job.spec.training.seed, shape.tie_embeddings)
     materialize(parts, mesh.device, source or seeded)
+    place_experts(parts, layout, mesh, ep_mesh, stage)
     if layout.tp > 1 and not fsdp:
         for part in parts:
             shard_embedding_gradient(part)
     if gradients_in_buckets(layout):
         device_ids = [mesh.device.index] if mesh.device.type == "cuda" else None
+        ddp_ignore(parts[0])
         # The gradients are views into DDP's all-reduce buckets instead of a second copy of
         # every gradient beside them (torch's DDP documentation: it saves the gradients' size).
         ddp = DistributedDataParallel(
             parts[0],
             device_ids=device_ids,
-            process_group=mesh.group("dp"),
+            process_group=mesh.gradient_group(),
             gradient_as_bucket_view=True,
         )
         return [ddp]

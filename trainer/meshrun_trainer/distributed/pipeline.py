@@ -33,6 +33,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 from meshrun.api.layout import Layout
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import data_parallel_kind
+from meshrun_trainer.models.moe import not_counted
 
 Schedule = PipelineScheduleSingle | PipelineScheduleMulti
 
@@ -63,6 +64,16 @@ class AccumulatingStage(PipelineStage):
                 group.post_backward()
         state._root_post_backward_final_callback()
         assert grad_scale_factor == 1, "the loss function carries the averaging (loss_scale)"
+
+    # torch infers the shapes a stage sends by running it once, forward and backward, before
+    # the first step: a mixture of experts counts neither its loads nor its auxiliary loss then.
+    def _forward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with not_counted():
+            return super()._forward_metadata_inference(*args, **kwargs)
+
+    def _backward_metadata_inference(self, *args: Any, **kwargs: Any) -> Any:
+        with not_counted():
+            return super()._backward_metadata_inference(*args, **kwargs)
 
 
 def build_schedule(

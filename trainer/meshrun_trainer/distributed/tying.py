@@ -2,7 +2,7 @@
 
 With tied embeddings and pipeline parallelism the first stage holds the embedding and the last
 stage the head: two copies of one matrix, started equal. After every backward pass the two
-gradients are summed between the first and last stage of each (dp, tp) coordinate, Megatron-LM's
+gradients are summed between the first and last stage of each (dp, cp, tp) coordinate, Megatron-LM's
 embedding group, so both copies take the same optimizer steps and stay equal.
 """
 
@@ -20,12 +20,9 @@ from meshrun_trainer.distributed.mesh import Mesh
 
 def embedding_group(mesh: Mesh) -> dist.ProcessGroup | None:
     """This rank's (first stage, last stage) group; collective: every rank must call it."""
-    ranks = mesh.device_mesh.mesh  # (pp, dp, dp_shard, tp) global ranks
-    pairs = [
-        [int(ranks[0, d, 0, t]), int(ranks[-1, d, 0, t])]
-        for d in range(ranks.shape[1])
-        for t in range(ranks.shape[3])
-    ]
+    ranks = mesh.device_mesh.mesh  # (pp, dp, dp_shard, cp, tp) global ranks
+    ends = ranks[[0, -1]].reshape(2, -1)  # first and last stage at each other coordinate
+    pairs = [[int(first), int(last)] for first, last in ends.T]
     mine, _ = dist.new_subgroups_by_enumeration(pairs)  # type: ignore[no-untyped-call]
     group: dist.ProcessGroup | None = mine
     return group

@@ -95,11 +95,13 @@ def layout_env(
     dp: int = 1,
     pp: int = 1,
     tp: int = 1,
+    cp: int = 1,
     zero_stage: int = 0,
     schedule: str = "1f1b",
     micro_batches: int = 1,
     virtual_stages: int = 1,
     grad_accumulation: int = 1,
+    ep: int = 1,
     name: str = "local",
     checkpoint_dir: str | None = None,
 ) -> dict[str, str]:
@@ -107,7 +109,8 @@ def layout_env(
 
     ``training`` needs globalBatchSize; microBatchSize follows from the layout. The job goes
     through the planner (so its rules hold) and the env contract; the process serves no
-    metrics and writes its summary nowhere. For torchrun launched with dp x pp x tp processes.
+    metrics and writes its summary nowhere. For torchrun launched with dp x cp x pp x tp
+    processes.
     """
     batch = int(training["globalBatchSize"])
     per_rank = dp * micro_batches * grad_accumulation
@@ -116,6 +119,7 @@ def layout_env(
         "dataParallel": dp,
         "pipelineParallel": pp,
         "tensorParallel": tp,
+        "contextParallel": cp,
         "zeroStage": zero_stage,
         "pipelineSchedule": schedule,
     }
@@ -123,10 +127,13 @@ def layout_env(
         strategy["microBatches"] = micro_batches
     if virtual_stages > 1:
         strategy["virtualStages"] = virtual_stages
+    if ep > 1:
+        strategy["expertParallel"] = ep
+        strategy["expertTensorParallel"] = 1
     job = read_with_files(
         {
             "image": "local",
-            "resources": {"numNodes": 1, "numProcPerNode": dp * pp * tp, "accelerator": CPU},
+            "resources": {"numNodes": 1, "numProcPerNode": dp * cp * pp * tp, "accelerator": CPU},
             "strategy": strategy,
             "model": dict(model),
             "training": {**training, "microBatchSize": max(1, batch // per_rank)},

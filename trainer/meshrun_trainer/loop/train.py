@@ -17,6 +17,12 @@ from meshrun_trainer.components import checkpoint
 from meshrun_trainer.components.data.synthetic import replica_rows
 from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
 from meshrun_trainer.config.files import open_files
+from meshrun_trainer.distributed.experts import (
+    expert_grad_square,
+    own_params,
+    reduce_expert_grads,
+    update_biases,
+)
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import (
     PartOptions,
@@ -28,8 +34,10 @@ from meshrun_trainer.distributed.parallel import (
 )
 from meshrun_trainer.distributed.stagemap import loss_scale, stages_of_rank
 from meshrun_trainer.loop.hooks import UserHooks, weight_source
+from meshrun_trainer.models.context import sequence_share
 from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.models.materialize import WeightSource
+from meshrun_trainer.models.moe import set_aux_passes
 from meshrun_trainer.runner import Runner, StepRecord, TrainResult
 
 
@@ -57,12 +65,14 @@ def build_runner(
     )
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(job, mesh, stage_ids, options, source)
-    zero1 = mesh.group("dp") if data_parallel_kind(layout) == "ddp+zero1" else None
+    set_aux_passes(loss_scale(layout))
+    zero1 = mesh.gradient_group() if data_parallel_kind(layout) == "ddp+zero1" else None
     optimizers = [
         make_optimizer(part.parameters(), training.learning_rate, training.optimizer, zero1)
         for part in parts
     ]
     schedule = None
+    context = mesh.group("cp") if layout.cp > 1 else None
     if layout.pp > 1:
         # imported here: torch.distributed.pipelining costs every process 0.65 s (stagemap.py)
         from meshrun_trainer.distributed.pipeline import build_schedule
@@ -70,7 +80,7 @@ def build_runner(
         scale = loss_scale(layout)
 
         def loss_fn(output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-            return cross_entropy(output, target) / scale
+            return cross_entropy(output, target, context) / scale
 
         schedule = build_schedule(parts, stage_ids, layout, mesh, loss_fn)
     return Runner(
@@ -80,6 +90,7 @@ def build_runner(
         is_first=0 in stage_ids,
         is_last=layout.num_stages - 1 in stage_ids,
         loss_parallel=options.loss_parallel and layout.tp > 1,
+        context=context,
     )
 
 
@@ -98,7 +109,7 @@ def forward_backward(
         last = index == accumulation - 1
         if runner.schedule is None:
             with gradient_sync(runner.parts, layout, last), runner.loss_context():
-                loss = cross_entropy(runner.parts[0](x), y) / accumulation
+                loss = cross_entropy(runner.parts[0](x), y, runner.context) / accumulation
                 torch.autograd.backward(loss)
             total += plain(loss.detach())
             continue
@@ -122,14 +133,22 @@ class LossNotFinite(Exception):
 
 
 def global_loss(layout: Layout, mesh: Mesh, local: torch.Tensor) -> float:
-    """Average the replicas' losses; the last pipeline stage shares its value with the others."""
+    """Average the replicas' losses (over dp x cp: a context-parallel rank's loss is its share
+    of the mean times cp); the last pipeline stage shares its value with the others."""
     loss = local.detach().float().clone()
     if layout.pp > 1:
         dist.all_reduce(loss, group=mesh.group("pp"))  # only the last stage is non-zero
-    if layout.dp > 1:
-        dist.all_reduce(loss, group=mesh.group("dp"))
-        loss /= layout.dp
+    replicas = layout.dp * layout.cp
+    if replicas > 1:
+        dist.all_reduce(loss, group=mesh.gradient_group())
+        loss /= replicas
     return float(loss.item())
+
+
+def rank_rows(batch: torch.Tensor, layout: Layout, mesh: Mesh) -> torch.Tensor:
+    """This rank's part of a global batch: its replica's rows, its share of each sequence."""
+    rows = replica_rows(batch, mesh.dp_rank, layout.dp)
+    return sequence_share(rows, mesh.cp_rank, layout.cp).to(mesh.device)
 
 
 def train(
@@ -159,6 +178,7 @@ def train(
     stream = hooks.stream
     pp_group = mesh.group("pp") if layout.pp > 1 else None
     params = runner.parameters()
+    experts = own_params(runner.parts, layout)
     # DDP's gradients are views into its all-reduce buckets, which stay allocated: zeroing them
     # in place keeps it that way (set to None, each first micro-step under no_sync would
     # allocate a second set of gradients beside the buckets). Except after this process's
@@ -170,15 +190,23 @@ def train(
     for step in range(first, training.steps + 1):
         started = time.perf_counter()
         inputs, targets = stream.global_batch(step)
-        inputs = replica_rows(inputs, mesh.dp_rank, layout.dp).to(mesh.device)
-        targets = replica_rows(targets, mesh.dp_rank, layout.dp).to(mesh.device)
+        inputs, targets = rank_rows(inputs, layout, mesh), rank_rows(targets, layout, mesh)
         local = forward_backward(layout, runner, inputs, targets)
         hooks.after_backward()
-        norm = clip_grad_norm(params, training.max_grad_norm, pp_group, hooks.duplicates)
+        reduce_expert_grads(runner.parts, layout)
+        norm = clip_grad_norm(
+            params,
+            training.max_grad_norm,
+            pp_group,
+            hooks.duplicates,
+            experts,
+            expert_grad_square(runner.parts, layout),
+        )
         learning_rate = float(runner.optimizers[0].param_groups[0]["lr"])
         for optimizer in runner.optimizers:
             optimizer.step()
             optimizer.zero_grad(set_to_none=not buckets or step == first)
+        update_biases(runner.parts)
         loss = global_loss(layout, mesh, local)  # the same value on every rank
         if not math.isfinite(loss):
             # Stopped before this step is reported or checkpointed: every checkpoint stays

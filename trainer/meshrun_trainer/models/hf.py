@@ -27,10 +27,12 @@ from torch.distributed.checkpoint.hf_storage import (
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
 from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
+from torch.distributed.tensor import DTensor
+from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
 from meshrun.api.presets import ModelShape
 from meshrun.files.bounded import read_text_bounded
-from meshrun.files.hf import FIELD, SUPPORTED, TOKENIZER_FILES
+from meshrun.files.hf import FIELD, SUPPORTED, TOKENIZER_FILES, moe_names
 
 _BLOCK = {
     "attention.wq": "self_attn.q_proj",
@@ -44,6 +46,14 @@ _BLOCK = {
     "ffn_norm": "post_attention_layernorm",
 }
 """Module path inside a block -> transformers' (SwiGLU: w1 gate, w3 up, w2 down)."""
+_MOE = {
+    "router": "gate",
+    "shared.w1": "shared_expert.gate_proj",
+    "shared.w2": "shared_expert.down_proj",
+    "shared.w3": "shared_expert.up_proj",
+    "shared_gate": "shared_expert_gate",
+}
+"""Module path inside a MoE layer -> transformers' (under the architecture's MoE module)."""
 
 
 def hf_key(fqn: str, shape: ModelShape) -> str:
@@ -60,7 +70,29 @@ def hf_key(fqn: str, shape: ModelShape) -> str:
         return "model.norm.weight"
     _, index, rest = fqn.split(".", 2)
     module, _, leaf = rest.rpartition(".")
+    if module.startswith("moe."):
+        return f"model.layers.{index}.{moe_names(shape)[0]}.{_MOE[module[4:]]}.{leaf}"
     return f"model.layers.{index}.{_BLOCK[module]}.{leaf}"
+
+
+def hf_entries(fqn: str, tensor: torch.Tensor, shape: ModelShape) -> list[tuple[str, Any]]:
+    """transformers' names and tensors of parameter ``fqn``: one, or for a MoE layer's stacked
+    experts (``layers.3.moe.experts.w1``) one 2-D view per expert this rank holds, named by
+    its global index (expert parallelism holds a contiguous run of them)."""
+    fqn = fqn.removeprefix("module.")
+    if ".moe.experts." not in fqn:
+        return [(hf_key(fqn, shape), tensor)]
+    _, index, rest = fqn.split(".", 2)
+    which = int(rest.rpartition(".")[2][1:])  # w1, w2, w3
+    module, *pattern = moe_names(shape)
+    first, local = 0, tensor
+    if isinstance(tensor, DTensor):
+        _, offset = compute_local_shape_and_global_offset(
+            tensor.shape, tensor.device_mesh, tensor.placements
+        )
+        first, local = offset[0], tensor.to_local()
+    name = f"model.layers.{index}.{module}.{pattern[which - 1]}.weight"
+    return [(name.format(first + j), local[j]) for j in range(local.shape[0])]
 
 
 def hf_state(
@@ -75,11 +107,11 @@ def hf_state(
     for part in parts:
         names = {name.removeprefix("module.") for name, _ in part.named_parameters()}
         for name, param in part.named_parameters():
-            key = hf_key(name, shape)
             tied_copy = name.endswith("output.weight") and shape.tie_embeddings
             if tied_copy and not with_tied_head and "tok_embeddings.weight" not in names:
                 continue
-            state.setdefault(key, param.detach())
+            for key, tensor in hf_entries(name, param.detach(), shape):
+                state.setdefault(key, tensor)
     return state
 
 
@@ -96,7 +128,11 @@ class SafetensorsSource:
         self.folder, self.shape = Path(folder), shape
 
     def fill(self, targets: dict[str, torch.Tensor]) -> None:
-        state = {hf_key(name, self.shape): target.detach() for name, target in targets.items()}
+        state = {
+            key: tensor
+            for name, target in targets.items()
+            for key, tensor in hf_entries(name, target.detach(), self.shape)
+        }
         dcp_load(state, storage_reader=HuggingFaceStorageReader(str(self.folder)))
 
 
@@ -114,7 +150,7 @@ def hf_config(shape: ModelShape, source: dict[str, Any] | None, dtype: str) -> d
             "high_freq_factor": scaling.high_freq_factor,
             "original_max_position_embeddings": scaling.original_max_position,
         }
-    return {
+    config = {
         "architectures": [SUPPORTED[shape.architecture]],
         "model_type": shape.architecture,
         "hidden_size": shape.hidden,
@@ -134,6 +170,18 @@ def hf_config(shape: ModelShape, source: dict[str, Any] | None, dtype: str) -> d
         "hidden_act": "silu",
         "dtype": dtype,
     }
+    if shape.moe is not None:
+        # A mixture of experts not read from a folder is written as Mixtral (its names are
+        # moe_names'; meshrun.rules.moe admits only what Mixtral describes).
+        config |= {
+            "architectures": [SUPPORTED["mixtral"]],
+            "model_type": "mixtral",
+            "intermediate_size": shape.moe.expert_ffn_hidden,
+            "num_local_experts": shape.moe.experts,
+            "num_experts_per_tok": shape.moe.experts_per_token,
+            "router_aux_loss_coef": shape.moe.aux_loss_coefficient,
+        }
+    return config
 
 
 def _publish(tmp: Path, final: Path) -> None:

@@ -19,7 +19,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from meshrun.api.presets import ModelShape
+from meshrun_trainer.models.context import ContextGroup, context_attention, positions
 from meshrun_trainer.models.materialize import SeededInit, materialize
+from meshrun_trainer.models.moe import MoE
 
 
 def rotary_frequencies(shape: ModelShape) -> torch.Tensor:
@@ -72,6 +74,9 @@ class Attention(nn.Module):
         self.wk = nn.Linear(shape.hidden, kv, bias=bias)
         self.wv = nn.Linear(shape.hidden, kv, bias=bias)
         self.wo = nn.Linear(q, shape.hidden, bias=shape.output_bias)
+        self.context: ContextGroup | None = None
+        """Set under context parallelism: x holds this rank's two chunks of each sequence
+        (meshrun_trainer.models.context)."""
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         batch, seq, _ = x.shape
@@ -79,7 +84,15 @@ class Attention(nn.Module):
         q = self.wq(x).view(batch, seq, -1, self.head_dim)
         k = self.wk(x).view(batch, seq, -1, self.head_dim)
         v = self.wv(x).view(batch, seq, -1, self.head_dim)
+        context = self.context
+        if context is not None:  # the tables' rows at the tokens' global positions
+            held = positions(seq, context.rank, context.size, cos.device)
+            cos, sin = cos[held], sin[held]
         q, k = _apply_rotary(q, cos, sin), _apply_rotary(k, cos, sin)
+        if context is not None:
+            out = context_attention(q, k, v, context)
+            result: torch.Tensor = self.wo(out.reshape(batch, seq, -1))
+            return result
         repeats = q.shape[2] // k.shape[2]
         if repeats > 1:
             k = k.repeat_interleave(repeats, dim=2)
@@ -87,7 +100,7 @@ class Attention(nn.Module):
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2), is_causal=True
         )
-        result: torch.Tensor = self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
+        result = self.wo(out.transpose(1, 2).reshape(batch, seq, -1))
         return result
 
 
@@ -120,17 +133,28 @@ class GeluFeedForward(nn.Module):
 
 
 class TransformerBlock(nn.Module):
-    def __init__(self, shape: ModelShape) -> None:
+    """Attention and an MLP: the dense SwiGLU or GeLU MLP (``feed_forward``), or a mixture of
+    experts (``moe``, :mod:`meshrun_trainer.models.moe`) in a MoE layer."""
+
+    def __init__(self, shape: ModelShape, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.attention = Attention(shape)
         self.ffn_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
-        mlp = FeedForward if shape.mlp == "swiglu" else GeluFeedForward
-        self.feed_forward: nn.Module = mlp(shape)
+        self.feed_forward: FeedForward | GeluFeedForward | None = None
+        self.moe: MoE | None = None
+        if shape.moe is not None and shape.moe.is_moe_layer(layer):
+            self.moe = MoE(shape)
+        else:
+            self.feed_forward = (
+                FeedForward(shape) if shape.mlp == "swiglu" else GeluFeedForward(shape)
+            )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)
-        out: torch.Tensor = h + self.feed_forward(self.ffn_norm(h))
+        mlp = self.moe if self.moe is not None else self.feed_forward
+        assert mlp is not None
+        out: torch.Tensor = h + mlp(self.ffn_norm(h))
         return out
 
 
@@ -142,7 +166,9 @@ class Transformer(nn.Module):
         self.shape = shape
         self.autocast_dtype = autocast_dtype
         self.tok_embeddings: nn.Embedding | None = nn.Embedding(shape.vocab, shape.hidden)
-        self.layers = nn.ModuleDict({str(i): TransformerBlock(shape) for i in range(shape.layers)})
+        self.layers = nn.ModuleDict(
+            {str(i): TransformerBlock(shape, i) for i in range(shape.layers)}
+        )
         self.norm: nn.RMSNorm | None = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.output: nn.Linear | None = nn.Linear(shape.hidden, shape.vocab, bias=False)
         if shape.tie_embeddings:
@@ -156,6 +182,14 @@ class Transformer(nn.Module):
         tied = self.shape.tie_embeddings
         if tied and self.tok_embeddings is not None and self.output is not None:
             self.output.weight = self.tok_embeddings.weight
+
+    def split_sequences(self, context: ContextGroup) -> None:
+        """Run on this rank's share of every sequence (context parallelism): each attention
+        gathers the keys and values of the others."""
+        for block in self.layers.values():
+            attention = block.get_submodule("attention")
+            assert isinstance(attention, Attention)
+            attention.context = context
 
     def reset_buffers(self) -> None:
         """Recompute the rotary tables in place (a model built on the meta device gets garbage

@@ -14,6 +14,11 @@ exponentials) and the target's logit, each an all-reduce of one number per row.
 
 Rows whose target is ``IGNORE`` (-100, torch's ``ignore_index``: the padding rows of a
 validation block) count in neither the mean nor the gradient, as in ``F.cross_entropy``.
+
+Under context parallelism each rank holds part of every sequence: its loss is the sum of its own
+tokens' losses over the count of the whole group's (one all-reduce of a number), times the
+group's size, so that averaging over the data-parallel x context-parallel ranks, as their
+gradients are, gives the mean over all tokens, as one process computes it.
 """
 
 from __future__ import annotations
@@ -30,9 +35,12 @@ IGNORE = -100
 """A target that is left out of the mean (``F.cross_entropy``'s default ``ignore_index``)."""
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def cross_entropy(
+    logits: torch.Tensor, targets: torch.Tensor, context: dist.ProcessGroup | None = None
+) -> torch.Tensor:
     """Mean next-token cross-entropy in fp32 of ``logits`` (..., vocab) against ``targets``,
-    over the targets that are not ``IGNORE``."""
+    over the targets that are not ``IGNORE``; ``context``: the context-parallel group holding
+    the rest of these sequences (the mean is over all of their tokens, times its size)."""
     group: dist.ProcessGroup | None = None
     start = 0
     if isinstance(logits, DTensor):
@@ -43,15 +51,21 @@ def cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
             start = logits.device_mesh.get_local_rank() * shard
         logits = logits.to_local()
     rows = logits.reshape(-1, logits.shape[-1])
+    counted = (targets.reshape(-1) != IGNORE).float()
+    total = counted.sum()
+    if context is not None:
+        dist.all_reduce(total, group=context)
+        total = total / dist.get_world_size(context)
+    weight = counted / total  # each counted row's share of the mean
     loss: torch.Tensor = _CrossEntropy.apply(  # type: ignore[no-untyped-call]
-        rows, targets.reshape(-1), group, start
+        rows, targets.reshape(-1), group, start, weight
     )
     return loss
 
 
 class _CrossEntropy(torch.autograd.Function):
-    """Rows of (local) logits, their global targets, the vocabulary group and the first
-    vocabulary index held here.
+    """Rows of (local) logits, their global targets, the vocabulary group, the first
+    vocabulary index held here and each row's weight in the mean.
 
     Each rank takes the log-sum-exp of its own logits (one fused kernel over an fp32 slice);
     the group combines them as ``m + log(sum(exp(lse_r - m)))`` with m their maximum, so only
@@ -66,6 +80,7 @@ class _CrossEntropy(torch.autograd.Function):
         targets: torch.Tensor,
         group: dist.ProcessGroup | None,
         start: int,
+        weight: torch.Tensor,
     ) -> torch.Tensor:
         rows, vocab = logits.shape
         counted = targets != IGNORE
@@ -89,7 +104,6 @@ class _CrossEntropy(torch.autograd.Function):
             dist.all_reduce(total, op=dist.ReduceOp.SUM, group=group)
             lse = top + total.log()
             dist.all_reduce(picked, op=dist.ReduceOp.SUM, group=group)
-        weight = counted.float() / counted.sum()  # each counted row's share of the mean
         ctx.save_for_backward(logits, index, held, (own - lse).exp() * weight, weight)
         return ((lse - picked) * weight).sum()
 
@@ -107,4 +121,4 @@ class _CrossEntropy(torch.autograd.Function):
             at_target = -scale * weight[span] * held[span]
             part.scatter_add_(1, index[span], at_target.unsqueeze(1))
             result[span] = part
-        return result, None, None, None
+        return result, None, None, None, None
