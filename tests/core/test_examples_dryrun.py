@@ -189,6 +189,10 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
         file_rules.METRICS_PATH,
         {"training": {"metrics": {"tensorboard": False, "path": "/runs/a"}}},
     ),
+    (
+        file_rules.EXPORT_MLP,
+        {"model": {"mlp": "gelu"}, "training": {"export": {"path": "/out"}}},
+    ),
     (names.JOB_NAME, {"metadata": {"name": "9lives"}}),
     (names.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
     (names.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),
