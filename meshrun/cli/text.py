@@ -115,10 +115,8 @@ def render(plan: Plan) -> RenderableType:
     if plan.num_nodes > MAX_POD_ROWS:
         pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", *[""] * (1 + len(pod_dims)))
     parts: list[RenderableType] = [header, layout, memory]
-    if plan.published_estimate is not None:
-        parts.append(render_estimate(plan.published_estimate))
-    elif plan.accelerator == CPU:
-        parts.append(Text(NO_CPU_PREDICTION, "italic"))
+    if plan.estimate is not None:
+        parts.append(render_estimate(plan.estimate, plan.accelerator == CPU))
     parts += [stages, pods, Text(plan.explanation)]
     parts.extend(Text(f"warning: {w}", "yellow") for w in plan.warnings)
     return Group(*parts)
@@ -171,19 +169,18 @@ PART_NAMES = {
     "dataParallel": "data-parallel traffic (exposed)",
     "optimizer": "optimizer step",
     "memoryPressure": "memory pressure (little headroom)",
+    "stepOverhead": "per-step host work (CPU)",
 }
 
 
-NO_CPU_PREDICTION = (
-    "No predicted step for a CPU job: the step-time model prices GPUs, and a CPU process's step "
-    "is set by per-operation overheads and gloo's latencies it does not model."
-)
-
-
-def render_estimate(est: StepEstimate) -> RenderableType:
-    """The predicted step: time, tokens/s per GPU, MFU, and seconds by part."""
+def render_estimate(est: StepEstimate, cpu: bool = False) -> RenderableType:
+    """The predicted step: time, tokens/s per GPU (per process on CPUs), MFU, and seconds by
+    part."""
     speed = f"{est.tokens_per_second_per_gpu:,.0f} tokens/s"
-    said = [f"{speed} per GPU,", f"MFU {est.mfu:.0%}"]
+    if cpu:  # the CPU profile (docs/planner.md): no peak to compare with
+        said = [f"{speed} per process", "(CPU profile)"]
+    else:
+        said = [f"{speed} per GPU,", f"MFU {est.mfu:.0%}"]
     title = Phrases(f"Predicted step: {seconds(est.step_seconds)},", *said, style="italic")
     table = Table(box=box.SIMPLE_HEAD)
     for column in ("part", "time", "share"):

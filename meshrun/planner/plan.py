@@ -92,18 +92,10 @@ class Plan:
             "fits": m.fits,
         }
 
-    @property
-    def published_estimate(self) -> StepEstimate | None:
-        """The prediction the plan shows and the operator judges by: a GPU job's. A CPU job's
-        estimate (a nominal profile) only ranks its layouts: a CPU process's step is set by
-        eager PyTorch's per-operation cost and gloo's latencies, which the model does not
-        price, so its figures would promise tens of times what a CPU run measures."""
-        return None if self.accelerator == CPU else self.estimate
-
     def estimate_dict(self) -> dict[str, Any] | None:
         """``estimate`` of ``meshrun plan -o json``: step seconds, tokens/s per GPU, MFU and the
-        step's seconds by part (none for a CPU job)."""
-        est = self.published_estimate
+        step's seconds by part."""
+        est = self.estimate
         if est is None:
             return None
         return {
@@ -182,8 +174,8 @@ class Plan:
 
     def predicted_tokens_per_second(self) -> float | None:
         """The whole job's predicted tokens/s (what ``status.progress.tokensPerSecond``
-        measures); none for a CPU job."""
-        est = self.published_estimate
+        measures)."""
+        est = self.estimate
         if est is None:
             return None
         return round(est.tokens_per_second_per_gpu * self.world_size, 1)

@@ -39,19 +39,27 @@ spec:
 """
 
 
-def test_the_cpu_demo_predicts_no_step(capsys: pytest.CaptureFixture[str]) -> None:
-    """A CPU job's estimate only ranks its layouts: no tokens/s reach the plan, the status or
-    the trainer's event files (the demo measures under a thousand tokens/s, where the GPU
-    model's arithmetic on a nominal CPU profile said 32,526)."""
+DEMO_MEASURED = 893.0
+"""Tokens/s the demo measured here (8 gloo processes on 2 cores); 512 with the machine loaded
+by other work."""
+
+
+def test_the_cpu_demo_is_predicted_from_the_cpu_profile(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A CPU job's prediction prices eager operations and gloo's latencies, not GPU kernels:
+    the demo is predicted within 1.25x of what it measured (the GPU model's arithmetic on a
+    nominal profile said 32,526), and the text says per process, with no MFU."""
     spec = read_spec(read_documents(DEMO)[0]["spec"])
     plan = plan_job(spec, "demo-3d-cpu")
-    assert plan.estimate is not None and plan.estimate.tokens_per_second_per_gpu > 0
-    assert plan.published_estimate is None and plan.predicted_tokens_per_second() is None
-    assert plan.to_dict()["estimate"] is None
-    assert plan.status_summary()["predictedTokensPerSecond"] is None
+    predicted = plan.predicted_tokens_per_second()
+    assert predicted is not None
+    assert DEMO_MEASURED / 1.25 < predicted < DEMO_MEASURED * 1.25
+    assert plan.to_dict()["estimate"]["stepSeconds"] > 0
+    assert plan.status_summary()["predictedTokensPerSecond"] == predicted
     assert main(["plan", str(DEMO)]) == EXIT_OK
     out = " ".join(capsys.readouterr().out.split())
-    assert "No predicted step for a CPU job" in out and "tokens/s" not in out
+    assert "tokens/s per process (CPU profile)" in out and "MFU" not in out
 
 
 def write_job(
@@ -375,11 +383,10 @@ def test_text_fits_the_terminal_with_whole_headers(
     assert "…" not in text, "a header or a cell cut short"
     words = set(text.split())
     assert header_words(example) - words == set(), "header words cut or broken"
-    # Phrases stay whole: the job's degrees, its machines, the predicted speed (none on CPUs).
+    # Phrases stay whole: the job's degrees, its machines, the predicted speed.
     lines = text.splitlines()
     assert any(re.search(r"on \d+ pod\(s\) x \d+ (GPUs|CPU processes)", line) for line in lines)
-    speed = r"[\d,]+ tokens/s per GPU,|No predicted step"
-    assert any(re.search(speed, line) for line in lines)
+    assert any(re.search(r"[\d,]+ tokens/s per (GPU,|process)", line) for line in lines)
     if "Elastic:" in text:
         assert any(re.search(r"the same pp\d+ x tp\d+", line) for line in lines)
     candidates = text[text.index("Fastest layouts that fit") :]

@@ -58,11 +58,12 @@ def test_every_column_reads_what_the_operator_writes_for_a_running_gpu_job() -> 
     }
 
 
-def test_a_cpu_job_counts_its_processes_and_predicts_nothing() -> None:
+def test_a_cpu_job_counts_its_processes_and_shows_its_cpu_prediction() -> None:
     status = running(resources={"accelerator": "cpu"})
     assert status["gpus"] == 0 and read(status, ".status.worldSize") == 8
-    assert "predictedTokensPerSecond" not in status["progress"]
-    assert read(status, ".status.display.predictedTokensPerSecond") is None
+    predicted = status["progress"]["predictedTokensPerSecond"]
+    shown = read(status, ".status.display.predictedTokensPerSecond")
+    assert predicted < 5000 and shown == rate_text(predicted)
     assert read(status, ".status.display.step") == "3/10"
 
 

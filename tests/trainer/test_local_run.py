@@ -74,7 +74,7 @@ def test_two_pods_train_and_write_summary_plot_and_event_files(tmp_path: Path) -
     assert all(value > 0 for _, value in first["train/grad_norm"])
     assert all(value > 0 for _, value in first["train/step_time_seconds"])
     assert all(value > 0 for _, value in first["train/tokens_per_second"])
-    assert "plan/predicted_tokens_per_second" not in first  # a CPU job predicts nothing
+    assert len(first["plan/predicted_tokens_per_second"]) == 6
 
     # The pods die after step 6 was logged but before its checkpoint is kept: the restart
     # resumes from step 4 and logs 5 and 6 again, into a new file of the same folder.

@@ -206,8 +206,7 @@ def _run(
 
 
 def _predicted(plan: Plan | None) -> float | None:
-    """The plan's predicted tokens/s of the whole job (none for CPU jobs: the plan predicts
-    none)."""
+    """The plan's predicted tokens/s of the whole job."""
     return None if plan is None else plan.predicted_tokens_per_second()
 
 
