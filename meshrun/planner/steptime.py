@@ -76,6 +76,15 @@ tiles and the GPU's waves poorly (a 1024-wide dimension loses 9%, a 128-wide one
 ATTENTION_EFFICIENCY = 0.40
 """Share of the peak flash attention (FlashAttention-2, cuDNN) reaches, forward and backward
 together, at head size 128."""
+ATTENTION_EFFICIENCY_HOPPER = 0.30
+"""The same on Hopper GPUs, where FlashAttention-2 (torch's flash backend) does not use the
+Hopper tensor-core instructions cuBLAS's matrix multiplies get, so it reaches a smaller share
+of a larger peak (about 300 TFLOP/s forward and backward on an H100, its authors' figures).
+Measured: llm-foundry's FSDP runs of 760M-13B models at 16K-64K tokens on H100s came out 40-100%
+slower than the model at 0.40 gave them; at 0.30 they are 10-60% slower (their kernels
+predate FlashAttention-2), while the rows of Megatron-Core and NeMo (cuDNN's fused attention,
+faster on Hopper) would be 20-40% faster than a lower figure gives."""
+HOPPER = ("H100", "H200", "GH200")
 ATTENTION_BACKWARD = 2.5
 """Flash attention's backward costs 2.5 forwards (five matrix multiplies against two)."""
 LINK_EFFICIENCY = 0.8
@@ -123,10 +132,14 @@ optimizer's loop over the parameters, gradient clipping's norm and the loss's re
 the cores. Fitted, with the two constants above, to the demo (examples/demo-3d-cpu.yaml, 8 gloo
 processes on this 2-core machine), which measured 893 tokens/s (512 with the machine loaded by
 other work): the model predicts 836."""
-PRESSURE_START = 0.8
+PRESSURE_START = 0.95
 """Share of accelerator memory (by the estimate, which leaves out the CUDA context, the
 communication library's buffers and fragmentation) above which a step slows down: the caching
-allocator runs out of free blocks, releases its cache and retries, synchronising the device."""
+allocator runs out of free blocks, releases its cache and retries, synchronising the device.
+llm-foundry's FSDP runs estimated at 90-99% of their GPUs' memory ran at their neighbours'
+speed (at 0.80 the model slowed them by up to 47%), while the sweep's runs that slowed near
+the limit are estimated well below it (nanotron holds more than meshrun's trainer), so only the
+last 5% of the estimate counts."""
 PRESSURE_SLOWDOWN = 0.5
 """How much slower a step whose estimate fills the accelerator is (linear from
 ``PRESSURE_START``): measured runs within a few GiB of an H100's 80 GiB ran at 0.1-0.6 of the
@@ -138,6 +151,12 @@ ELEMENTWISE_ACCESSES = 4.0
 """Times each kept activation element is written or read by element-wise kernels over a
 forward and backward pass (written and read forward, its gradient written and read
 backward)."""
+EAGER_ELEMENTWISE = 2.0
+"""How many times the fused count of element-wise traffic eager PyTorch moves: RMSNorm, rotary
+embeddings, SiLU and the residual adds run as several kernels each, every one reading and
+writing its tensors, where ``spec.training.compile`` fuses each into one (the fused count is
+``ELEMENTWISE_ACCESSES``). torchtitan's Llama 3.1 8B FSDP run on 8 H100s measured 5,762
+tokens/s per GPU eager and 6,667 compiled (+16%), on 128 H100s 5,605 and 6,514 (+16%)."""
 LOSS_BYTES_PER_LOGIT = 30.0
 """Bytes moved per 16-bit logit by the trainer's cross-entropy (meshrun_trainer.models.loss):
 forward an fp32 copy and its log-sum-exp (2 + 4 + 4), backward the fp32 softmax, its scaling
@@ -152,6 +171,38 @@ CP_OVERLAP = 0.0
 the gathered keys and values (forward) and the reduce-scatter of their gradients follows
 attention's backward, so all-gather context parallelism exposes them; a ring implementation
 would overlap each step's send with the previous block's attention."""
+PIPELINE_MICRO_BATCH_S = 3e-3
+"""Fixed cost of each micro-batch (and model chunk) a pipeline stage runs, beyond its transfers:
+the schedule's blocking sends and receives make every stage wait for its neighbour's host
+once per micro-batch, forward and backward. Fitted to the Ultra-Scale Playbook's sweep, where
+pipelined layouts measured 0.6-0.8 of the speed the model gave them beside layouts without a
+pipeline of the same model and cluster, most at micro-batch 1 (0.59) and none at 8 or more."""
+DP_EXPOSED = 0.3
+"""Share of each data-parallel collective that stays exposed even behind enough compute: NCCL's
+kernels take SMs and memory bandwidth from the matrix multiplies they overlap, and the last
+bucket or unit of a backward has nothing after it to hide behind. llm-foundry's FSDP runs of
+1B-70B models on 128, 256 and 512 H100s measured 2-10% fewer tokens/s per GPU at each
+doubling (the model without it: flat, the collectives fully hidden)."""
+PARAM_GATHER_EXPOSED = True
+"""ZeRO-1 and 2 gather the updated parameters after the optimizer step, before the next
+forward can start: exposed, as Megatron's distributed optimizer without
+``--overlap-param-gather``, DeepSpeed's ZeRO-1 and 2 and nanotron do. In the Ultra-Scale
+Playbook's sweep ZeRO-1 layouts measured below the same layouts under ZeRO-0 (the model had
+them up to 30% faster: at 16 and 32 nodes its pick was the ZeRO-1 twin of the measured
+fastest)."""
+CROSS_POD_TP_LATENCY_S = 300e-6
+"""Added to every tensor-parallel collective whose group spans pods: each waits on a network
+round trip of every rank, in the middle of a block, with nothing to overlap. The sweep's TP 16
+and 32 layouts measured 0.4-0.6 of the speed the model gave them at micro-batches of 1-2 (a
+block's collectives then small), near it at 16 and more."""
+TP_OVERLAP = 0.5
+"""Share of the sequence-parallel all-gathers and reduce-scatters hidden behind the matrix
+multiplies next to them (Megatron-Core's ``--tp-comm-overlap`` hides most; NCCL's
+collectives on NVLink run beside the GEMMs on other streams in torch's async TP). Measured:
+Megatron-Core's weak-scaling rows at TP 2, 4 and 8 came out 20-35% slow with TP fully
+exposed, and in the sweep layouts with TP inside a pod and no pipeline measured 1.4-1.55
+times the group's median against 1.1 for TP 1."""
+"""Extra latency of a TP collective spanning pods."""
 ADAM_BYTES_PER_PARAMETER = 34.0
 """Fused AdamW per local parameter: read fp32 master, both moments and the fp32 gradient,
 write them back with the bf16 copy, and the gradient norm's read (4*4 + 3*4 + 2 + 4)."""
@@ -208,8 +259,13 @@ def layer_gemms(shape: ModelShape, tokens: int, tp: int) -> dict[str, tuple[floa
     }
 
 
+def attention_efficiency(product: str) -> float:
+    hopper = any(name in product for name in HOPPER)
+    return ATTENTION_EFFICIENCY_HOPPER if hopper else ATTENTION_EFFICIENCY
+
+
 def layer_compute_seconds(
-    shape: ModelShape, tokens: int, tp: int, peak: float
+    shape: ModelShape, tokens: int, tp: int, peak: float, product: str = ""
 ) -> tuple[float, float]:
     """(matmul seconds forward + backward, of which forward) of one block for ``tokens`` tokens on
     one of ``tp`` ranks: whole sequences, or under context parallelism a rank's load-balanced
@@ -224,7 +280,7 @@ def layer_compute_seconds(
     head_factor = (
         shape.head_dim / (shape.head_dim + GEMM_HALF_SIZE) / (128 / (128 + GEMM_HALF_SIZE))
     )
-    attention_rate = peak * ATTENTION_EFFICIENCY * head_factor
+    attention_rate = peak * attention_efficiency(product) * head_factor
     attention = attention_forward * (1 + ATTENTION_BACKWARD) / attention_rate
     return total + attention, forward + attention_forward / attention_rate
 
@@ -310,18 +366,25 @@ def rank_work(
     act_bytes = element_bytes(spec.training.precision)
     if spec.training.precision != "bf16":
         peak /= 8  # fp32 matmuls: TF32 off by default in torch, well under the bf16 peak
-    layer, layer_forward = layer_compute_seconds(shape, tokens, t, peak)
+    layer, layer_forward = layer_compute_seconds(shape, tokens, t, peak, profile.product)
     kept = layer_activation_elements(shape, t, "none", cp)
     elementwise = tokens * kept * act_bytes * ELEMENTWISE_ACCESSES / memory_rate
+    fused = elementwise  # what recomputation rewrites: each kept tensor once
+    if not spec.training.compile:
+        elementwise *= EAGER_ELEMENTWISE  # unfused: each operation reads and writes again
     # Sequence parallelism: 2 all-gathers and 2 reduce-scatters of the s*b*h activation each
     # way per layer (Korthikanti et al. 2022, section 4.2.2); a TP group wider than a pod
     # spans whole pods and crosses the network.
-    collective = collective_seconds(tokens * shape.hidden * act_bytes, group_of(res, t, 1))
+    tp_group = group_of(res, t, 1)
+    collective = collective_seconds(tokens * shape.hidden * act_bytes, tp_group)
+    if tp_group.pods > 1:
+        collective += CROSS_POD_TP_LATENCY_S
+    collective *= 1 - TP_OVERLAP
     tp_forward = 4 * collective
     recompute = 0.0
     tp_recompute = 0.0
     if checkpointing == "full":
-        recompute = layer_forward + elementwise / ELEMENTWISE_ACCESSES * 2
+        recompute = layer_forward + fused / ELEMENTWISE_ACCESSES * 2
         tp_recompute = tp_forward
     elif checkpointing == "selective":
         saved = kept - layer_activation_elements(shape, t, "selective", cp)
@@ -426,13 +489,19 @@ def data_parallel_seconds(spec: JobSpec, layout: Layout, busiest: RankWork, pass
     rounds = 2 if layout.zero_stage == 0 or not fsdp else 1  # all-reduce or reduce-scatter
     reduce = pieces * collective_seconds(grad_bytes / pieces, group, rounds)
     gather = busiest.units * collective_seconds(param_bytes / busiest.units, group)
+
+    def hidden(comm: float, behind: float) -> float:
+        return max(comm - behind, DP_EXPOSED * comm, 0.0)
+
     if layout.zero_stage == 0:
-        return max(0.0, reduce - backward)
+        return hidden(reduce, backward)
     if not fsdp:  # ZeRO-1 as DDP + ZeroRedundancyOptimizer
-        return max(0.0, reduce - backward) + gather
+        return hidden(reduce, backward) + gather
     if layout.zero_stage < 3 or layout.pp > 1:
-        return max(0.0, reduce - backward) + max(0.0, gather - forward)
-    per_pass = max(0.0, gather - forward) + max(0.0, gather + reduce - backward)
+        return hidden(reduce, backward) + (
+            gather if PARAM_GATHER_EXPOSED else hidden(gather, forward)
+        )
+    per_pass = hidden(gather, forward) + hidden(gather + reduce, backward)
     return per_pass * passes
 
 
@@ -489,6 +558,7 @@ def estimate_step(
         latency = GLOO_LATENCY_S if res.accelerator == CPU else COLLECTIVE_LATENCY_S
         per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + latency + hop)
         transfer = per_slot * (passes + slots * layout.grad_accumulation)
+        transfer += PIPELINE_MICRO_BATCH_S * v * (passes + slots * layout.grad_accumulation)
     breakdown["pipelineBubble"] = bubble
     breakdown["pipelineTransfer"] = transfer
     breakdown["dataParallel"] = data_parallel_seconds(spec, layout, busiest, passes)

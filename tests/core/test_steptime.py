@@ -223,12 +223,12 @@ def test_a_tp_block_with_little_work_waits_on_its_launches() -> None:
     assert parts(plan_job(big))["launch"] == 0
 
 
-def test_memory_pressure_starts_at_80_percent_and_reaches_half_a_step() -> None:
+def test_memory_pressure_starts_at_95_percent_and_reaches_half_a_step() -> None:
     def at(share: float) -> float:
         return pressure_slowdown(MemoryEstimate(int(share * GIB), 0, 0, 0, GIB))
 
-    assert at(0.5) == at(0.8) == 0
-    assert at(0.9) == pytest.approx(0.25)
+    assert at(0.5) == at(0.95) == 0
+    assert at(0.975) == pytest.approx(0.25, abs=1e-6)
     assert at(1.0) == at(1.5) == pytest.approx(0.5)
     assert pressure_slowdown(None) == 0
 
@@ -241,7 +241,9 @@ def test_zero1_without_tp_or_pp_broadcasts_after_the_step() -> None:
     spec["training"]["microBatchSize"] = 4
     ddp = parts(plan_job(spec))
     zero1 = parts(plan_job({**spec, "strategy": {"type": "zero", "zeroStage": 1}}))
-    assert ddp["dataParallel"] == 0 < zero1["dataParallel"]
+    # Hidden behind backward, DDP's all-reduce still shows DP_EXPOSED of its time.
+    assert 0 < ddp["dataParallel"] < zero1["dataParallel"]
     hybrid = {"type": "hybrid", "dataParallel": 4, "pipelineParallel": 1, "tensorParallel": 4}
     replicated = parts(plan_job({**spec, "strategy": {**hybrid, "zeroStage": 0}}))
-    assert replicated["dataParallel"] == 0
+    zero1_tp = parts(plan_job({**spec, "strategy": {**hybrid, "zeroStage": 1}}))
+    assert 0 < replicated["dataParallel"] < zero1_tp["dataParallel"]

@@ -130,7 +130,7 @@ def test_the_predicted_speeds_rank_the_layouts_as_measured(
 ) -> None:
     rho = {key: spearman([m for m, _, _ in g], [p for _, p, _ in g]) for key, g in groups.items()}
     table = "\n".join(f"{key}: {value:+.2f}" for key, value in sorted(rho.items()))
-    assert statistics.median(rho.values()) >= 0.65, table
+    assert statistics.median(rho.values()) >= 0.74, table
     # Up to 16 nodes the measurements are steady: every group ranks clearly right.
     steady = {key: value for key, value in rho.items() if key[1] <= 16 and len(groups[key]) >= 10}
     assert len(steady) >= 15 and min(steady.values()) >= 0.5, table
@@ -145,8 +145,8 @@ def test_the_predicted_fastest_is_near_the_measured_fastest(
         picked = max(group, key=lambda entry: entry[1])
         share[key] = picked[0] / best
     table = "\n".join(f"{key}: {value:.2f}" for key, value in sorted(share.items()))
-    assert statistics.median(share.values()) >= 0.9, table
-    assert sum(value >= 0.8 for value in share.values()) >= 0.6 * len(share), table
+    assert statistics.median(share.values()) >= 0.95, table
+    assert sum(value >= 0.9 for value in share.values()) >= 0.7 * len(share), table
 
 
 def test_the_published_orderings_of_the_sweep() -> None:
