@@ -277,6 +277,15 @@ def published_rows() -> list[tuple[str, dict[str, Any], float]]:
             5762.0,
         )
     )
+    # BLOOM-176B (BigScience, Megatron-DeepSpeed, bf16, ZeRO-1, full recomputation): 384 A100
+    # 80GB on Jean Zay, TP 4 x PP 12 x DP 8, micro-batch 2, 2,048 sequences of 2,048 tokens,
+    # about 150 TFLOP/s per GPU by Narayanan's count, 4 x 100 Gb/s Omni-Path per node
+    # (bigscience.notion.site "BigScience 176B Model"; arXiv 2211.05100 section 3.4); each GPU
+    # used about 60 GB.
+    bloom = gpt(14336, 112, 70, 2048, 250880, 4) | {"ffnHidden": 4 * 14336, "mlp": "gelu"}
+    bloom_job = job(bloom, 384, 4, 12, 2048, micro=2, product=A100, checkpointing="full")
+    bloom_job["resources"]["interconnect"] = {"interNodeGbps": 50}
+    rows.append(("bloom 176b", bloom_job, narayanan_tokens(150, 14336, 70, 2048, 250880)))
     return rows + CONTEXT_PARALLEL_ROWS
 
 
