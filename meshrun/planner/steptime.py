@@ -172,11 +172,14 @@ the gathered keys and values (forward) and the reduce-scatter of their gradients
 attention's backward, so all-gather context parallelism exposes them; a ring implementation
 would overlap each step's send with the previous block's attention."""
 PIPELINE_MICRO_BATCH_S = 3e-3
-"""Fixed cost of each micro-batch (and model chunk) a pipeline stage runs, beyond its transfers:
-the schedule's blocking sends and receives make every stage wait for its neighbour's host
-once per micro-batch, forward and backward. Fitted to the Ultra-Scale Playbook's sweep, where
-pipelined layouts measured 0.6-0.8 of the speed the model gave them beside layouts without a
-pipeline of the same model and cluster, most at micro-batch 1 (0.59) and none at 8 or more."""
+"""Fixed cost of each micro-batch a pipeline stage runs, beyond its transfers: the schedule's
+blocking sends and receives make every stage wait for its neighbour's host once per
+micro-batch, forward and backward (once, not once per model chunk: an interleaved schedule
+posts the chunks' sends together, as Megatron-Core's ``--overlap-p2p-comm`` does; counted per
+chunk, the interleaved DGX Cloud rows came out 5-10% slower). Fitted to the Ultra-Scale
+Playbook's sweep, where pipelined layouts measured 0.6-0.8 of the speed the model gave them
+beside layouts without a pipeline of the same model and cluster, most at micro-batch 1 (0.59)
+and none at 8 or more."""
 DP_EXPOSED = 0.3
 """Share of each data-parallel collective that stays exposed even behind enough compute: NCCL's
 kernels take SMs and memory bandwidth from the matrix multiplies they overlap, and the last
@@ -558,7 +561,7 @@ def estimate_step(
         latency = GLOO_LATENCY_S if res.accelerator == CPU else COLLECTIVE_LATENCY_S
         per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + latency + hop)
         transfer = per_slot * (passes + slots * layout.grad_accumulation)
-        transfer += PIPELINE_MICRO_BATCH_S * v * (passes + slots * layout.grad_accumulation)
+        transfer += PIPELINE_MICRO_BATCH_S * passes
     breakdown["pipelineBubble"] = bubble
     breakdown["pipelineTransfer"] = transfer
     breakdown["dataParallel"] = data_parallel_seconds(spec, layout, busiest, passes)
