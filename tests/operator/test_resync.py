@@ -288,9 +288,13 @@ def test_a_job_waits_as_long_as_the_api_servers_retry_after(tmp_path: Path) -> N
             loop.jobs = {"uid-1": make_job()}
             try:
                 await loop.one("uid-1")
+                # The Service was refused: the pass wrote nothing, and is requeued.
+                assert sent[-1].endswith("/services") and "uid-1" not in loop.failing, sent
+                assert "uid-1" in loop.batched
+                await loop.one("uid-1")
             finally:
                 await rest.close()
-            # The Service was refused, then the status saying so.
+            # The next pass wrote the status saying so (refused too).
             assert sent[0].endswith("/services") and sent[-1].endswith("/job/status"), sent
             failing = loop.failing["uid-1"]
             assert 6.5 < failing.retry_at - time.monotonic() <= 7

@@ -57,10 +57,10 @@ def create_or_wait(draft: Draft, spec: JobSpec, current: list[PodView], observed
             done = Reason.CREATED.message(attempt=draft.attempt)
             draft.condition(ConditionType.CREATION_REFUSED, False, Reason.CREATED, done)
         return False
-    unknown = [i for i in missing if pod_name(draft.name, i) not in observed.expected]
     if observed.refused is not None:
-        refused(draft, spec, observed.refused, [i for i in unknown])
+        refused(draft, observed.refused)
         return True
+    unknown = [i for i in missing if pod_name(draft.name, i) not in observed.expected]
     if not unknown:
         draft.waiting(words.WAITING_FOR_NEW_PODS.format(count=len(missing)))
         return True
@@ -103,12 +103,12 @@ def _gang_expired(draft: Draft, spec: JobSpec, current: list[PodView]) -> bool:
     return True
 
 
-def refused(draft: Draft, spec: JobSpec, refusal: Refusal, tried: list[int]) -> None:
-    """The API server refused some creates: the created ones are in flight, the job says why in
-    CreationRefused and a Warning Event, and the rest is retried after a delay that doubles
-    with the time the refusal has lasted, and no sooner than the API server's Retry-After
-    (capped like the restart backoff)."""
-    created = [i for i in tried if i not in refusal.indices]
+def refused(draft: Draft, refusal: Refusal) -> None:
+    """The API server refused some creates of the last pass: the ones it created are in flight
+    (the attempt started with them), the job says why in CreationRefused and a Warning Event,
+    and the rest is retried after a delay that doubles with the time the refusal has lasted,
+    and no sooner than the API server's Retry-After (capped like the restart backoff)."""
+    created = [i for i in refusal.sent if i not in refusal.indices]
     state, now = draft.state, draft.now
     if created and state.attempt_start_time is None:
         state.attempt_start_time, state.attempt_generation = now, draft.generation

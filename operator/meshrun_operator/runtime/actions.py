@@ -37,8 +37,9 @@ class StillTerminating(Exception):
 
 
 class CreationRefused(Exception):
-    """The API server refused some of the children (quota, PodSecurity, 5xx): the decision's
-    status is re-decided with the refusal (``Observed.refused``)."""
+    """The API server refused some of the children (quota, PodSecurity, 5xx), or a name is held
+    by an object meshrun did not make: the next pass decides on the refusal
+    (``Observed.refused``)."""
 
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(f"{refusal.reason}: {refusal.message}")
@@ -143,17 +144,18 @@ async def _create_children(
             if conflict is not None:
                 refused.append((index, conflict))
     if refused:
-        raise CreationRefused(_refusal(refused))
+        raise CreationRefused(_refusal(refused, decision.create_pods))
     return notes
 
 
-def _refusal(refused: Sequence[tuple[int, Refused | Conflict]]) -> Refusal:
+def _refusal(refused: Sequence[tuple[int, Refused | Conflict]], sent: tuple[int, ...]) -> Refusal:
     first = refused[0][1]
     indices = tuple(index for index, _ in refused)
     if isinstance(first, Conflict):
-        return Refusal(indices, Reason.NAME_CONFLICT, first.message)
+        return Refusal(indices, Reason.NAME_CONFLICT, first.message, sent=sent)
     waits = [r.retry_after for _, r in refused if isinstance(r, Refused) and r.retry_after]
-    return Refusal(indices, first.reason, first.message, retry_after=max(waits, default=None))
+    wait = max(waits, default=None)
+    return Refusal(indices, first.reason, first.message, retry_after=wait, sent=sent)
 
 
 async def restore(

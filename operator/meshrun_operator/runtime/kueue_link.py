@@ -4,8 +4,8 @@ job's Workload, placing its pods by the admission, and patching the Workload's s
 The pure decisions are in kueue_flow.py; this module carries them out through the API door
 (kube.py). A Workload that cannot be created for now (Kueue not installed, a missing
 WorkloadPriorityClass, a Workload Kueue's webhook refuses) raises KueueHold: the reconcile
-decides again with the hold, so the job shows why it waits, and the create is tried again
-after HOLD_SECONDS.
+records the hold and the next pass decides on it, so the job shows why it waits, and the create
+is tried again after HOLD_SECONDS.
 """
 
 from __future__ import annotations

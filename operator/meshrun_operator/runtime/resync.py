@@ -22,6 +22,9 @@ other job of that namespace: a watch that never delivers their deletion (a names
 with its jobs) no longer keeps them reconciled, counted and posting Events forever. A late
 event of a dropped job does not bring it back.
 
+A reconcile whose acts met an answer the next pass decides on (Requeue: a refused create, a
+rejected pod, a Kueue hold) is run again within ``batch_seconds``, not counted as a failure.
+
 A job whose reconcile fails is tried again after a delay of its own that doubles with each
 failure in a row (``--error-backoff-base-seconds`` to ``--error-backoff-max-seconds``, and no
 sooner than the API server's Retry-After), as a controller's rate-limited work queue does; a new
@@ -49,7 +52,7 @@ from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
 from meshrun_operator.runtime.actions import StillTerminating
 from meshrun_operator.runtime.context import OperatorContext
-from meshrun_operator.runtime.reconcile import reconcile
+from meshrun_operator.runtime.reconcile import Requeue, reconcile
 from meshrun_operator.vocabulary import Phase
 
 logger = logging.getLogger("meshrun.operator")
@@ -316,6 +319,11 @@ class Resyncer:
                 logger.debug("job %s: %s", uid, stale)
             except StillTerminating as waiting:
                 logger.debug("job %s: %s", uid, waiting)
+            except Requeue as met:
+                # The next pass decides on what the acts met (nothing was written): soon, with
+                # whatever the watch brings meanwhile.
+                logger.debug("job %s: requeued: %s", uid, met)
+                self.poke(uid, batch=True)
             except NotLeader as standby:
                 # Leadership was lost mid-reconcile: the new leader carries on.
                 logger.info("job %s: %s", uid, standby)
