@@ -19,11 +19,11 @@ from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.client.login import Login
 from meshrun_operator.client.rest import Rest
+from meshrun_operator.jobstatus import Phase
 from meshrun_operator.runtime import resync
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.resync import Failing, Resyncer, job_is_gone
 from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import Phase
 from operator_factories import make_job, make_pod
 from operator_lifecycle_helpers import TUNING, failed, running_job
 from test_login import kubeconfig, serving

@@ -19,15 +19,14 @@ from datetime import timedelta
 from meshrun.api.spec import JobSpec
 from meshrun.planner.ranks import compress_ranks
 from meshrun.rules.names import pod_name
-from meshrun_operator import names
-from meshrun_operator import vocabulary as words
+from meshrun_operator import jobstatus, names
 from meshrun_operator.clock import format_time, parse_time
 from meshrun_operator.conditions import find, is_true
+from meshrun_operator.jobstatus import ConditionType, EventType, Reason
 from meshrun_operator.lifecycle.failurepolicy import judge
 from meshrun_operator.lifecycle.failures import Failure, FailureClass
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed, PodView, Refusal
-from meshrun_operator.vocabulary import ConditionType, EventType, Reason
 
 
 def predecessors(draft: Draft, observed: Observed) -> bool:
@@ -36,7 +35,7 @@ def predecessors(draft: Draft, observed: Observed) -> bool:
     draft.delete.extend(p.name for p in orphans if not p.deleting)
     if not observed.foreign:
         return False
-    message = words.WAITING_FOR_PREDECESSOR.format(count=len(observed.foreign), job=draft.name)
+    message = jobstatus.WAITING_FOR_PREDECESSOR.format(count=len(observed.foreign), job=draft.name)
     draft.waiting(message)
     return True
 
@@ -62,7 +61,7 @@ def create_or_wait(draft: Draft, spec: JobSpec, current: list[PodView], observed
         return True
     unknown = [i for i in missing if pod_name(draft.name, i) not in observed.expected]
     if not unknown:
-        draft.waiting(words.WAITING_FOR_NEW_PODS.format(count=len(missing)))
+        draft.waiting(jobstatus.WAITING_FOR_NEW_PODS.format(count=len(missing)))
         return True
     if draft.state.start_time is not None:
         # The whole gang ran, and a pod is gone without a trace of its deletion (the operator
@@ -88,7 +87,7 @@ def _backing_off(draft: Draft) -> bool:
     if is_true(draft.conditions, ConditionType.CREATION_REFUSED):
         draft.waiting(draft.state.message)  # it says what was refused and when it is retried
     else:
-        draft.waiting(words.BACKING_OFF.format(until=format_time(until)))
+        draft.waiting(jobstatus.BACKING_OFF.format(until=format_time(until)))
     return True
 
 
@@ -131,9 +130,11 @@ def refused(draft: Draft, refusal: Refusal) -> None:
     _tell_refusal(draft, refusal, what)
     until = format_time(state.next_attempt_time)
     if refusal.reason == Reason.NAME_CONFLICT:
-        draft.waiting(words.NAME_TAKEN.format(why=refusal.message, until=until))
+        draft.waiting(jobstatus.NAME_TAKEN.format(why=refusal.message, until=until))
     else:
-        draft.waiting(words.CREATION_REFUSED.format(what=what, why=refusal.message, until=until))
+        draft.waiting(
+            jobstatus.CREATION_REFUSED.format(what=what, why=refusal.message, until=until)
+        )
 
 
 NAMED_PODS = 8

@@ -20,7 +20,8 @@ from typing import Any
 from meshrun.api.errors import SpecError
 from meshrun.api.spec import CPU, JobSpec
 from meshrun.planner.plan import Plan
-from meshrun_operator import vocabulary as words
+from meshrun_operator import jobstatus
+from meshrun_operator.jobstatus import ConditionType, EventType, PodPhase, Reason
 from meshrun_operator.kueue import KueueActions, QueueRef
 from meshrun_operator.lifecycle import creation, elastic, specedits, troubles
 from meshrun_operator.lifecycle import queue as kueue_flow
@@ -40,7 +41,6 @@ from meshrun_operator.lifecycle.summary import (
 from meshrun_operator.lifecycle.throughput import judge_throughput, missing_product
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import ConditionType, EventType, PodPhase, Reason
 
 
 @dataclass
@@ -162,7 +162,7 @@ def _run(
     if stale:
         # The previous attempt (or a deleted pod) must be gone before a gang starts again.
         draft.delete.extend(p.name for p in stale if not p.deleting)
-        draft.waiting(words.WAITING_FOR_OLD_PODS.format(count=len(stale)))
+        draft.waiting(jobstatus.WAITING_FOR_OLD_PODS.format(count=len(stale)))
         return
     if current and state.attempt_start_time is None:
         draft.pods_seen()
@@ -271,7 +271,7 @@ def _schedule_and_run(
         ):
             draft.gang_timeout(timeout, bound, total, current)
             return
-        waiting = words.NOT_SCHEDULED.format(count=len(unbound))
+        waiting = jobstatus.NOT_SCHEDULED.format(count=len(unbound))
         draft.waiting(f"{waiting}; pod {why[0]}: {why[1]}" if why else waiting)
         return
     message = Reason.ALL_PODS_BOUND.message(total=total)
@@ -283,9 +283,9 @@ def _schedule_and_run(
             # start timeout counts it as a failure (troubles._stuck).
             kubelet, said = stuck.waiting[0], stuck.waiting[1][:WHY_MAX]
             draft.condition(ConditionType.RUNNING, False, kubelet, f"pod {stuck.name}: {said}")
-            draft.waiting(words.POD_WAITS.format(pod=stuck.name, reason=kubelet, why=said))
+            draft.waiting(jobstatus.POD_WAITS.format(pod=stuck.name, reason=kubelet, why=said))
             return
-        draft.waiting(words.PODS_STARTING)
+        draft.waiting(jobstatus.PODS_STARTING)
         return
     draft.running()
     deadline = spec.run_policy.progress_deadline_seconds

@@ -14,7 +14,7 @@ from typing import Any
 
 from meshrun.api.hardware import PRODUCT_LABEL
 from meshrun.api.spec import JobSpec
-from meshrun_operator.vocabulary import Reason
+from meshrun_operator.jobstatus import Reason
 
 BELOW_FRACTION = 0.5
 """Measured under this share of the predicted tokens/s counts as far below."""

@@ -17,6 +17,7 @@ from dataclasses import replace
 from datetime import datetime
 
 from meshrun.api.policyspec import PodFailurePolicy
+from meshrun_operator.jobstatus import PodPhase, Reason
 from meshrun_operator.lifecycle.failurepolicy import judge
 from meshrun_operator.lifecycle.failures import (
     CANNOT_START,
@@ -32,7 +33,6 @@ from meshrun_operator.lifecycle.failures import (
 )
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import PodPhase, Reason
 
 Found = tuple[Failure, PodView]
 

@@ -21,6 +21,7 @@ from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.children.podtemplate import CHECKPOINT_MOUNT
 from meshrun_operator.client.answers import Refused
 from meshrun_operator.client.errors import ApiError
+from meshrun_operator.jobstatus import EventType, Reason
 from meshrun_operator.kinds import NETWORK_POLICY, POD, POD_GROUP, SERVICE
 from meshrun_operator.lifecycle.decide import Decision
 from meshrun_operator.lifecycle.evaluation import Evaluation
@@ -29,7 +30,6 @@ from meshrun_operator.lifecycle.specedits import Running
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.kueue_link import admit, create_workload, patch_status
 from meshrun_operator.seen.views import Observed, Refusal
-from meshrun_operator.vocabulary import EventType, Reason
 
 
 class StillTerminating(Exception):

@@ -24,6 +24,7 @@ from meshrun_operator.children.owner import Claim, JobRef, claim, owner_referenc
 from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.errors import ApiError
 from meshrun_operator.client.kube import Kube
+from meshrun_operator.jobstatus import Reason
 from meshrun_operator.kueue import (
     AdmissionError,
     Hold,
@@ -38,7 +39,6 @@ from meshrun_operator.lifecycle.elastic import admission_floor
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.names import PRIORITY_CLASS_LABEL
 from meshrun_operator.seen.views import Observed, job_controller
-from meshrun_operator.vocabulary import Reason
 
 logger = logging.getLogger("meshrun.operator")
 

@@ -30,6 +30,7 @@ from meshrun_operator.bodies import newest, replacing, with_unwritten, without_n
 from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.kube import StaleJob
+from meshrun_operator.jobstatus import EventType, Reason
 from meshrun_operator.lifecycle.decide import Decision, decide
 from meshrun_operator.lifecycle.evaluation import POD_TEMPLATE
 from meshrun_operator.lifecycle.phases import Event
@@ -40,7 +41,6 @@ from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.kueue_link import KueueHold
 from meshrun_operator.runtime.kueue_link import observe as observe_kueue
 from meshrun_operator.seen.children import observe
-from meshrun_operator.vocabulary import EventType, Reason
 
 
 class Requeue(Exception):

@@ -50,10 +50,10 @@ from meshrun_operator.bodies import kept
 from meshrun_operator.client.errors import NO_ANSWER, ApiError, NamespaceGone, NotLeader
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
+from meshrun_operator.jobstatus import Phase
 from meshrun_operator.runtime.actions import StillTerminating
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.reconcile import Requeue, reconcile
-from meshrun_operator.vocabulary import Phase
 
 logger = logging.getLogger("meshrun.operator")
 

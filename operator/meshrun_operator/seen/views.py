@@ -14,9 +14,9 @@ from typing import Any
 from meshrun.api.crd import GROUP, KIND
 from meshrun_operator import names
 from meshrun_operator.clock import parse_time
+from meshrun_operator.jobstatus import PodPhase
 from meshrun_operator.kueue import KueueView
 from meshrun_operator.seen.boundedjson import Unreadable, read_object
-from meshrun_operator.vocabulary import PodPhase
 
 ACCELERATOR = "nvidia.com/gpu"
 """The accelerator resource a pod's ``accelerators`` counts (spec.resources.accelerator)."""

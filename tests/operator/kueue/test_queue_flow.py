@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kueue_factories import condition, make_workload
 from meshrun_operator import names
+from meshrun_operator.jobstatus import Reason
 from meshrun_operator.kueue import (
     ADMITTED,
     EVICTED,
@@ -27,7 +28,6 @@ from meshrun_operator.lifecycle.decide import Decision, decide
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.lifecycle.queue import queue_of
 from meshrun_operator.seen.views import Observed, PodView
-from meshrun_operator.vocabulary import Reason
 
 from meshrun.api.crd import API_VERSION, KIND
 

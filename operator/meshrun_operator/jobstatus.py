@@ -1,4 +1,4 @@
-"""The operator's words: phases, condition types, reasons, and the messages that go with them.
+"""The words of a job's status: phases, condition types, Event types, reasons and their messages.
 
 Every phase, condition type and reason the operator writes comes from here, and each reason sits
 next to its message (the layout of JobSet's constants package), so the wording users read is
