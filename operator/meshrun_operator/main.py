@@ -28,7 +28,7 @@ from meshrun_operator.client.rest import Rest
 from meshrun_operator.lifecycle.evaluation import Admission, Evaluations
 from meshrun_operator.runtime import kueue_watch, leader
 from meshrun_operator.runtime.context import OperatorContext
-from meshrun_operator.runtime.essence import NoDiffBase
+from meshrun_operator.runtime.diffbase import NoDiffBase
 from meshrun_operator.runtime.handlers import LABELLED, OperatorMemo, register
 from meshrun_operator.runtime.kueue_link import KueueLink
 from meshrun_operator.runtime.leader import LeaderOptions

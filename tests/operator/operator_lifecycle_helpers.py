@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshrun_operator.bodies import without_none
 from meshrun_operator.conditions import find
 from meshrun_operator.jobstatus import ConditionType
 from meshrun_operator.lifecycle.decide import Decision, decide
+from meshrun_operator.plaindata import without_none
 from meshrun_operator.seen.views import Observed
 from meshrun_operator.tuning import Tuning
 from operator_factories import at, make_job, make_pod, observe

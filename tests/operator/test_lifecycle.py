@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from meshrun_operator.bodies import without_none
 from meshrun_operator.lifecycle.decide import decide
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate
+from meshrun_operator.plaindata import without_none
 from meshrun_operator.seen.views import Observed
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import TUNING, advance, condition, reasons, run, started_job

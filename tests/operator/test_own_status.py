@@ -9,8 +9,8 @@ import copy
 from typing import Any
 
 import pytest
-from meshrun_operator.bodies import merged, replacing
 from meshrun_operator.client.kube import StaleJob
+from meshrun_operator.plaindata import merged, replacing
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.reconcile import reconcile
 from meshrun_operator.runtime.resync import Resyncer

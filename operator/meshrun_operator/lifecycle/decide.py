@@ -23,8 +23,7 @@ from meshrun.planner.plan import Plan
 from meshrun_operator import jobstatus
 from meshrun_operator.jobstatus import ConditionType, EventType, PodPhase, Reason
 from meshrun_operator.kueue import KueueActions, QueueRef
-from meshrun_operator.lifecycle import creation, elastic, specedits, troubles
-from meshrun_operator.lifecycle import queue as kueue_flow
+from meshrun_operator.lifecycle import creation, elastic, queueing, specedits, troubles
 from meshrun_operator.lifecycle.columns import display, running_size
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate, still_refused
 from meshrun_operator.lifecycle.failurepolicy import judge
@@ -100,7 +99,7 @@ def decide(
             draft.derived["plan"] = summary
             # Printer columns (kubectl get ptj) read these top-level copies.
             draft.derived.update(strategy=summary["strategy"], **running_size(ev.plan))
-        queue = kueue_flow.queue_of(ev.spec, metadata)
+        queue = queueing.queue_of(ev.spec, metadata)
         # An elastic job runs at status.dataParallel; a resize restarts the gang right here.
         ev, resizing = elastic.sized(draft, ev, observed, queued=queue is not None)
         if not resizing and ev.spec is not None:
@@ -109,7 +108,7 @@ def decide(
             # The running attempt's pods cannot be rebuilt under a spec that is refused.
             draft.create.clear()
             draft.invalid(current.error or SpecError("spec", "no plan"), known, observed.pods)
-    kueue_flow.report(draft, observed)
+    queueing.report(draft, observed)
     draft.announce_phase()
     force = troubles.force_deletes(observed, draft.delete, draft.tuning, draft.now)
     status = draft.status()
@@ -151,7 +150,7 @@ def _run(
     if policy.suspend:
         draft.suspend(observed.pods)
         return
-    if queue and kueue_flow.held(draft, observed, queue):
+    if queue and queueing.held(draft, observed, queue):
         return
     draft.resumed()
     since, deadline = state.active_since, policy.active_deadline_seconds

@@ -26,7 +26,6 @@ from typing import Any
 
 from meshrun.api.errors import SpecError
 from meshrun_operator import metrics
-from meshrun_operator.bodies import newest, replacing, with_unwritten, without_none
 from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.kube import StaleJob
@@ -36,6 +35,7 @@ from meshrun_operator.lifecycle.evaluation import POD_TEMPLATE
 from meshrun_operator.lifecycle.phases import Event
 from meshrun_operator.lifecycle.state import JobState
 from meshrun_operator.lifecycle.writes import at_once
+from meshrun_operator.plaindata import newest, replacing, with_unwritten, without_none
 from meshrun_operator.runtime.actions import CreationRefused, execute
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.kueue_link import KueueHold

@@ -46,11 +46,11 @@ from typing import Any
 from meshrun.api.crd import GROUP, PLURAL
 from meshrun_operator import metrics
 from meshrun_operator.background import Liveness
-from meshrun_operator.bodies import kept
 from meshrun_operator.client.errors import NO_ANSWER, ApiError, NamespaceGone, NotLeader
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
 from meshrun_operator.jobstatus import Phase
+from meshrun_operator.plaindata import kept
 from meshrun_operator.runtime.actions import StillTerminating
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.reconcile import Requeue, reconcile
