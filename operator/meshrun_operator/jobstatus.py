@@ -165,7 +165,7 @@ class Reason(StrEnum):
         "room for more replicas for {seconds}s: dataParallel {old} -> {new} ({layout}), "
         "resuming from the checkpoint of step {step}",
     )
-    # Failures the operator detects itself (the exit-code table lives in lifecycle/failures.py)
+    # Failures the operator detects itself (the exit-code table: lifecycle/failure/classes.py)
     NODE_LOST = "NodeLost", "node {node} {state}"
     POD_DELETED = "PodDeleted", "pod {pod} disappeared"
     PROGRESS_DEADLINE_EXCEEDED = (

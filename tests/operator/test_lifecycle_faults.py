@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 from meshrun_operator.lifecycle.decide import decide
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.seen.views import Observed, Refusal, node_view, pod_view
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import (

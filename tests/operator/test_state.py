@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from meshrun_operator.jobstatus import Phase
-from meshrun_operator.lifecycle.failures import FailureClass
+from meshrun_operator.lifecycle.failure.classes import FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure, StepChange
 from meshrun_operator.plaindata import with_unwritten, without_none
 from operator_factories import at, make_job, make_pod, observe

@@ -69,7 +69,7 @@ def test_a_pod_that_cannot_start_is_named_at_once_with_the_kubelets_words(
     # Well before the start timeout (60 s here): a wait, not a failure.
     assert decision.status["phase"] == "Pending" and decision.status["restarts"] == 0
     assert "Failed" not in {c["type"] for c in decision.status["conditions"]}
-    # Past it, the same wait is the job's failure (troubles._stuck).
+    # Past it, the same wait is the job's failure (lifecycle/failure/detect.py).
     _, late = run(started_job(), observe(make_pod(0), waiting), TUNING.start_failure_seconds + 1)
     assert late.status["phase"] == "Failed" and condition(late, "Failed")["reason"] == reason
 

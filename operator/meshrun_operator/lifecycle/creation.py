@@ -23,8 +23,8 @@ from meshrun_operator import jobstatus, names
 from meshrun_operator.clock import format_time, parse_time
 from meshrun_operator.conditions import find, is_true
 from meshrun_operator.jobstatus import ConditionType, EventType, Reason
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed, PodView, Refusal
 

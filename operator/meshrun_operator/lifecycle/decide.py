@@ -23,11 +23,12 @@ from meshrun.planner.plan import Plan
 from meshrun_operator import jobstatus
 from meshrun_operator.jobstatus import ConditionType, EventType, PodPhase, Reason
 from meshrun_operator.kueue import KueueActions, QueueRef
-from meshrun_operator.lifecycle import creation, elastic, queueing, specedits, troubles
+from meshrun_operator.lifecycle import creation, elastic, queueing, specedits
 from meshrun_operator.lifecycle.columns import display, running_size
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate, still_refused
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure import detect
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.lifecycle.phases import Draft, Event
 from meshrun_operator.lifecycle.state import JobState
 from meshrun_operator.lifecycle.summary import (
@@ -110,7 +111,7 @@ def decide(
             draft.invalid(current.error or SpecError("spec", "no plan"), known, observed.pods)
     queueing.report(draft, observed)
     draft.announce_phase()
-    force = troubles.force_deletes(observed, draft.delete, draft.tuning, draft.now)
+    force = detect.force_deletes(observed, draft.delete, draft.tuning, draft.now)
     status = draft.status()
     status["display"] = display(status)
     return Decision(
@@ -138,7 +139,7 @@ def _run(
     state, now = draft.state, draft.now
     draft.revalidated()
     current = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
-    # Pods of the attempt that someone else deletes end the attempt (troubles.first_failure).
+    # Pods of the attempt that someone else deletes end the attempt (failure/detect.py).
     stale = [p for p in observed.pods if p.attempt != draft.attempt]
     if plan is not None:  # else the attempt's placement, as the status has it
         draft.derived["placement"] = placement(plan, current, observed.domains)
@@ -168,7 +169,7 @@ def _run(
 
     failures = spec.run_policy.pod_failure_policy
     start = state.attempt_start_time
-    found = troubles.first_failure(
+    found = detect.first_failure(
         draft.attempt, current, observed, failures, draft.tuning, now, start
     )
     if found is not None:
@@ -279,7 +280,7 @@ def _schedule_and_run(
         stuck = next((p for p in sorted(current, key=lambda p: p.index) if p.waiting), None)
         if stuck is not None and stuck.waiting is not None:
             # An image that cannot be pulled, a missing Secret: said at once, long before the
-            # start timeout counts it as a failure (troubles._stuck).
+            # start timeout counts it as a failure (failure/detect.py).
             kubelet, said = stuck.waiting[0], stuck.waiting[1][:WHY_MAX]
             draft.condition(ConditionType.RUNNING, False, kubelet, f"pod {stuck.name}: {said}")
             draft.waiting(jobstatus.POD_WAITS.format(pod=stuck.name, reason=kubelet, why=said))

@@ -32,7 +32,7 @@ from meshrun_operator.clock import format_time, parse_time
 from meshrun_operator.jobstatus import PodPhase, Reason
 from meshrun_operator.lifecycle.columns import running_size
 from meshrun_operator.lifecycle.evaluation import Evaluation
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed, PodView
 

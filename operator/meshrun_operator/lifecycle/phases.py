@@ -19,7 +19,7 @@ from meshrun_operator import jobstatus
 from meshrun_operator.conditions import JOB_ORDER, clear_condition, is_true, set_condition
 from meshrun_operator.jobstatus import ConditionType, EventType, Phase, PodPhase, Reason
 from meshrun_operator.kueue import KueueActions
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure
 from meshrun_operator.seen.views import PodView
 from meshrun_operator.tuning import Tuning

@@ -13,7 +13,7 @@ from typing import Any
 
 from meshrun_operator.clock import format_time, parse_time
 from meshrun_operator.jobstatus import Phase
-from meshrun_operator.lifecycle.failures import FailureClass
+from meshrun_operator.lifecycle.failure.classes import FailureClass
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ Kubeflow's operator retried permanent errors forever and ignored backoffLimit (#
 here every failure is retryable (a restart, counted against backoffLimit), permanent (the job
 fails immediately with the reason) or ignored (a disruption: the gang restarts without counting
 it). The table is documented in docs/operator.md; spec.runPolicy.podFailurePolicy overrides it
-(failurepolicy.py).
+(policy.py).
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ In order: a pod of the attempt deleted by someone else (a disruption when it was
 DisruptionTarget), a pod whose node is gone or NotReady for longer than the toleration, a failed
 pod (the exit-code table), a pod whose containers cannot start (an image that cannot be pulled,
 a missing Secret, runAsNonRoot with a root image) for longer than the start timeout. The job's
-podFailurePolicy then decides the class (failurepolicy.py).
+podFailurePolicy then decides the class (policy.py).
 
 Also here: which nodes count as lost, so that pods on them that must go are force-deleted (no
 kubelet will confirm a graceful deletion there).
@@ -18,8 +18,7 @@ from datetime import datetime
 
 from meshrun.api.policyspec import PodFailurePolicy
 from meshrun_operator.jobstatus import PodPhase, Reason
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import (
+from meshrun_operator.lifecycle.failure.classes import (
     CANNOT_START,
     HOPELESS,
     Failure,
@@ -31,6 +30,7 @@ from meshrun_operator.lifecycle.failures import (
     from_trainer,
     node_lost,
 )
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.tuning import Tuning
 
