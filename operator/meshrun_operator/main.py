@@ -33,7 +33,7 @@ from meshrun_operator.runtime.handlers import LABELLED, OperatorMemo, register
 from meshrun_operator.runtime.kueue_link import KueueLink
 from meshrun_operator.runtime.leader import LeaderOptions
 from meshrun_operator.seen.progress import ProgressReader
-from meshrun_operator.tuning import Tuning
+from meshrun_operator.timing import Timing
 
 
 @dataclass(frozen=True)
@@ -61,7 +61,7 @@ class Options:
     stall_seconds: float
     """/healthz fails when a background loop made no progress this long, and reports the jobs
     that waited this long for a reconcile to complete."""
-    tuning: Tuning
+    timing: Timing
     """Backoff and grace periods."""
     watch_nodes: bool
     """Watch nodes to notice NotReady or deleted ones."""
@@ -216,7 +216,7 @@ def parse_args(argv: list[str]) -> Options:
         workers=args.workers,
         api_timeout_seconds=args.api_timeout_seconds,
         stall_seconds=args.stall_seconds,
-        tuning=Tuning(
+        timing=Timing(
             backoff_base_seconds=args.backoff_base_seconds,
             backoff_max_seconds=args.backoff_max_seconds,
             node_toleration_seconds=args.node_toleration_seconds,
@@ -320,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = OperatorContext(
         kube=Kube(Rest(credentials, timeout, connections=options.workers)),
         network_policy=options.network_policy,
-        tuning=options.tuning,
+        timing=options.timing,
         resync_seconds=options.resync_seconds,
         status_interval_seconds=options.status_interval_seconds,
         progress=ProgressReader(enabled=options.progress_http),

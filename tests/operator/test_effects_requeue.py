@@ -18,7 +18,7 @@ from meshrun_operator.runtime.kueue_link import KueueLink
 from meshrun_operator.runtime.reconcile import Requeue, reconcile
 from meshrun_operator.runtime.resync import Resyncer
 from operator_factories import make_job
-from operator_lifecycle_helpers import TUNING
+from operator_lifecycle_helpers import TIMING
 from test_own_status import OneJobApi
 
 pytestmark = pytest.mark.unit
@@ -66,7 +66,7 @@ def passes(ctx: OperatorContext, api: CreatingApi) -> Any:
 def test_a_refused_create_is_decided_by_the_next_pass_with_one_status_write() -> None:
     api = CreatingApi(make_job())
     api.refuse["job-1"] = Refused("Pod", "job-1", 403, QUOTA)
-    ctx = OperatorContext(kube=api, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=api, timing=TIMING)  # type: ignore[arg-type]
     with pytest.raises(Requeue):
         passes(ctx, api)
     # The pass that met the refusal wrote nothing and told nothing.
@@ -91,7 +91,7 @@ def test_a_refused_create_is_decided_by_the_next_pass_with_one_status_write() ->
 def test_a_name_someone_else_holds_starts_no_attempt() -> None:
     api = CreatingApi(make_job())
     api.taken.add("Service")
-    ctx = OperatorContext(kube=api, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=api, timing=TIMING)  # type: ignore[arg-type]
     with pytest.raises(Requeue):
         passes(ctx, api)
     assert api.sent == ["Service job"] and api.took("status") == []
@@ -108,7 +108,7 @@ def test_a_name_someone_else_holds_starts_no_attempt() -> None:
 def test_a_rejected_pod_makes_the_spec_invalid_at_the_next_pass_and_no_pod_is_sent_again() -> None:
     api = CreatingApi(make_job())
     api.reject["job-0"] = "spec.containers[0].image: Invalid value"
-    ctx = OperatorContext(kube=api, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=api, timing=TIMING)  # type: ignore[arg-type]
     with pytest.raises(Requeue):
         passes(ctx, api)
     assert api.took("status") == []
@@ -126,7 +126,7 @@ def test_a_kueue_hold_is_shown_by_the_next_pass_and_the_workload_not_tried_again
     job = make_job(scheduling={"queueName": "team-a"})
     job["metadata"]["labels"] = {names.PRIORITY_CLASS_LABEL: "urgent"}
     api = CreatingApi(job)
-    ctx = OperatorContext(kube=api, tuning=TUNING, kueue=KueueLink())  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=api, timing=TIMING, kueue=KueueLink())  # type: ignore[arg-type]
     with pytest.raises(Requeue):
         passes(ctx, api)  # the WorkloadPriorityClass is not found: no Workload
     assert api.took("status") == [] and api.sent == []

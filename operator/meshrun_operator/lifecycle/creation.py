@@ -120,11 +120,11 @@ def refused(draft: Draft, refusal: Refusal) -> None:
     since = parse_time((old or {}).get("lastTransitionTime")) if old else None
     if old is None or old.get("status") != "True" or since is None:
         since = now
-    tuning = draft.tuning
+    timing = draft.timing
     lasted = (now - since).total_seconds()
     delay = min(
-        max(lasted, tuning.backoff_base_seconds, refusal.retry_after or 0.0),
-        tuning.backoff_max_seconds,
+        max(lasted, timing.backoff_base_seconds, refusal.retry_after or 0.0),
+        timing.backoff_max_seconds,
     )
     state.next_attempt_time = now + timedelta(seconds=delay)
     _tell_refusal(draft, refusal, what)

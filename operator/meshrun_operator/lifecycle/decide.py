@@ -40,7 +40,7 @@ from meshrun_operator.lifecycle.summary import (
 )
 from meshrun_operator.lifecycle.throughput import judge_throughput, missing_product
 from meshrun_operator.seen.views import Observed, PodView
-from meshrun_operator.tuning import Tuning
+from meshrun_operator.timing import Timing
 
 
 @dataclass
@@ -76,7 +76,7 @@ def decide(
     job: Mapping[str, Any],
     observed: Observed,
     now: datetime,
-    tuning: Tuning | None = None,
+    timing: Timing | None = None,
     evaluation: Evaluation | None = None,
     running: specedits.Running | None = None,
 ) -> Decision:
@@ -87,7 +87,7 @@ def decide(
     generation = metadata.get("generation")
     ev = evaluation or evaluate(job.get("spec") or {}, name)
     state = JobState.from_job(job)
-    draft = Draft(job.get("status") or {}, state, now, tuning or Tuning(), name)
+    draft = Draft(job.get("status") or {}, state, now, timing or Timing(), name)
     draft.derived["observedGeneration"] = generation
     current = still_refused(ev, state.invalid_spec, generation)
     draft.generation = known = generation if isinstance(generation, int) else None
@@ -111,7 +111,7 @@ def decide(
             draft.invalid(current.error or SpecError("spec", "no plan"), known, observed.pods)
     queueing.report(draft, observed)
     draft.announce_phase()
-    force = detect.force_deletes(observed, draft.delete, draft.tuning, draft.now)
+    force = detect.force_deletes(observed, draft.delete, draft.timing, draft.now)
     status = draft.status()
     status["display"] = display(status)
     return Decision(
@@ -170,7 +170,7 @@ def _run(
     failures = spec.run_policy.pod_failure_policy
     start = state.attempt_start_time
     found = detect.first_failure(
-        draft.attempt, current, observed, failures, draft.tuning, now, start
+        draft.attempt, current, observed, failures, draft.timing, now, start
     )
     if found is not None:
         draft.failure(found[0], found[1], spec, current)

@@ -22,7 +22,7 @@ from meshrun_operator.kueue import KueueActions
 from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure
 from meshrun_operator.seen.views import PodView
-from meshrun_operator.tuning import Tuning
+from meshrun_operator.timing import Timing
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Draft:
         old_status: Mapping[str, Any],
         state: JobState,
         now: datetime,
-        tuning: Tuning,
+        timing: Timing,
         job_name: str = "",
     ) -> None:
         # Only the conditions are edited in place (every other key is replaced whole), so they
@@ -59,7 +59,7 @@ class Draft:
         self.old_phase: Phase | None = state.phase
         # Status times have second precision; the clocks keep exactly what is written.
         self.now = now.replace(microsecond=0)
-        self.tuning = tuning
+        self.timing = timing
         self.name = job_name
         self.generation: int | None = None
         self.create: list[int] = []
@@ -275,7 +275,7 @@ class Draft:
     def _next_attempt(self, retries: int, current: list[PodView]) -> None:
         """Tear the attempt down; the next one starts after an exponential backoff."""
         self._delete_all(current)
-        delay = self.tuning.backoff(retries)
+        delay = self.timing.backoff(retries)
         self.state.attempt, self.state.start_time = self.attempt + 1, None
         self.state.attempt_start_time = None
         self.state.next_attempt_time = self.now + timedelta(seconds=delay)

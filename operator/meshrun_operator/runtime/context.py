@@ -16,7 +16,7 @@ from meshrun_operator.runtime.ownstatus import StatusLedger
 from meshrun_operator.seen.expectations import Expectations, Tombstones
 from meshrun_operator.seen.progress import ProgressReader
 from meshrun_operator.seen.views import Refusal
-from meshrun_operator.tuning import Tuning
+from meshrun_operator.timing import Timing
 
 if TYPE_CHECKING:
     from meshrun_operator.children.placer import Placer
@@ -29,7 +29,7 @@ class OperatorContext:
 
     kube: Kube
     """Asynchronous API calls."""
-    tuning: Tuning = field(default_factory=Tuning)
+    timing: Timing = field(default_factory=Timing)
     """Backoff and grace periods."""
     resync_seconds: float = 2.0
     """Interval of the periodic resync of every job (deadlines, backoff, gang timeout)."""
@@ -79,7 +79,7 @@ class OperatorContext:
     wrote is not decided on, but restored (ownstatus.py)."""
 
     def __post_init__(self) -> None:
-        self.expectations = Expectations(self.tuning.expectations_timeout_seconds)
+        self.expectations = Expectations(self.timing.expectations_timeout_seconds)
 
     def missing_children(self, namespace: str, name: str, uid: str) -> tuple[str, ...]:
         """Kinds of the job's watched children of which the watch shows none of the job's."""

@@ -131,7 +131,7 @@ async def _act(
     if ctx.placer is not None and ev.spec is not None and ev.spec.elastic is not None:
         observed = replace(observed, capacity=ctx.placer.capacity(job.uid, ev.spec))
     running = ctx.attempts.get(job.uid)
-    decision = decide(job_body, observed, datetime.now(UTC), ctx.tuning, ev, running)
+    decision = decide(job_body, observed, datetime.now(UTC), ctx.timing, ev, running)
     if (decision.delete_pods or decision.force_delete_pods) and not decision.create_pods:
         # The status that says why the pods go is written before they go: an operator killed
         # in between finds the attempt already ended, with its failure's own reason, instead

@@ -370,7 +370,7 @@ class Resyncer:
         metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
         before = self.failing.get(uid)
         failures = before.failures + 1 if before is not None else 1
-        delay = max(self.ctx.tuning.error_backoff(failures), retry_after or 0.0)
+        delay = max(self.ctx.timing.error_backoff(failures), retry_after or 0.0)
         said = f"{type(error).__name__}: {error}"
         self.failing[uid] = Failing(failures, said, time.monotonic() + delay)
         job = self._named(uid)
