@@ -30,6 +30,7 @@ from meshrun_operator.lifecycle.failure import detect
 from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
 from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.lifecycle.phases import Draft, Event
+from meshrun_operator.lifecycle.scheduling import WHY_MAX, missing_product, scheduler_says
 from meshrun_operator.lifecycle.state import JobState
 from meshrun_operator.lifecycle.summary import (
     final_progress,
@@ -38,7 +39,7 @@ from meshrun_operator.lifecycle.summary import (
     progress_status,
     step_change,
 )
-from meshrun_operator.lifecycle.throughput import judge_throughput, missing_product
+from meshrun_operator.lifecycle.throughput import judge_throughput
 from meshrun_operator.seen.views import Observed, PodView
 from meshrun_operator.timing import Timing
 
@@ -212,18 +213,6 @@ def _predicted(spec: JobSpec, plan: Plan | None) -> float | None:
     return plan.predicted_tokens_per_second()
 
 
-WHY_MAX = 500
-"""The longest scheduler or kubelet message copied into the job's status."""
-
-
-def _scheduler_says(unbound: list[PodView]) -> tuple[str, str] | None:
-    """(pod, "reason: message") of the first unbound pod the scheduler said something about."""
-    for pod in sorted(unbound, key=lambda p: p.index):
-        if pod.unschedulable:
-            return pod.name, pod.unschedulable[:WHY_MAX]
-    return None
-
-
 def _set_progress(draft: Draft, progress: dict[str, Any]) -> None:
     """status.progress, and a Warning Event when the trainer's report has numbers no JSON can
     carry (NaN, infinite): left out of the status, named once per change."""
@@ -248,7 +237,7 @@ def _schedule_and_run(
     if unbound:
         bound = total - len(unbound)
         missing = missing_product(spec, products)
-        why = _scheduler_says(unbound)
+        why = scheduler_says(unbound)
         if missing is not None:
             draft.condition(ConditionType.SCHEDULED, False, Reason.NO_NODE_WITH_PRODUCT, missing)
         else:
