@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_operator.bodies import without_none
 from meshrun_operator.lifecycle.columns import display
+from meshrun_operator.plaindata import without_none
 from operator_factories import REPORT_3_OF_10, make_job, make_pod, observe
 from operator_lifecycle_helpers import run, started_job
 

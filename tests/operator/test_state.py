@@ -8,10 +8,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from meshrun_operator.bodies import with_unwritten, without_none
-from meshrun_operator.lifecycle.failures import FailureClass
+from meshrun_operator.jobstatus import Phase
+from meshrun_operator.lifecycle.failure.classes import FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure, StepChange
-from meshrun_operator.vocabulary import Phase
+from meshrun_operator.plaindata import with_unwritten, without_none
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import run, started_job
 

@@ -12,8 +12,8 @@ from datetime import datetime
 from typing import Any
 
 from meshrun_operator.clock import format_time, parse_time
-from meshrun_operator.lifecycle.failures import FailureClass
-from meshrun_operator.vocabulary import Phase
+from meshrun_operator.jobstatus import Phase
+from meshrun_operator.lifecycle.failure.classes import FailureClass
 
 
 @dataclass(frozen=True)
@@ -23,7 +23,7 @@ class LastFailure:
     pod: str | None
     """The pod that failed, or None (a hang or a vanished pod)."""
     reason: str
-    """CamelCase reason (the failure table's, or one of vocabulary.Reason)."""
+    """CamelCase reason (the failure table's, or one of jobstatus.Reason)."""
     message: str
     """One sentence for people."""
     kind: FailureClass

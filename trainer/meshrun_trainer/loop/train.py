@@ -25,6 +25,7 @@ from meshrun_trainer.distributed.experts import (
 )
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import (
+    DataParallel,
     PartOptions,
     build_parts,
     data_parallel_kind,
@@ -66,7 +67,7 @@ def build_runner(
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(job, mesh, stage_ids, options, source)
     set_aux_passes(loss_scale(layout))
-    zero1 = mesh.gradient_group() if data_parallel_kind(layout) == "ddp+zero1" else None
+    zero1 = mesh.gradient_group() if data_parallel_kind(layout) is DataParallel.DDP_ZERO1 else None
     optimizers = [
         make_optimizer(part.parameters(), training.learning_rate, training.optimizer, zero1)
         for part in parts
