@@ -1,12 +1,18 @@
 """Whole-run peak resident memory of each rank, checkpoint save included, beside the planner's
 per-rank estimate, for every layout family at 2, 4 and 8 CPU ranks.
 
-Run: .venv/bin/python bench/trainer_run_memory.py [--ranks 2 4 8] [--families ddp zero3 ...]
+Run: .venv/bin/python bench/trainer_run_memory.py [--ranks 2 4 8] [--families ddp zero3 cp ...]
      [--layers 8 --hidden 768] [--steps 2] [--json rows.json] [--write-docs]
      .venv/bin/python bench/trainer_run_memory.py --from-json rows.json   (no runs: re-estimate)
 (each row is two real ``meshrun run --local`` jobs, fp32, seq 64, with a checkpoint at the end;
 a few minutes per rank count on a 2-core machine; a row is skipped with a message when
 MemAvailable is short of what its ranks need)
+
+The context-parallel rows (``cp``: every rank of one data-parallel replica splitting each
+sequence, cp = ranks) train a model of their own with a long sequence (--cp-seq, 8,192 tokens;
+4 layers of width 256, 8 heads over 2 KV heads), one sequence per step, so that the
+activations of a rank's share of the sequence and the gathered keys and values, not the
+parameters, are most of what is measured; they get a table of their own.
 
 "Measured" is a rank's resident high-water mark over the whole run (ru_maxrss, which every rank
 reports in the run summary, taken after the final checkpoint save) less the same rank's in a run
@@ -45,9 +51,10 @@ LABELS = {
     "pipeline": "pipeline",
     "tensor": "tensor",
     "3d": "3D",
+    "cp": "CP",
 }
 TOLERANCE = 0.15
-FAMILIES = ("ddp", "zero1", "zero2", "zero3", "pipeline", "tensor", "3d")
+FAMILIES = ("ddp", "zero1", "zero2", "zero3", "pipeline", "tensor", "3d", "cp")
 NARROW = {"hidden": 64, "heads": 8, "vocab": 256, "ffnHidden": 256}
 """The baseline model: the same layers and layout, almost no parameters."""
 
@@ -67,6 +74,8 @@ def strategy(family: str, world: int) -> dict[str, Any] | None:
         }
     if family == "tensor":
         return {"type": "tensor", "tensorParallel": world}
+    if family == "cp":
+        return {"type": "ddp", "contextParallel": world}
     if world < 8:
         return None  # 3D needs dp, pp and tp of 2 at least
     return {
@@ -80,7 +89,9 @@ def strategy(family: str, world: int) -> dict[str, Any] | None:
     }
 
 
-def job(world: int, plan: dict[str, Any], model: dict[str, Any], steps: int) -> dict[str, Any]:
+def job(
+    world: int, plan: dict[str, Any], model: dict[str, Any], steps: int, batch: int
+) -> dict[str, Any]:
     return {
         "apiVersion": "meshrun.dev/v1alpha1",
         "kind": "ParallelTrainingJob",
@@ -92,7 +103,7 @@ def job(world: int, plan: dict[str, Any], model: dict[str, Any], steps: int) -> 
             "model": model,
             "training": {
                 "steps": steps,
-                "globalBatchSize": 2 * world,
+                "globalBatchSize": batch,
                 "precision": "fp32",
                 "dataset": "synthetic",
             },
@@ -128,9 +139,11 @@ def peaks(spec: dict[str, Any], workdir: Path) -> list[int]:
     return values
 
 
-def measure(args: argparse.Namespace, model: dict[str, Any], out: Path | None) -> list[Row]:
-    """Run every (ranks, layout) pair asked for; each row also goes to ``out`` as it comes."""
-    narrow = {**model, **NARROW}
+def measure(
+    args: argparse.Namespace, models: dict[bool, dict[str, Any]], out: Path | None
+) -> list[Row]:
+    """Run every (ranks, layout) pair asked for; each row also goes to ``out`` as it comes.
+    ``models``: the model of the context-parallel rows (True) and of the others (False)."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="meshrun-memory-") as tmp:
         for world in args.ranks:
@@ -138,7 +151,11 @@ def measure(args: argparse.Namespace, model: dict[str, Any], out: Path | None) -
                 plan = strategy(family, world)
                 if plan is None:
                     continue
-                big, small = job(world, plan, model, args.steps), job(world, plan, narrow, 1)
+                model = models[family == "cp"]
+                narrow = {**model, **NARROW}
+                batch = 1 if family == "cp" else 2 * world  # cp: one sequence over every rank
+                big = job(world, plan, model, args.steps, batch)
+                small = job(world, plan, narrow, 1, batch)
                 need = world * (estimate(big) + GIB)
                 if available() < need:
                     print(
@@ -187,12 +204,15 @@ def render(rows: list[Row]) -> list[str]:
     return lines
 
 
-def write_docs(lines: list[str], caption: str) -> Path:
-    """Replace (or add) this bench's section of docs/benchmarks.md."""
+def write_docs(lines: list[str], caption: str, context: bool = False) -> Path:
+    """Replace (or add) this bench's section of docs/benchmarks.md (``context``: the section
+    of the context-parallel rows)."""
     today = datetime.now(UTC).date().isoformat()
-    heading = f"## Whole-run peak memory per rank beside the planner's estimate ({today})"
+    which = " under context parallelism" if context else ""
+    heading = f"## Whole-run peak memory per rank{which} beside the planner's estimate ({today})"
+    key = "trainer_run_memory" + ("_cp" if context else "")
     command = "Produced by `python bench/trainer_run_memory.py --write-docs`: "
-    return write_section("trainer_run_memory", [heading, "", command + caption, "", *lines])
+    return write_section(key, [heading, "", command + caption, "", *lines])
 
 
 def main() -> None:
@@ -203,6 +223,7 @@ def main() -> None:
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--heads", type=int, default=8)
     parser.add_argument("--vocab", type=int, default=4096)
+    parser.add_argument("--cp-seq", type=int, default=8192, help="the cp rows' sequence")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--json", metavar="PATH", help="write the measured rows here")
     parser.add_argument(
@@ -212,29 +233,53 @@ def main() -> None:
     args = parser.parse_args()
     if args.from_json:
         rows: list[Row] = json.loads(Path(args.from_json).read_text())
-        model = rows[0]["big"]["spec"]["model"]
         steps = rows[0]["big"]["spec"]["training"]["steps"]
     else:
-        model = {
-            "layers": args.layers,
-            "hidden": args.hidden,
-            "heads": args.heads,
-            "vocab": args.vocab,
-            "seqLen": 64,
+        models = {
+            False: {
+                "layers": args.layers,
+                "hidden": args.hidden,
+                "heads": args.heads,
+                "vocab": args.vocab,
+                "seqLen": 64,
+            },
+            True: {
+                "layers": 4,
+                "hidden": 256,
+                "heads": 8,
+                "kvHeads": 2,
+                "vocab": args.vocab,
+                "seqLen": args.cp_seq,
+            },
         }
         steps = args.steps
-        rows = measure(args, model, Path(args.json) if args.json else None)
-    caption = (
-        f"{model['layers']} layers of width {model['hidden']}, {model['heads']} heads, vocab "
-        f"{model['vocab']}, seq 64, fp32, {steps} steps and a checkpoint save on CPU ranks "
-        f"(gloo); GiB per rank above the same layout with a width-64 model. 3D is dp 2 x pp 2 x "
-        f"tp 2 with ZeRO-1 (it needs 8 ranks); pipeline is 1F1B over all ranks."
-    )
-    lines = render(rows)
-    print(caption)
-    print("\n".join(lines))
-    if args.write_docs:
-        print(f"\nwrote {write_docs(lines, caption)}")
+        rows = measure(args, models, Path(args.json) if args.json else None)
+    for context in (False, True):
+        chosen = [row for row in rows if (row["layout"] == "cp") == context]
+        if not chosen:
+            continue
+        model = chosen[0]["big"]["spec"]["model"]
+        caption = (
+            f"{model['layers']} layers of width {model['hidden']}, {model['heads']} heads, vocab "
+            f"{model['vocab']}, seq {model['seqLen']}, fp32, {steps} steps and a checkpoint save "
+            "on CPU ranks (gloo); GiB per rank above the same layout with a width-64 model. "
+        )
+        if context:
+            caption += (
+                f"{model['kvHeads']} KV heads; one sequence per step, split over every rank "
+                "(dp 1 x cp = ranks): a rank holds 2 of its 2 x cp chunks and gathers the whole "
+                "sequence's keys and values in every attention layer."
+            )
+        else:
+            caption += (
+                "3D is dp 2 x pp 2 x tp 2 with ZeRO-1 (it needs 8 ranks); pipeline is 1F1B "
+                "over all ranks."
+            )
+        lines = render(chosen)
+        print(caption)
+        print("\n".join(lines))
+        if args.write_docs:
+            print(f"\nwrote {write_docs(lines, caption, context)}")
 
 
 if __name__ == "__main__":

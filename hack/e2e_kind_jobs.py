@@ -24,7 +24,8 @@ MAX_NODES = 2
 MAX_PROCS = 4
 """Processes per pod (gloo on CPU; a GitHub runner has 4 cores)."""
 MAX_DEGREE = 2
-"""Cap of the explicit tensor and pipeline degrees (tiny has 4 layers and 4 heads)."""
+"""Cap of the explicit tensor, pipeline and context degrees (tiny has 4 layers and 4 heads; its
+64-token sequences split into 2 x cp chunks)."""
 STEPS = 6
 """Training steps: enough for a checkpoint, the progress report and a clean exit."""
 
@@ -43,12 +44,15 @@ def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
     strategy = spec.setdefault("strategy", {})
     tp = min(int(strategy.get("tensorParallel", 1)), MAX_DEGREE, procs)
     pp = min(int(strategy.get("pipelineParallel", 1)), MAX_DEGREE)
+    cp = min(int(strategy.get("contextParallel", 1)), MAX_DEGREE)
     if "tensorParallel" in strategy:
         strategy["tensorParallel"] = tp
     if "pipelineParallel" in strategy:
         strategy["pipelineParallel"] = pp
+    if "contextParallel" in strategy:
+        strategy["contextParallel"] = cp
     if "dataParallel" in strategy:
-        strategy["dataParallel"] = nodes * procs // (tp * pp)
+        strategy["dataParallel"] = nodes * procs // (tp * pp * cp)
     if "virtualStages" in strategy:
         strategy["virtualStages"] = min(int(strategy["virtualStages"]), 2)
     if "microBatches" in strategy:

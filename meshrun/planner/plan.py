@@ -10,7 +10,7 @@ from meshrun.api.layout import Layout, Stage
 from meshrun.api.presets import SIZES, ModelShape
 from meshrun.api.read import read_spec
 from meshrun.api.spec import CPU, JobSpec
-from meshrun.planner.auto import Candidate, Choice, fit_degrees, search_hybrid
+from meshrun.planner.auto import Candidate, Choice, context_reason, fit_degrees, search_hybrid
 from meshrun.planner.degrees import explicit_degrees
 from meshrun.planner.explain import describe, warn
 from meshrun.planner.fastest import choose_fastest
@@ -195,6 +195,8 @@ def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     check_elastic(spec, choice.layout)
     reasons = [*choice.reasons, *describe(spec, choice.strategy, choice.layout)]
     reasons += describe_experts(spec, choice.layout, choice.estimate)
+    if spec.strategy.type != "auto":  # auto says why it chose its cp (meshrun.planner.fastest)
+        reasons += context_reason(spec, choice)
     return Plan(
         name=name,
         strategy=choice.strategy,

@@ -33,9 +33,12 @@ def test_every_example_shrinks_to_a_small_cpu_job_with_the_same_strategy(example
     plan = plan_job(with_defaults(spec), job["metadata"]["name"]).to_dict()
     assert plan["worldSize"] <= 8
     degrees = plan["layout"]
-    assert degrees["dp"] * degrees["pp"] * degrees["tp"] == plan["worldSize"]
+    assert degrees["dp"] * degrees["cp"] * degrees["pp"] * degrees["tp"] == plan["worldSize"]
     # Explicit degrees survive, scaled down; none is added or dropped.
     assert spec["strategy"].keys() == source["spec"]["strategy"].keys()
+    for key, name in (("contextParallel", "cp"), ("pipelineParallel", "pp")):
+        if source["spec"]["strategy"].get(key, 1) > 1:
+            assert degrees[name] > 1, f"{example.stem} lost its {key}"
 
 
 def test_shrinking_recomputes_data_parallel_so_degrees_match_the_world() -> None:
@@ -57,3 +60,7 @@ def test_shrinking_recomputes_data_parallel_so_degrees_match_the_world() -> None
     degrees = [strategy[k] for k in ("dataParallel", "pipelineParallel", "tensorParallel")]
     assert degrees == [2, 2, 2]
     assert job["spec"]["strategy"]["tensorParallel"] == 8, "the input must not be modified"
+    job["spec"]["strategy"].update(dataParallel=1, contextParallel=4, tensorParallel=4)
+    strategy = shrinker().shrink(job, IMAGE)["spec"]["strategy"]
+    names = ("dataParallel", "contextParallel", "pipelineParallel", "tensorParallel")
+    assert [strategy[k] for k in names] == [1, 2, 2, 2]

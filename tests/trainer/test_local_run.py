@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 from trainer_launch import REPO, cpu_env
 
@@ -149,3 +150,23 @@ def test_tp_over_whole_pods_and_1f1b_below_a_micro_batch_per_stage_train_as_one_
     for losses in (tensor, pipeline):
         assert len(losses) == len(one)
         assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses, one, strict=True))
+
+
+@pytest.mark.timeout(600)
+def test_the_long_context_example_trains_with_each_sequence_split_over_two_ranks(
+    tmp_path: Path,
+) -> None:
+    """examples/long-context.yaml through the CLI as a user runs it (2 of its steps): every
+    4,096-token sequence split over the 2 processes (cp 2, one data-parallel replica), and the
+    loss falls."""
+    example = yaml.safe_load((REPO / "examples" / "long-context.yaml").read_text())
+    example["spec"]["training"]["steps"] = 2
+    job, summary_path = tmp_path / "long-context.yaml", tmp_path / "summary.json"
+    job.write_text(yaml.safe_dump(example))
+    proc = meshrun("run", str(job), "--local", "--quiet", "--summary-json", str(summary_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["worldSize"] == 2 and len(summary["losses"]) == 2
+    assert (summary["layout"]["dp"], summary["layout"]["cp"]) == (1, 2)
+    assert summary["trainerLayout"]["degrees"]["cp"] == 2
+    assert summary["finalLoss"] < summary["losses"][0] - 1e-2
