@@ -327,12 +327,14 @@ def table_choice(spec: JobSpec) -> Choice:
 
 
 def search_hybrid(spec: JobSpec) -> Choice:
-    """A hybrid job with two or more degrees unset: the least model parallelism that fits."""
+    """A hybrid job with two or more degrees unset: the least model parallelism that fits;
+    no model parallelism at all (every process data-parallel, with the spec's
+    contextParallel) only where the given degrees leave nothing else."""
     s = spec.strategy
     zero = s.zero_stage or 0
     candidates = [
         c
-        for c in model_parallel(spec, zero)
+        for c in [*model_parallel(spec, zero), Candidate(data_parallel(spec).degrees, zero)]
         if (s.data_parallel is None or c.degrees.dp == s.data_parallel)
         and (s.pipeline_parallel is None or c.degrees.pp == s.pipeline_parallel)
         and (s.tensor_parallel is None or c.degrees.tp == s.tensor_parallel)

@@ -448,3 +448,11 @@ def test_the_job_document_and_env_carry_cp() -> None:
     # Pod 1 holds ranks 4-7: data-parallel replicas 2 and 3, each over both CP ranks.
     coords = [document.plan.coords(rank) for rank in range(4, 8)]
     assert [(c.dp, c.cp) for c in coords] == [(2, 0), (2, 1), (3, 0), (3, 1)]
+
+
+def test_a_hybrid_of_data_and_context_parallelism_alone_plans() -> None:
+    """dataParallel and contextParallel given, the rest unset: the given degrees leave no room
+    for pipeline or tensor parallelism, and that layout is the plan, not a refusal."""
+    spec = make_cpu_spec(strategy={"type": "hybrid", "dataParallel": 4, "contextParallel": 2})
+    degrees = plan_job(spec).layout.degrees
+    assert (degrees.dp, degrees.cp, degrees.pp, degrees.tp) == (4, 2, 1, 1)
