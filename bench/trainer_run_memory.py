@@ -1,8 +1,10 @@
 """Whole-run peak resident memory of each rank, checkpoint save included, beside the planner's
-per-rank estimate, for every layout family at 2, 4 and 8 CPU ranks.
+per-rank estimate, for every layout family at 2, 4 and 8 CPU ranks, and for a mixture of experts
+under expert parallelism (a table of its own).
 
 Run: .venv/bin/python bench/trainer_run_memory.py [--ranks 2 4 8] [--families ddp zero3 cp ...]
-     [--layers 8 --hidden 768] [--steps 2] [--json rows.json] [--write-docs]
+     [--moe-families moe-ddp ...] [--layers 8 --hidden 768] [--steps 2] [--json rows.json]
+     [--write-docs]   (--families or --moe-families with no name: none of those rows)
      .venv/bin/python bench/trainer_run_memory.py --from-json rows.json   (no runs: re-estimate)
 (each row is two real ``meshrun run --local`` jobs, fp32, seq 64, with a checkpoint at the end;
 a few minutes per rank count on a 2-core machine; a row is skipped with a message when
@@ -139,14 +141,56 @@ def peaks(spec: dict[str, Any], workdir: Path) -> list[int]:
     return values
 
 
+MOE_LABELS = {
+    "moe-ddp": "DDP, ep = ranks",
+    "moe-zero3": "ZeRO-3, ep 2",
+    "moe-tensor": "tp 2, ep = ranks",
+}
+MOE_FAMILIES = tuple(MOE_LABELS)
+MOE = {"experts": 8, "expertsPerToken": 2}
+"""The mixture of every block of the MoE rows (their experts as wide as the model's hidden
+size; the narrow baseline's as wide as its own)."""
+
+
+def moe_strategy(family: str, world: int) -> dict[str, Any]:
+    """The strategy of a MoE family on ``world`` ranks: EP over every rank under DDP, EP 2
+    under ZeRO-3 (each expert's weights on world / 2 ranks, not sharded by ZeRO), and EP over
+    every rank folded from dp x tp 2 (expertTensorParallel 1)."""
+    if family == "moe-ddp":
+        return {"type": "ddp", "expertParallel": world}
+    if family == "moe-zero3":
+        return {"type": "zero", "zeroStage": 3, "expertParallel": 2}
+    return {
+        "type": "hybrid",
+        "dataParallel": world // 2,
+        "pipelineParallel": 1,
+        "tensorParallel": 2,
+        "expertParallel": world,
+        "expertTensorParallel": 1,
+    }
+
+
+def moe_jobs(
+    model: dict[str, Any], world: int, family: str, steps: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The MoE family's job and its narrow baseline."""
+    plan = moe_strategy(family, world)
+    big = {**model, "moe": {**MOE, "expertFfnHidden": model["hidden"]}}
+    narrow = {**model, **NARROW, "moe": {**MOE, "expertFfnHidden": NARROW["hidden"]}}
+    batch = 2 * world
+    return job(world, plan, big, steps, batch), job(world, plan, narrow, 1, batch)
+
+
 def measure(
     args: argparse.Namespace, models: dict[bool, dict[str, Any]], out: Path | None
 ) -> list[Row]:
-    """Run every (ranks, layout) pair asked for; each row also goes to ``out`` as it comes.
-    ``models``: the model of the context-parallel rows (True) and of the others (False)."""
+    """Run every (ranks, layout) pair asked for, the MoE families after the dense ones; each row
+    also goes to ``out`` as it comes. ``models``: the model of the context-parallel rows (True)
+    and of the others (False, the MoE rows' too)."""
     rows: list[Row] = []
     with tempfile.TemporaryDirectory(prefix="meshrun-memory-") as tmp:
         for world in args.ranks:
+            pairs = []
             for family in args.families:
                 plan = strategy(family, world)
                 if plan is None:
@@ -155,28 +199,42 @@ def measure(
                 narrow = {**model, **NARROW}
                 batch = 1 if family == "cp" else 2 * world  # cp: one sequence over every rank
                 big = job(world, plan, model, args.steps, batch)
-                small = job(world, plan, narrow, 1, batch)
-                need = world * (estimate(big) + GIB)
-                if available() < need:
-                    print(
-                        f"{family} on {world} ranks skipped: needs about {need / GIB:.1f} GiB, "
-                        f"MemAvailable {available() / GIB:.1f} GiB",
-                        flush=True,
-                    )
-                    continue
-                run = Path(tmp) / f"{family}-{world}"
-                measured = peaks(big, run / "model")
-                fixed = peaks(small, run / "narrow")
-                above = [b - s for b, s in zip(measured, fixed, strict=True)]
-                rows.append({"layout": family, "big": big, "small": small, "measured": above})
-                print(f"measured {family} on {world} ranks", flush=True)
+                pairs.append((family, big, job(world, plan, narrow, 1, batch)))
+            pairs += [
+                (f, *moe_jobs(models[False], world, f, args.steps)) for f in args.moe_families
+            ]
+            for family, big, small in pairs:
+                row = measure_row(family, big, small, Path(tmp) / f"{family}-{world}")
+                if row is not None:
+                    rows.append(row)
                 if out is not None:
                     out.write_text(json.dumps(rows, indent=1) + "\n", encoding="utf-8")
     return rows
 
 
-def render(rows: list[Row]) -> list[str]:
-    """The table (markdown) of measured peaks beside the current estimate, and a verdict."""
+def measure_row(family: str, big: dict[str, Any], small: dict[str, Any], run: Path) -> Row | None:
+    """One row: each rank's peak in ``big`` less its peak in ``small`` (None: skipped for want
+    of memory)."""
+    world = big["spec"]["resources"]["numProcPerNode"]
+    need = world * (estimate(big) + GIB)
+    if available() < need:
+        print(
+            f"{family} on {world} ranks skipped: needs about {need / GIB:.1f} GiB, "
+            f"MemAvailable {available() / GIB:.1f} GiB",
+            flush=True,
+        )
+        return None
+    measured = peaks(big, run / "model")
+    fixed = peaks(small, run / "narrow")
+    above = [b - s for b, s in zip(measured, fixed, strict=True)]
+    print(f"measured {family} on {world} ranks", flush=True)
+    return {"layout": family, "big": big, "small": small, "measured": above}
+
+
+def render(rows: list[Row], labels: dict[str, str] = LABELS) -> list[str]:
+    """The table (markdown) of measured peaks beside the current estimate, and a verdict: the
+    rows whose layout ``labels`` names."""
+    rows = [row for row in rows if row["layout"] in labels]
     lines = [
         "| layout | ranks | estimate GiB | measured GiB | ratio | per-rank measured GiB |",
         "|---|---:|---:|---:|---:|---|",
@@ -191,7 +249,7 @@ def render(rows: list[Row]) -> list[str]:
         world = row["big"]["spec"]["resources"]["numProcPerNode"]
         spread = " ".join(f"{a / GIB:.2f}" for a in above)
         lines.append(
-            f"| {LABELS[row['layout']]} | {world} | {want / GIB:.3f} | {worst / GIB:.3f} | "
+            f"| {labels[row['layout']]} | {world} | {want / GIB:.3f} | {worst / GIB:.3f} | "
             f"{ratio:.2f} | {spread} |"
         )
     if ratios:
@@ -215,10 +273,32 @@ def write_docs(lines: list[str], caption: str, context: bool = False) -> Path:
     return write_section(key, [heading, "", command + caption, "", *lines])
 
 
+def write_moe_docs(lines: list[str], caption: str) -> Path:
+    """Replace (or add) the MoE table's section of docs/benchmarks.md."""
+    today = datetime.now(UTC).date().isoformat()
+    heading = f"## Whole-run peak memory per rank of a mixture of experts ({today})"
+    command = "Produced by `python bench/trainer_run_memory.py --write-docs`: "
+    return write_section("trainer_run_memory_moe", [heading, "", command + caption, "", *lines])
+
+
+def moe_caption(model: dict[str, Any]) -> str:
+    return (
+        f"the dense rows' model with every block's MLP a mixture of {MOE['experts']} experts "
+        f"of width {model['hidden']} ({MOE['expertsPerToken']} per token, dropless); GiB per "
+        f"rank above the same layout with the width-64 model whose experts are 64 wide. DDP "
+        f"and tp 2 spread the experts over every rank (EP folded from dp, and from dp x tp with "
+        f"expertTensorParallel 1); ZeRO-3 over the dense part keeps each expert whole on "
+        f"world / 2 ranks (ep 2)."
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[2, 4, 8])
-    parser.add_argument("--families", nargs="+", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument("--families", nargs="*", default=list(FAMILIES), choices=FAMILIES)
+    parser.add_argument(
+        "--moe-families", nargs="*", default=list(MOE_FAMILIES), choices=MOE_FAMILIES
+    )
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--hidden", type=int, default=768)
     parser.add_argument("--heads", type=int, default=8)
@@ -255,7 +335,7 @@ def main() -> None:
         steps = args.steps
         rows = measure(args, models, Path(args.json) if args.json else None)
     for context in (False, True):
-        chosen = [row for row in rows if (row["layout"] == "cp") == context]
+        chosen = [r for r in rows if r["layout"] in LABELS and (r["layout"] == "cp") == context]
         if not chosen:
             continue
         model = chosen[0]["big"]["spec"]["model"]
@@ -280,6 +360,15 @@ def main() -> None:
         print("\n".join(lines))
         if args.write_docs:
             print(f"\nwrote {write_docs(lines, caption, context)}")
+    moe_lines = render(rows, MOE_LABELS)
+    moe_rows = [row for row in rows if row["layout"] in MOE_LABELS]
+    if moe_rows:
+        dense = {**moe_rows[0]["big"]["spec"]["model"]}
+        caption = moe_caption(dense)
+        print(f"\nMixture of experts: {caption}")
+        print("\n".join(moe_lines))
+        if args.write_docs:
+            print(f"\nwrote {write_moe_docs(moe_lines, caption)}")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,7 @@ def test_every_example_loads() -> None:
         "3d",
         "auto",
         "long-context",
+        "moe",
     }
     assert expected | {"demo-3d-cpu"} <= names
     for path in EXAMPLES:

@@ -195,8 +195,6 @@ def apply_tensor_parallel(
     for block in model.layers.values():
         moe = getattr(block, "moe", None)
         parallelize_module(block, tp_mesh, block_plan if moe is None else moe_plan)
-        if moe is not None:
-            moe.tp_group = tp_mesh.get_group()
     # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
     # checkpointing; under selective checkpointing the gathers are redone anyway, and a
     # compiled block's saved tensors are the compiler's to choose).
