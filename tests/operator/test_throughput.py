@@ -9,11 +9,11 @@ from typing import Any
 import pytest
 from meshrun_operator.children.builders import build_pod
 from meshrun_operator.children.owner import JobRef
+from meshrun_operator.jobstatus import ConditionType
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.lifecycle.throughput import BELOW_FRACTION, judge_throughput, warmed_up
 from meshrun_operator.seen.nodes import NodeWatch, node_info
 from meshrun_operator.seen.views import Observed
-from meshrun_operator.vocabulary import ConditionType
 from operator_factories import make_job, make_pod
 from operator_lifecycle_helpers import condition, run, started_job
 from test_state import status_schema, undeclared

@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 
 from meshrun.envcontract import METRICS_PORT
+from meshrun_operator.jobstatus import PodPhase
 from meshrun_operator.seen.boundedjson import MAX_CHARS, read_object
 from meshrun_operator.seen.views import PodView, progress_fields
-from meshrun_operator.vocabulary import PodPhase
 
 PROGRESS_MAX_BYTES = MAX_CHARS
 """The trainer's report is a few hundred bytes; anything this large is not one."""
