@@ -383,7 +383,7 @@ class GangKube(ChildKube):
         self.created.append(obj["kind"])
         return obj["kind"] not in ("PodGroup", "Workload")
 
-    async def create_all(self, objs: list[dict[str, Any]]) -> list[bool]:
+    async def create_all(self, objs: list[dict[str, Any]], unsent: Any = None) -> list[bool]:
         self.pods += [o["metadata"]["name"] for o in objs]
         return [True for _ in objs]
 

@@ -129,7 +129,11 @@ async def _create_children(
         pods = await admit(ctx.kube, ctx.kueue, admitted, ev, pods)
     names_sent = [pod["metadata"]["name"] for pod in pods]
     ctx.expectations.expect_creates(job.uid, attempt, names_sent)
-    results = await ctx.kube.create_all(pods)
+    # A create that never reached the API server (it was down) is not in flight: the next pass
+    # sends it again instead of waiting out the expectation.
+    results = await ctx.kube.create_all(
+        pods, unsent=lambda pod: ctx.expectations.not_created(job.uid, pod["metadata"]["name"])
+    )
     metrics.PODS_CREATED.inc(sum(1 for r in results if r is True))
     ctx.attempts[job.uid] = Running(attempt, decision.state.attempt_generation, ev)
     refused: list[tuple[int, Refused | Conflict]] = []
