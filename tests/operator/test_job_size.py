@@ -1,6 +1,7 @@
 """One job's size: the operator's cap on the pods of one job (--max-pods-per-job), pods created
-in batches that double, as the Job controller's slow start, and a Workload built from one pod
-per stage (no cluster)."""
+in batches that double, as the Job controller's slow start, a Workload built from one pod per
+stage, and a gang's creates and deletes when the API server stops or fails (no cluster; real
+HTTP servers)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from aiohttp import web
 from meshrun_operator.children.builders import build_pod
 from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.answers import Refused
-from meshrun_operator.client.errors import ApiTimeout
+from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.client.login import Login
 from meshrun_operator.client.rest import Rest
@@ -28,7 +29,7 @@ from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.kueue_link import KueueLink
 from operator_factories import make_job, observe
 from operator_lifecycle_helpers import run
-from test_login import kubeconfig
+from test_login import kubeconfig, serving
 
 pytestmark = pytest.mark.unit
 
@@ -214,3 +215,35 @@ def test_a_large_gangs_workload_is_built_from_one_pod_per_stage(
     sets = workload["spec"]["podSets"]
     assert [s["count"] for s in sets] == [64, 64, 64, 64]
     assert built == [0, 64, 128, 192]  # four pods built, not 256
+
+
+def test_a_failed_pod_delete_is_raised_once_every_delete_has_ended(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deleting a gang, one delete refused and one slow: the error comes once every delete has
+    its answer (none left running unheard), the second failure is logged."""
+    ended: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        name = request.path.rsplit("/", 1)[-1]
+        if name == "p-slow":
+            await asyncio.sleep(0.3)
+        ended.append(name)
+        if name.startswith("p-bad"):
+            return web.json_response({"kind": "Status", "message": "etcd down"}, status=500)
+        return web.json_response({"kind": "Status", "status": "Success"})
+
+    async def scenario() -> None:
+        async with serving(handler) as port:
+            config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
+            rest = Rest(Login(str(config)), ApiTimeout.of(5))
+            names = ["p-bad", "p-slow", "p-bad2", "p-ok"]
+            try:
+                with pytest.raises(ApiError, match="etcd down"):
+                    await Kube(rest).delete_pods("ns", names, False, {n: f"uid-{n}" for n in names})
+                assert sorted(ended) == sorted(names), "a delete was still running"
+            finally:
+                await rest.close()
+
+    asyncio.run(scenario())
+    assert any("pod ns/p-bad2 not deleted" in r.getMessage() for r in caplog.records)

@@ -285,7 +285,8 @@ class Kube:
         """Delete pods concurrently; grace period 0 when ``force`` (their node is gone). With
         the pod's uid in ``uids`` the delete is preconditioned on it, so a newer pod that took
         the name meanwhile is never deleted in its place (409: nothing to do); a pod whose uid
-        is not known is not deleted."""
+        is not known is not deleted. Every delete ends before this does; the first error is
+        then raised and the others logged, one line each."""
 
         async def one(name: str) -> None:
             uid = (uids or {}).get(name)
@@ -299,7 +300,13 @@ class Kube:
             path = child_path(POD.kind, namespace, name)
             await self._delete_if(POD.plural, path, {"uid": uid}, **options)
 
-        await asyncio.gather(*(one(p) for p in pods))
+        names = list(pods)
+        answers = await asyncio.gather(*(one(p) for p in names), return_exceptions=True)
+        failed = [(n, a) for n, a in zip(names, answers, strict=True) if a is not None]
+        for name, error in failed[1:]:
+            logger.warning("pod %s/%s not deleted: %s", namespace, name, error)
+        if failed:
+            raise failed[0][1]
 
     async def patch_status(
         self, namespace: str, name: str, resource_version: str, status: Mapping[str, Any]
