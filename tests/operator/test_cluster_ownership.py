@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from meshrun_operator import names
 from operator_harness import (
     Cluster,
     OperatorProcess,
@@ -134,6 +135,46 @@ def test_a_deleted_headless_service_and_policy_come_back_while_the_pods_keep_run
     assert len(restored) >= 2
     one_pod_per_index(cluster, "rdv", 2)
     assert_cleaned_up(cluster, "rdv")
+
+
+def test_an_edited_service_and_policy_are_set_back_while_the_pods_keep_running(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    """Someone points the job's Service and NetworkPolicy at other pods and strips the job's
+    uid label: the operator patches both back (the same objects) and says so, the gang runs
+    on."""
+    cluster.apply(job_manifest("drift"))
+    pods = cluster.wait_running_pods("drift", 2)
+    cluster.wait_phase("drift", "Running")
+    running = sorted(p["metadata"]["uid"] for p in pods)
+    uid_label = names.LABEL_JOB_UID
+    edits = {
+        "service": {"spec": {"selector": {"app": "db", uid_label: None}}},
+        "networkpolicy": {"spec": {"podSelector": {"matchLabels": {uid_label: None}}}},
+    }
+    for kind, edit in edits.items():
+        first = get(cluster, kind, "drift")
+        assert first is not None
+        edit["metadata"] = {"labels": {uid_label: None}}
+        cluster.kubectl(
+            "patch", kind, "drift", "-n", cluster.ns, "--type=merge", "-p", json.dumps(edit)
+        )
+
+        def back(kind: str = kind, first: dict[str, Any] = first) -> dict[str, Any] | None:
+            found = get(cluster, kind, "drift")
+            labels = (found or {}).get("metadata", {}).get("labels") or {}
+            return found if found and uid_label in labels else None
+
+        again = wait_for(back, 20, f"the job's {kind} set back")
+        assert again["metadata"]["uid"] == first["metadata"]["uid"]  # patched, not replaced
+        assert again["metadata"]["labels"] == first["metadata"]["labels"]
+        assert again["spec"] == first["spec"]  # the selector whole again: no key kept
+    assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("drift")) == running
+    status = cluster.status("drift")
+    assert status["phase"] == "Running" and status["restarts"] == 0
+    repaired = [e for e in cluster.events("drift") if e["reason"] == "ChildRepaired"]
+    assert len(repaired) >= 2, repaired
+    assert "Traceback" not in operator_process.log_path.read_text()
 
 
 def test_a_privileged_template_under_baseline_is_invalid_with_the_field_named(

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
+from meshrun_operator.children.drift import drifted, mark, spec_selector
 from meshrun_operator.children.netpolicy import PolicyOptions
 from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.client.answers import Holder
@@ -220,10 +221,11 @@ def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
 class ChildKube:
     """Creates answer ``exists`` (409: False) or create; a name held is held by ``holder``."""
 
-    def __init__(self, exists: bool, holder: Holder | None = None) -> None:
+    def __init__(self, exists: bool, holder: Holder | dict[str, Holder] | None = None) -> None:
         self.exists, self.holder_found = exists, holder
         self.created: list[str] = []
         self.deleted: list[str] = []
+        self.repaired: list[tuple[str, Any]] = []
 
     async def create(self, obj: dict[str, Any]) -> bool:
         self.created.append(obj["kind"])
@@ -232,12 +234,20 @@ class ChildKube:
     async def holder(
         self, kind: str, namespace: str, name: str, api_version: str | None = None
     ) -> Holder | None:
+        if isinstance(self.holder_found, dict):  # one of each kind
+            return self.holder_found[kind]
         return self.holder_found
 
     async def delete_child(
         self, kind: str, namespace: str, holder: Holder, name: str, api_version: str | None = None
     ) -> None:
         self.deleted.append(kind)
+
+    async def repair_child(
+        self, kind: str, namespace: str, name: str, ops: Any, api_version: str | None = None
+    ) -> bool:
+        self.repaired.append((kind, ops))
+        return True
 
 
 def restored(kube: ChildKube) -> list[str]:
@@ -252,10 +262,9 @@ def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() ->
     gone = ChildKube(exists=False)
     assert restored(gone) == ["ChildRestored", "ChildRestored"]
     assert gone.created == ["Service", "NetworkPolicy"]
-    # The watch lagged: the job's own are there (409, and the holder is the job).
-    held = Holder("uid-1", -1, False, KIND, MESHRUN, controller_api_version=API_VERSION)
-    ours = ChildKube(exists=True, holder=held)
-    assert restored(ours) == [] and ours.deleted == []
+    # The watch lagged: the job's own are there (409, and the holder is the job), as made.
+    ours = ChildKube(exists=True, holder={k: own_child(k) for k in ("Service", "NetworkPolicy")})
+    assert restored(ours) == [] and ours.deleted == [] and ours.repaired == []
     # Someone else's took the name: nothing deleted, a NameConflict for the job to say.
     theirs = ChildKube(exists=True, holder=Holder(None, -1, False, labels={"app": "db"}))
     with pytest.raises(CreationRefused) as refused:
@@ -268,6 +277,76 @@ def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() ->
     with pytest.raises(StillTerminating):
         restored(orphan)
     assert orphan.deleted == ["Service"]
+
+
+def own_child(kind: str, labels: dict[str, str] | None = None, selector: Any = None) -> Holder:
+    """The job's own Service or NetworkPolicy as the operator made it, or with ``labels`` or
+    ``selector`` instead of its own."""
+    made = {**names.job_labels("job", "uid-1"), names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    wanted = names.job_labels("job", "uid-1")
+    field = "selector" if kind == "Service" else "podSelector"
+    if selector is None:
+        selector = wanted if kind == "Service" else {"matchLabels": wanted}
+    return Holder("uid-1", -1, False, KIND, labels if labels is not None else made,
+                  uid="s-1", resource_version="41", controller_api_version=API_VERSION,
+                  spec={field: selector})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "what"),
+    [
+        ({"labels": {names.LABEL_JOB: "job", "app": "x"}}, ("labels",)),  # the uid label gone
+        ({"selector": {names.LABEL_JOB: "job", "app": "db"}}, ("selector",)),
+        ({"labels": {}, "selector": {}}, ("labels", "selector")),
+    ],
+)
+def test_the_jobs_own_child_with_edited_labels_or_selector_is_set_back_and_said(
+    edit: dict[str, Any], what: tuple[str, ...]
+) -> None:
+    """A Service or NetworkPolicy whose labels or selector were edited is no longer found by
+    the job or no longer covers its pods: the restore that finds the name held by the job's own
+    patches them back, under the resourceVersion judged, and the job says so."""
+    for kind in ("Service", "NetworkPolicy"):
+        selector = edit.get("selector")
+        if selector is not None and kind == "NetworkPolicy":
+            selector = {"matchLabels": selector}
+        holder = own_child(kind, edit.get("labels"), selector)
+        kube = ChildKube(exists=True, holder=holder)
+        notes = restored_one(kube, kind)
+        assert notes == ["ChildRepaired"], kind
+        assert kube.deleted == [] and [k for k, _ in kube.repaired] == [kind]
+        ops = kube.repaired[0][1]
+        assert ops[0] == {"op": "replace", "path": "/metadata/resourceVersion", "value": "41"}
+        labels = next(op["value"] for op in ops if op["path"] == "/metadata/labels")
+        assert labels[names.LABEL_JOB_UID] == "uid-1" and labels[names.LABEL_JOB] == "job"
+        field = "/spec/selector" if kind == "Service" else "/spec/podSelector"
+        put = next(op["value"] for op in ops if op["path"] == field)
+        wanted = names.job_labels("job", "uid-1")
+        assert put == (wanted if kind == "Service" else {"matchLabels": wanted})
+        assert drifted(kind, "job", "uid-1", labels, put) == ()
+        assert (
+            drifted(kind, "job", "uid-1", holder.labels, spec_selector(kind, holder.spec)) == what
+        )
+
+
+def restored_one(kube: ChildKube, kind: str) -> list[str]:
+    ctx = OperatorContext(kube=kube, network_policy=PolicyOptions())  # type: ignore[arg-type]
+    ev = evaluate(make_job()["spec"], "job")
+    notes = asyncio.run(restore(ctx, JobRef("job", "ns", "uid-1"), ev, (kind,)))
+    return [n.reason for n in notes]
+
+
+def test_a_child_whose_labels_or_selector_were_edited_counts_as_missing() -> None:
+    """The children's index marks an edited child, so the job restores it at the next pass."""
+    meta = {
+        "labels": {**names.job_labels("job", "uid-1"), names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    }
+    intact = mark("Service", "job", meta, "uid-1", {"selector": names.job_labels("job", "uid-1")})
+    edited = mark("Service", "job", meta, "uid-1", {"selector": {names.LABEL_JOB: "job"}})
+    assert intact.intact and not edited.intact
+    for marks, missing in (([intact], ()), ([edited], ("Service",)), ([], ("Service",))):
+        ctx = OperatorContext(kube=None, children={"Service": {("ns", "job"): marks}})  # type: ignore[arg-type]
+        assert ctx.missing_children("ns", "job", "uid-1") == missing
 
 
 def controller(api_version: str = API_VERSION, kind: str = KIND, name: str = "job",

@@ -28,7 +28,7 @@ from meshrun_operator.client.errors import (
     NotLeader,
     says_namespace_gone,
 )
-from meshrun_operator.client.rest import MERGE_PATCH, Rest
+from meshrun_operator.client.rest import JSON_PATCH, MERGE_PATCH, Rest
 from meshrun_operator.clock import format_time
 from meshrun_operator.kinds import EVENT, KINDS, POD, Served
 
@@ -244,7 +244,30 @@ class Kube:
             labels={str(k): str(v) for k, v in labels.items()},
             uid=str(meta.get("uid") or ""),
             resource_version=str(meta.get("resourceVersion") or ""),
+            spec=found.get("spec") if isinstance(found.get("spec"), dict) else {},
         )
+
+    async def repair_child(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        ops: list[dict[str, Any]],
+        api_version: str | None = None,
+    ) -> bool:
+        """Apply the JSON patch ``ops`` (children/drift.py) to the child: True when applied,
+        False when it changed or went away meanwhile (409, 404: judged again next time)."""
+        path = child_path(kind, namespace, name, api_version)
+        try:
+            await self.call(
+                "patch", KINDS[kind].plural, "PATCH", path, body=ops,
+                content_type=JSON_PATCH, read=False,
+            )  # fmt: skip
+        except ApiError as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def _delete_if(
         self, resource: str, path: str, preconditions: Mapping[str, str], **options: Any
