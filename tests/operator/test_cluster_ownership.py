@@ -141,8 +141,8 @@ def test_an_edited_service_and_policy_are_set_back_while_the_pods_keep_running(
     cluster: Cluster, operator_process: OperatorProcess
 ) -> None:
     """Someone points the job's Service and NetworkPolicy at other pods and strips the job's
-    uid label: the operator patches both back (the same objects) and says so, the gang runs
-    on."""
+    uid label from them and from a pod: the operator patches each back (the same objects) and
+    says so, the gang runs on."""
     cluster.apply(job_manifest("drift"))
     pods = cluster.wait_running_pods("drift", 2)
     cluster.wait_phase("drift", "Running")
@@ -169,11 +169,20 @@ def test_an_edited_service_and_policy_are_set_back_while_the_pods_keep_running(
         assert again["metadata"]["uid"] == first["metadata"]["uid"]  # patched, not replaced
         assert again["metadata"]["labels"] == first["metadata"]["labels"]
         assert again["spec"] == first["spec"]  # the selector whole again: no key kept
+    # A pod of the gang without its uid label is out of the Service: labelled again.
+    patch = json.dumps({"metadata": {"labels": {uid_label: None}}})
+    cluster.kubectl("patch", "pod", "drift-0", "-n", cluster.ns, "--type=merge", "-p", patch)
+
+    def labelled() -> bool:
+        pod = get(cluster, "pod", "drift-0") or {}
+        return uid_label in (pod.get("metadata", {}).get("labels") or {})
+
+    wait_for(labelled, 20, "pod drift-0 labelled again")
     assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("drift")) == running
     status = cluster.status("drift")
     assert status["phase"] == "Running" and status["restarts"] == 0
     repaired = [e for e in cluster.events("drift") if e["reason"] == "ChildRepaired"]
-    assert len(repaired) >= 2, repaired
+    assert len(repaired) >= 3, repaired
     assert "Traceback" not in operator_process.log_path.read_text()
 
 

@@ -22,6 +22,7 @@ from meshrun_operator.runtime.actions import (
     CreationRefused,
     StillTerminating,
     _create_children,
+    execute,
     restore,
 )
 from meshrun_operator.runtime.context import OperatorContext
@@ -507,3 +508,35 @@ def test_a_workload_of_the_name_that_is_not_the_jobs_holds_the_job() -> None:
     assert "Workload" in held.value.hold.message and "Deployment uid-9" in held.value.hold.message
     # The job's own (its controller reference): waited for, no hold.
     asyncio.run(create_workload(GangKube(OWN), KueueLink(), JOB, ev, QueueRef("team-a")))  # type: ignore[arg-type]
+
+
+class LabellingKube:
+    """Records the pods labelled again."""
+
+    def __init__(self) -> None:
+        self.labelled: list[tuple[str, str, dict[str, str]]] = []
+
+    async def label_pod(self, namespace: str, name: str, uid: str, labels: Any) -> bool:
+        self.labelled.append((name, uid, dict(labels)))
+        return True
+
+
+def test_a_pod_whose_job_uid_label_was_removed_is_labelled_again() -> None:
+    """Without its job-uid label a pod of the gang is out of the job's Service (no DNS name
+    for the rendezvous): it gets its labels back, the gang untouched."""
+    body = pod_object(owner=controller())
+    assert pod_view(body).labelled is False  # the factory's pod has no job-uid label
+    body["metadata"]["labels"][names.LABEL_JOB_UID] = "uid-1"
+    assert pod_view(body).labelled is True
+    stripped = replace(make_pod(0, owner_uid="uid-1", uid="p0"), labelled=False)
+    pods = (stripped, make_pod(1, owner_uid="uid-1", uid="p1"))
+    job = running_job()
+    decision = decide(job, observe(*pods), at(5), TUNING)
+    assert decision.create_pods == () and decision.delete_pods == ()
+    kube = LabellingKube()
+    ctx = OperatorContext(kube=kube)  # type: ignore[arg-type]
+    ev = evaluate(job["spec"], "job")
+    notes = asyncio.run(execute(ctx, JobRef("job", "ns", "uid-1"), ev, decision, observe(*pods)))
+    own = {**names.job_labels("job", "uid-1"), names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    assert kube.labelled == [("job-0", "p0", own)]
+    assert [n.reason for n in notes] == ["ChildRepaired"]

@@ -247,6 +247,24 @@ class Kube:
             spec=found.get("spec") if isinstance(found.get("spec"), dict) else {},
         )
 
+    async def label_pod(
+        self, namespace: str, name: str, uid: str, labels: Mapping[str, str]
+    ) -> bool:
+        """Set ``labels`` on the pod of ``uid`` (a merge patch: its other labels kept); False
+        when it is gone or is another pod of the name now (404, 409)."""
+        path = child_path(POD.kind, namespace, name)
+        body = {"metadata": {"uid": uid, "labels": dict(labels)}}
+        try:
+            await self.call(
+                "patch", POD.plural, "PATCH", path, body=body, content_type=MERGE_PATCH,
+                read=False,
+            )  # fmt: skip
+        except ApiError as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
     async def repair_child(
         self,
         kind: str,

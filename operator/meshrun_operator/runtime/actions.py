@@ -16,7 +16,13 @@ from meshrun.api.spec import Egress
 from meshrun.envcontract import RENDEZVOUS_PORT, pod_env
 from meshrun_operator import metrics, names
 from meshrun_operator.children.builders import build_pod, build_podgroup, build_service
-from meshrun_operator.children.drift import SELECTOR_FIELD, drifted, repair_patch, spec_selector
+from meshrun_operator.children.drift import (
+    SELECTOR_FIELD,
+    drifted,
+    own_labels,
+    repair_patch,
+    spec_selector,
+)
 from meshrun_operator.children.netpolicy import PolicyOptions, build_network_policy
 from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.children.podtemplate import CHECKPOINT_MOUNT
@@ -61,6 +67,8 @@ async def execute(
     notes: list[Event] = []
     link, kueue = ctx.kueue, decision.kueue  # link: None when run with --no-kueue
     uids = {p.name: p.uid for p in (*observed.pods, *observed.foreign)} if observed else {}
+    if observed is not None:
+        notes += await _label_pods_again(ctx, job, observed, decision)
     for pods, force in ((decision.delete_pods, False), (decision.force_delete_pods, True)):
         if pods:
             ctx.expectations.expect_deletes(job.uid, (uids.get(p, "") for p in pods))
@@ -77,6 +85,24 @@ async def execute(
         await patch_status(ctx.kube, link, job, kueue)
     if decision.delete_job:
         await ctx.kube.delete_job(job.namespace, job.name, job.uid)
+    return notes
+
+
+async def _label_pods_again(
+    ctx: OperatorContext, job: JobRef, observed: Observed, decision: Decision
+) -> list[Event]:
+    """The job's pods whose job-uid or managed-by label someone removed or changed get them
+    again (the Service selects the gang by them), unless they are on their way out."""
+    going = {*decision.delete_pods, *decision.force_delete_pods}
+    notes = []
+    for pod in observed.pods:
+        if pod.labelled or pod.deleting or pod.name in going:
+            continue
+        if await ctx.kube.label_pod(
+            job.namespace, pod.name, pod.uid, own_labels(job.name, job.uid)
+        ):
+            message = Reason.CHILD_REPAIRED.message(kind=POD.kind, name=pod.name, what="labels")
+            notes.append(Event(EventType.WARNING, Reason.CHILD_REPAIRED, message))
     return notes
 
 
