@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
+from namespaces import TEST_RUN_LABEL, run_label
 from operator_harness import (
     Cluster,
     OperatorProcess,
@@ -20,7 +21,7 @@ from operator_harness import (
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
 
-from meshrun.api.crd import PLURAL
+from meshrun.api.crd import GROUP, KIND, PLURAL, VERSION
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -264,3 +265,70 @@ def test_a_restarts_reason_survives_an_operator_that_could_not_write_its_status(
     finally:
         cluster.kubectl("delete", PLURAL, "oom", "-n", namespace, "--wait=true")
         second.stop()
+
+
+def test_a_pod_in_another_namespace_that_names_a_jobs_uid_neither_fails_nor_restarts_it(
+    cluster: Cluster, kubeconfig: str, tmp_path: Path
+) -> None:
+    """One operator serves two teams' namespaces. In the other namespace, pods copied from the
+    victim's pod 0, with its labels and an ownerReference naming the victim's uid (one under a
+    kind of someone else's group, one as the victim's own kind and name), exit 3 and are then
+    deleted: the victim runs on untouched (no restart, no failure, the same pods)."""
+    evil = f"{cluster.ns[:50]}-evil"
+    cluster.kubectl("create", "namespace", evil)
+    cluster.kubectl("label", "namespace", evil, f"{TEST_RUN_LABEL}={run_label()}")
+    wait_for(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", evil, check=False).returncode == 0,
+        30,
+        f"serviceaccount default in {evil}",
+    )
+    operator = OperatorProcess(kubeconfig, cluster.ns, tmp_path, extra=["--namespace", evil])
+    operator.start()
+    try:
+        cluster.apply(job_manifest("victim"))
+        pods = cluster.wait_running_pods("victim", 2)
+        cluster.wait_phase("victim", "Running")
+        uid = cluster.job("victim")["metadata"]["uid"]
+        running = sorted(p["metadata"]["uid"] for p in pods)
+        original = get(cluster, "pod", "victim-0")
+        assert original is not None
+        owners = [
+            {"apiVersion": "example.invalid/v1", "kind": "Nope", "name": "victim", "uid": uid},
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": "victim", "uid": uid},
+        ]
+        for n, owner in enumerate(owners):
+            spec = {k: v for k, v in original["spec"].items() if k != "nodeName"}
+            planted = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"victim-{n}",
+                    "namespace": evil,
+                    "labels": original["metadata"]["labels"],
+                    "annotations": {"sim.meshrun.dev/outcome": "failed",
+                                    "sim.meshrun.dev/exit-code": "3"},
+                    "ownerReferences": [{**owner, "controller": True}],
+                },
+                "spec": spec,
+            }  # fmt: skip
+            cluster.kubectl("create", "-f", "-", input=json.dumps(planted))
+
+        def ended() -> bool:
+            out = cluster.kubectl("get", "pods", "-n", evil, "-o", "json", check=False).stdout
+            items = json.loads(out or '{"items": []}')["items"]
+            return all(p.get("status", {}).get("phase") == "Failed" for p in items)
+
+        # Failed, or already removed by the garbage collector (no such owner in evil).
+        wait_for(ended, 60, "the planted pods failed with exit 3")
+        cluster.kubectl("delete", "pods", "--all", "-n", evil, "--wait=true", "--timeout=60s")
+        wait_seconds(5)  # ten resync passes of the victim
+        status = cluster.status("victim")
+        assert status["phase"] == "Running", status
+        assert status["restarts"] == 0 and status.get("disruptions", 0) == 0, status
+        assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("victim")) == running
+        assert "Traceback" not in operator.log_path.read_text()
+    finally:
+        cluster.kubectl("delete", PLURAL, "--all", "-n", cluster.ns, "--timeout=20s", check=False)
+        operator.stop()
+        print(f"--- operator log ---\n{operator.log_tail(60)}")
+        cluster.kubectl("delete", "namespace", evil, "--wait=false", check=False)
