@@ -23,7 +23,7 @@ from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.lifecycle.decide import Decision, decide
-from meshrun_operator.lifecycle.evaluation import POD_TEMPLATE, refused
+from meshrun_operator.lifecycle.evaluation import POD_TEMPLATE, Evaluation, refused
 from meshrun_operator.lifecycle.phases import Event
 from meshrun_operator.lifecycle.state import JobState
 from meshrun_operator.lifecycle.writes import at_once
@@ -33,6 +33,25 @@ from meshrun_operator.runtime.kueue_link import KueueHold
 from meshrun_operator.runtime.kueue_link import observe as observe_kueue
 from meshrun_operator.seen.children import observe
 from meshrun_operator.vocabulary import EventType, Reason
+
+
+async def evaluation(
+    ctx: OperatorContext,
+    job: JobRef,
+    raw_spec: Mapping[str, Any],
+    generation: object,
+    labels: Mapping[str, Any] | None,
+) -> Evaluation:
+    """The job's evaluated spec: a known generation at once; a new one read, checked and
+    planned on a thread (an ``auto`` search takes a tenth of a second or more, and a spec can
+    be edited as often as its author likes), so the event loop serves the other jobs
+    meanwhile."""
+    known = ctx.evaluations.known(job.uid, raw_spec, job.name, generation, labels)
+    if known is not None:
+        return known
+    return await asyncio.to_thread(
+        ctx.evaluations.of, job.uid, raw_spec, job.name, generation, labels
+    )
 
 
 async def reconcile(
@@ -101,7 +120,7 @@ async def _act(
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
     raw_spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
     labels = job_body["metadata"].get("labels")
-    ev = ctx.evaluations.of(job.uid, raw_spec, job.name, generation, labels)
+    ev = await evaluation(ctx, job, raw_spec, generation, labels)
     if ctx.placer is not None and ev.spec is not None and ev.spec.elastic is not None:
         observed = replace(observed, capacity=ctx.placer.capacity(job.uid, ev.spec))
     now = datetime.now(UTC)
