@@ -4,7 +4,10 @@ The examples describe GPU clusters (up to 8 pods x 8 GPUs, 70b models, 1000 step
 (no GPUs, a CI runner's few cores) each keeps its strategy and its shape of parallelism but runs
 the ``tiny`` preset on CPU processes for a few steps: at most MAX_NODES pods of MAX_PROCS
 processes, every explicit degree capped at 2 and the data-parallel degree recomputed so the
-degrees still multiply to the world size (the CRD's CEL rule).
+degrees still multiply to the world size (the CRD's CEL rule). A mixture of experts keeps its
+``spec.model.moe`` on the tiny model, at most MAX_EXPERTS experts of tiny's width, and its
+expert-parallel degree where it still divides the experts and a pipeline stage's ranks (else
+the largest that does).
 
     python hack/e2e_kind_jobs.py IMAGE examples/*.yaml > jobs.yaml
 """
@@ -12,6 +15,7 @@ degrees still multiply to the world size (the CRD's CEL rule).
 from __future__ import annotations
 
 import copy
+import math
 import sys
 from collections.abc import Iterable
 from pathlib import Path
@@ -24,9 +28,28 @@ MAX_NODES = 2
 MAX_PROCS = 4
 """Processes per pod (gloo on CPU; a GitHub runner has 4 cores)."""
 MAX_DEGREE = 2
-"""Cap of the explicit tensor and pipeline degrees (tiny has 4 layers and 4 heads)."""
+"""Cap of the explicit tensor, pipeline and context degrees (tiny has 4 layers and 4 heads; its
+64-token sequences split into 2 x cp chunks)."""
 STEPS = 6
 """Training steps: enough for a checkpoint, the progress report and a clean exit."""
+MAX_EXPERTS = 8
+"""Routed experts per MoE layer."""
+TINY_FFN, TINY_LAYERS = 192, 4
+"""The tiny preset's MLP width and layers (an expert's width and the dense layers are capped)."""
+
+
+def shrink_experts(moe: dict[str, Any]) -> dict[str, Any]:
+    """``spec.model.moe`` on the tiny model: at most MAX_EXPERTS experts of at most tiny's width,
+    the other fields kept where tiny holds them."""
+    small = dict(moe)
+    experts = small["experts"] = min(int(moe.get("experts", MAX_EXPERTS)), MAX_EXPERTS)
+    if "expertsPerToken" in moe:
+        small["expertsPerToken"] = min(int(moe["expertsPerToken"]), experts)
+    if "expertFfnHidden" in moe:
+        small["expertFfnHidden"] = min(int(moe["expertFfnHidden"]), TINY_FFN)
+    if "firstDenseLayers" in moe:
+        small["firstDenseLayers"] = min(int(moe["firstDenseLayers"]), TINY_LAYERS - 1)
+    return small
 
 
 def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
@@ -43,12 +66,15 @@ def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
     strategy = spec.setdefault("strategy", {})
     tp = min(int(strategy.get("tensorParallel", 1)), MAX_DEGREE, procs)
     pp = min(int(strategy.get("pipelineParallel", 1)), MAX_DEGREE)
+    cp = min(int(strategy.get("contextParallel", 1)), MAX_DEGREE)
     if "tensorParallel" in strategy:
         strategy["tensorParallel"] = tp
     if "pipelineParallel" in strategy:
         strategy["pipelineParallel"] = pp
+    if "contextParallel" in strategy:
+        strategy["contextParallel"] = cp
     if "dataParallel" in strategy:
-        strategy["dataParallel"] = nodes * procs // (tp * pp)
+        strategy["dataParallel"] = nodes * procs // (tp * pp * cp)
     if "virtualStages" in strategy:
         strategy["virtualStages"] = min(int(strategy["virtualStages"]), 2)
     if "microBatches" in strategy:
@@ -58,7 +84,18 @@ def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
         spec.pop("podTemplate", None)
         for own in ("data", "export"):
             spec.get("training", {}).pop(own, None)
+    moe = spec.get("model", {}).get("moe")
+    if moe is None and "expertParallel" in strategy:
+        moe = {}  # a MoE preset's experts
     spec["model"] = {"preset": "tiny"}
+    if moe is not None:
+        spec["model"]["moe"] = shrink_experts(moe)
+        if "expertTensorParallel" in strategy:
+            strategy["expertTensorParallel"] = min(int(strategy["expertTensorParallel"]), tp)
+        if "expertParallel" in strategy:
+            stage = nodes * procs // pp // int(strategy.get("expertTensorParallel", 1))
+            ep = math.gcd(int(strategy["expertParallel"]), spec["model"]["moe"]["experts"], stage)
+            strategy["expertParallel"] = ep
     training = spec.setdefault("training", {})
     training.update(steps=STEPS, microBatchSize=1, globalBatchSize=16, precision="fp32")
     training.pop("checkpoint", None)

@@ -51,6 +51,13 @@ def spec_schema() -> Schema:
     return schema
 
 
+def status_schema() -> Schema:
+    """The OpenAPI schema of ``status`` in the served version."""
+    version = next(v for v in crd()["spec"]["versions"] if v["name"] == VERSION)
+    schema: Schema = version["schema"]["openAPIV3Schema"]["properties"]["status"]
+    return schema
+
+
 def with_defaults(spec: Mapping[str, Any]) -> dict[str, Any]:
     """A deep copy of ``spec`` with the CRD's defaults applied (camelCase keys kept).
 
@@ -107,6 +114,14 @@ def validate_spec(spec: Any) -> None:
     _validate(spec, spec_schema(), "spec")
 
 
+def validate_status(status: Any) -> None:
+    """Check a status the operator writes against the CRD's status schema; a None value is a
+    key the merge patch removes. Stricter than the API server: a key under a section that keeps
+    unknown fields (``status.plan``) must be declared too, when the section declares any, so
+    each key the operator writes has a type and a description in the CRD."""
+    _validate(status, status_schema(), "status", nulls_unset=True, declared=True)
+
+
 _TYPES: dict[str, tuple[type, ...]] = {
     "object": (dict,),
     "array": (list,),
@@ -117,7 +132,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
-def _validate(value: Any, schema: Schema, path: str, nulls_unset: bool = False) -> None:
+def _validate(
+    value: Any, schema: Schema, path: str, nulls_unset: bool = False, declared: bool = False
+) -> None:
     kind = schema.get("type")
     if kind is not None:
         allowed = _TYPES[kind]
@@ -128,8 +145,9 @@ def _validate(value: Any, schema: Schema, path: str, nulls_unset: bool = False) 
         choices = ", ".join(str(choice) for choice in schema["enum"])
         raise SpecError(path, f"{value!r} is not one of: {choices}")
     _check_bounds(value, schema, path)
-    if isinstance(value, dict) and not schema.get("x-kubernetes-preserve-unknown-fields"):
-        properties = schema.get("properties", {})
+    properties = schema.get("properties", {})
+    keeps_unknown = schema.get("x-kubernetes-preserve-unknown-fields")
+    if isinstance(value, dict) and (not keeps_unknown or (declared and properties)):
         for name in schema.get("required", []):
             if name not in value:
                 raise SpecError(f"{path}.{name}", "is required")
@@ -141,10 +159,10 @@ def _validate(value: Any, schema: Schema, path: str, nulls_unset: bool = False) 
                 raise SpecError(f"{path}.{name}", f"unknown field (known fields: {known})")
             if item is None and unset and not sub.get("nullable"):
                 continue  # the API server drops it: unset
-            _validate(item, sub, f"{path}.{name}", unset)
+            _validate(item, sub, f"{path}.{name}", unset, declared)
     if isinstance(value, list) and "items" in schema:
         for index, item in enumerate(value):
-            _validate(item, schema["items"], f"{path}[{index}]", nulls_unset)
+            _validate(item, schema["items"], f"{path}[{index}]", nulls_unset, declared)
 
 
 def _check_bounds(value: Any, schema: Schema, path: str) -> None:

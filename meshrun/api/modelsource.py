@@ -15,7 +15,7 @@ from typing import Any
 
 from meshrun.api.errors import Rule, SpecError
 from meshrun.api.moe import resolve_moe
-from meshrun.api.presets import PRESETS, REQUIRED_SIZES, SIZES, ModelShape, sizes_of
+from meshrun.api.presets import PRESETS, REQUIRED_SIZES, SIZES, Mlp, ModelShape, sizes_of
 from meshrun.api.spec import Model
 
 MODEL = "spec.model"
@@ -44,6 +44,16 @@ def check_sizes(shape: ModelShape, given: dict[str, int | None]) -> None:
             )
 
 
+def check_mlp(shape: ModelShape, mlp: Mlp) -> None:
+    """``spec.model.mlp`` (or the planned one) is the MLP config.json's family has."""
+    if shape.mlp != mlp:
+        raise SpecError(
+            f"{MODEL}.mlp",
+            f"{mlp}, but config.json in spec.model.hf.path describes {shape.mlp} "
+            f"({shape.architecture}): write mlp: {shape.mlp} beside hf",
+        )
+
+
 def resolve_model(model: Model, folder_shape: ModelShape | None = None) -> ModelShape:
     """The model shape: a Hugging Face folder's (:func:`hf_shape`), a preset with any explicit
     size overriding it, or explicit sizes."""
@@ -57,9 +67,13 @@ def resolve_model(model: Model, folder_shape: ModelShape | None = None) -> Model
         if missing:
             raise MODEL_SOURCE.error(f"missing {', '.join(missing)}")
         assert model.hidden and model.heads
-        derived = {"ffn_hidden": default_ffn_hidden(model.hidden), "kv_heads": model.heads}
+        derived = {
+            "ffn_hidden": default_ffn_hidden(model.hidden, model.mlp),
+            "kv_heads": model.heads,
+        }
         base = ModelShape(**{**given, **derived})  # type: ignore[arg-type]
     overrides: dict[str, Any] = {name: value for name, value in given.items() if value is not None}
+    overrides["mlp"] = model.mlp
     shape = dataclasses.replace(base, **overrides)
     if model.preset is None and model.kv_heads is None:
         shape = dataclasses.replace(shape, kv_heads=shape.heads)
@@ -94,9 +108,43 @@ def check_moe(shape: ModelShape, model: Model) -> ModelShape:
     return dataclasses.replace(shape, moe=trained)
 
 
-def default_ffn_hidden(hidden: int) -> int:
-    """SwiGLU width 2/3 x 4h rounded up to a multiple of 256, as Llama does (Touvron 2023)."""
+def default_ffn_hidden(hidden: int, mlp: Mlp = "swiglu") -> int:
+    """SwiGLU width 2/3 x 4h rounded up to a multiple of 256, as Llama does (Touvron 2023); a
+    GeLU MLP's 4h, as GPT-2/3 and GPT-NeoX have it."""
+    if mlp == "gelu":
+        return 4 * hidden
     return -(-(8 * hidden // 3) // 256) * 256
+
+
+GELU_FAMILIES = ("gpt2", "gpt_neox", "falcon", "mpt", "bloom", "phi", "gptj", "gpt_bigcode")
+"""Hugging Face ``model_type`` values whose blocks have the two-matrix GeLU MLP (an up and a
+down projection): GPT-2 (and GPT-3's design), GPT-NeoX (Pythia), Falcon, MPT, BLOOM, Phi (1, 1.5
+and 2), GPT-J and StarCoder's GPTBigCode."""
+SWIGLU_FAMILIES = ("llama", "mistral", "qwen2", "mixtral", "qwen2_moe")
+"""Those with the SiLU-gated three-matrix MLP."""
+GELU_ACTIVATIONS = ("gelu", "gelu_new", "gelu_fast", "gelu_pytorch_tanh", "gelu_python")
+"""transformers' names of the GeLU (exact or its tanh approximation)."""
+
+
+def mlp_of_config(config: dict[str, Any], field: str) -> Mlp:
+    """The MLP a Hugging Face config.json describes: its family's (``model_type``), checked
+    against ``hidden_act`` (``activation_function`` in GPT-2's config) where it names one.
+    MPT and Falcon write no activation (theirs is GeLU); BLOOM's ``bloom_gelu`` is GeLU's tanh
+    approximation."""
+    kind = config.get("model_type")
+    activation = config.get("hidden_act", config.get("activation_function"))
+    if kind in SWIGLU_FAMILIES:
+        if activation not in (None, "silu"):
+            why = f"hidden_act {activation!r} is not supported for {kind} (SwiGLU uses silu)"
+            raise SpecError(field, f"config.json: {why}")
+        return "swiglu"
+    if kind in GELU_FAMILIES:
+        if activation not in (None, *GELU_ACTIVATIONS):
+            why = f"{kind} with activation {activation!r} is not a GeLU MLP"
+            raise SpecError(field, f"config.json: {why} ({', '.join(GELU_ACTIVATIONS)})")
+        return "gelu"
+    known = f"swiglu: {', '.join(SWIGLU_FAMILIES)}; gelu: {', '.join(GELU_FAMILIES)}"
+    raise SpecError(field, f"config.json: model_type {kind!r} names no known MLP ({known})")
 
 
 def hf_shape(model: Model, folder_shape: ModelShape | None) -> ModelShape:
@@ -110,6 +158,7 @@ def hf_shape(model: Model, folder_shape: ModelShape | None) -> ModelShape:
     given = {name: getattr(model, name) for name in HF_SIZES}
     if folder_shape is not None:
         check_sizes(folder_shape, given)
+        check_mlp(folder_shape, model.mlp)
         return dataclasses.replace(check_moe(folder_shape, model), seq_len=model.seq_len)
     missing = [key for name, key in HF_SIZES.items() if given[name] is None]
     if missing:
@@ -121,7 +170,7 @@ def hf_shape(model: Model, folder_shape: ModelShape | None) -> ModelShape:
             "beside hf (the trainer checks them against config.json): spec.model needs "
             f"{', '.join(missing)} too",
         )
-    shape = ModelShape(**sizes_of(model))  # type: ignore[arg-type]  # every size is given
+    shape = ModelShape(**sizes_of(model), mlp=model.mlp)  # type: ignore[arg-type]  # all given
     if model.moe is not None:
         shape = dataclasses.replace(shape, moe=resolve_moe(model.moe, shape.ffn_hidden))
     return shape

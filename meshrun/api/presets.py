@@ -1,18 +1,26 @@
 """Named model sizes shared by the planner and the trainer.
 
 The architecture is Llama-like: RMSNorm, rotary attention (grouped-query when ``kv_heads`` is
-below ``heads``), a SwiGLU MLP, untied input embedding and output head. Shapes follow the
-published Llama 2 configurations for 7b/13b/70b; ``tiny`` is small enough for CPU tests and
-still divides by every tensor-parallel degree the tests use (1, 2, 4). The architecture fields
-(RoPE base and scaling, tied embeddings, q/k/v bias, norm epsilon, explicit head size) default to
-Llama 2's choices; a Hugging Face ``config.json`` sets them (meshrun.files.hf).
+below ``heads``), a SwiGLU MLP (or the two-matrix GeLU MLP of GPT-style models), untied input
+embedding and output head. Shapes follow the published Llama 2 configurations for 7b/13b/70b;
+``tiny`` is small enough for CPU tests and still divides by every tensor-parallel degree the
+tests use (1, 2, 4). The architecture fields (RoPE base and scaling, tied embeddings, q/k/v bias,
+norm epsilon, explicit head size, the MLP) default to Llama 2's choices; a Hugging Face
+``config.json`` sets them (meshrun.files.hf).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 from meshrun.api.moe import MoeShape
+
+Mlp = Literal["swiglu", "gelu"]
+"""A block's MLP: SwiGLU, ``w2(silu(w1 x) * w3 x)`` (Shazeer 2020; Llama, Mistral, Qwen2), or
+the two-matrix ``w2(gelu(w1 x))`` of GPT-2/3, GPT-NeoX, Falcon, MPT, BLOOM and Phi."""
+MLP_MATRICES: dict[str, int] = {"swiglu": 3, "gelu": 2}
+"""Weight matrices of h x f in each MLP."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +52,7 @@ class ModelShape:
     seq_len: int
     """Training sequence length s."""
     ffn_hidden: int
-    """Inner width of the SwiGLU MLP."""
+    """The MLP's hidden size f (its inner width)."""
     kv_heads: int
     """Key/value heads (grouped-query attention); equal to ``heads`` for plain attention."""
     head_size: int = 0
@@ -63,9 +71,11 @@ class ModelShape:
     """RMSNorm epsilon."""
     architecture: str = "llama"
     """Hugging Face ``model_type`` of this architecture (llama, mistral, qwen2, mixtral or
-    qwen2_moe)."""
+    qwen2_moe; a GeLU family's for ``mlp: gelu``)."""
     moe: MoeShape | None = None
     """The mixture of experts of the MoE layers, or None for a dense model."""
+    mlp: Mlp = "swiglu"
+    """The dense MLP: three h x f matrices (swiglu) or two (gelu)."""
 
     @property
     def head_dim(self) -> int:
@@ -80,11 +90,12 @@ class ModelShape:
         return attention + biases + 2 * self.hidden
 
     def mlp_parameters(self, layer: int, active: bool = False) -> int:
-        """Block ``layer``'s MLP: the dense SwiGLU, or a MoE layer's experts (all of them, or
-        with ``active`` the k routed ones a token visits), router and shared experts."""
+        """Block ``layer``'s MLP: the dense SwiGLU or GeLU MLP, or a MoE layer's experts (all
+        of them, or with ``active`` the k routed ones a token visits), router and shared
+        experts."""
         moe = self.moe
         if moe is None or not moe.is_moe_layer(layer):
-            return 3 * self.hidden * self.ffn_hidden
+            return MLP_MATRICES[self.mlp] * self.hidden * self.ffn_hidden
         if active:
             return moe.active_parameters(self.hidden)
         return moe.routed_parameters(self.hidden) + moe.fixed_parameters(self.hidden)

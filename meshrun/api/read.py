@@ -9,14 +9,21 @@ config.json. Reading is pure: nothing here opens a file. A folder's config.json 
 :mod:`meshrun.files.checks` where the folder is visible and handed in as ``folder_shape``;
 elsewhere (the operator, or a laptop without the volume) the sizes given beside
 ``spec.model.hf`` are the shape, and the trainer checks them against config.json first thing.
+
+Writing is the inverse and as generic: :func:`write_section` turns any dataclass into its
+CRD-shaped JSON (the job document, the operator's status, the plan's reports), and
+:func:`view_of` fills a report's dataclass from the object it reports on.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
+import inspect
 import typing
 from collections.abc import Mapping
+from datetime import UTC, datetime
+from enum import Enum
 from typing import Any, TypeVar
 
 from meshrun.api.crd import validate_spec, with_defaults
@@ -108,17 +115,82 @@ def list_section(hint: Any) -> type | None:
     return item if isinstance(item, type) and dataclasses.is_dataclass(item) else None
 
 
-def write_section(value: Any) -> Any:
-    """The JSON of a dataclass read by :func:`read_section` (its inverse): each field under its
-    CRD key, nested sections written alike, unset (None) fields and derived ones left out."""
+def write_section(value: Any, *, nulls: bool = False) -> Any:
+    """The JSON of a dataclass: each field under its CRD key (:func:`crd_key_of`), nested
+    sections written alike; the one writer of the job document, ``status`` and the plan's
+    reports, so the inverse of :func:`read_section`.
+
+    Field metadata: ``derived`` fields are left out, an ``inline`` section's keys are merged
+    into its parent's, ``digits`` rounds a number (or a mapping's numbers). Unset (None) fields
+    are left out, or written as null with ``nulls`` (a status merge patch, where null removes
+    the key, or a report that shows it). Enums are written as their values, times as RFC 3339
+    in UTC to the second, as the API server writes them."""
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         written: dict[str, Any] = {}
         for field in dataclasses.fields(value):
             item = getattr(value, field.name)
-            if item is None or field.metadata.get("derived"):
+            if field.metadata.get("derived") or (item is None and not nulls):
                 continue
-            written[crd_key_of(field)] = write_section(item)
+            item = write_section(item, nulls=nulls)
+            digits = field.metadata.get("digits")
+            if digits is not None:
+                item = _rounded(item, digits)
+            if field.metadata.get("inline"):
+                written.update(item)
+            else:
+                written[crd_key_of(field)] = item
         return written
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, datetime):
+        return format_time(value)
+    if isinstance(value, Mapping):
+        return {key: write_section(item, nulls=nulls) for key, item in value.items()}
     if isinstance(value, list | tuple):
-        return [write_section(item) for item in value]
+        return [write_section(item, nulls=nulls) for item in value]
     return copy.deepcopy(value)
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 in UTC with a ``Z``, second precision, as the API server writes times."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _rounded(value: Any, digits: int) -> Any:
+    if isinstance(value, Mapping):
+        return {key: _rounded(item, digits) for key, item in value.items()}
+    return round(value, digits) if isinstance(value, float) else value
+
+
+def view_of(cls: type[T], source: object) -> T:
+    """An instance of dataclass ``cls`` (a report: the keys another reader sees) filled from
+    ``source``'s attributes: each field from the attribute of its name, or from its ``source``
+    metadata, a dotted attribute path or a function of ``source``; a method found is called. A
+    field whose type is a dataclass that the value is not an instance of is filled from that
+    value alike, and so is each entry of a list of them."""
+    hints = typing.get_type_hints(cls)
+    values: dict[str, Any] = {}
+    for field in dataclasses.fields(cls):  # type: ignore[arg-type]
+        values[field.name] = _as(hints[field.name], _attribute(source, field))
+    return cls(**values)
+
+
+def _attribute(source: object, field: dataclasses.Field[Any]) -> Any:
+    path = field.metadata.get("source", field.name)
+    if callable(path):
+        return path(source)
+    value: Any = source
+    for name in str(path).split("."):
+        value = getattr(value, name)
+    return value() if inspect.ismethod(value) else value
+
+
+def _as(hint: Any, value: Any) -> Any:
+    section = hint if isinstance(hint, type) and dataclasses.is_dataclass(hint) else None
+    section = section or optional_section(hint)
+    if section is not None and value is not None and not isinstance(value, section):
+        return view_of(section, value)
+    item = list_section(hint)
+    if item is not None and value is not None:
+        return [entry if isinstance(entry, item) else view_of(item, entry) for entry in value]
+    return value

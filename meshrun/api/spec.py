@@ -26,7 +26,7 @@ from meshrun.api.hardware import (
 )
 from meshrun.api.moe import Moe
 from meshrun.api.policyspec import PodFailurePolicy
-from meshrun.api.presets import ModelShape
+from meshrun.api.presets import Mlp, ModelShape
 
 GIB = 1024**3
 CPU = "cpu"
@@ -252,7 +252,9 @@ class Model:
     seq_len: int | None
     """Training sequence length."""
     ffn_hidden: int | None
-    """SwiGLU inner width."""
+    """The MLP's hidden size."""
+    mlp: Mlp
+    """swiglu (three matrices, SiLU-gated) or gelu (two matrices)."""
     moe: Moe | None
     """A mixture of experts, or None for a dense model."""
 

@@ -8,6 +8,7 @@ from rich.measure import Measurement
 from rich.table import Table
 from rich.text import Text
 
+from meshrun.api.spec import CPU
 from meshrun.planner.auto import Choice
 from meshrun.planner.explain import parameter_text
 from meshrun.planner.fastest import layout_phrases
@@ -70,7 +71,7 @@ class Phrases:
 def render(plan: Plan) -> RenderableType:
     """Header, layout, memory, stages, pods, explanation and warnings."""
     lay = plan.layout
-    device = "CPU processes" if plan.accelerator == "cpu" else "GPUs"
+    device = "CPU processes" if plan.accelerator == CPU else "GPUs"
     header = Phrases(
         Text.assemble((plan.name, "bold"), f": {plan.strategy} ", (lay.text(), "bold cyan")),
         f"on {plan.num_nodes} pod(s) x {plan.num_proc_per_node} {device}",
@@ -115,7 +116,7 @@ def render(plan: Plan) -> RenderableType:
         pods.add_row(f"... {plan.num_nodes - MAX_POD_ROWS} more", *[""] * (1 + len(pod_dims)))
     parts: list[RenderableType] = [header, layout, memory]
     if plan.estimate is not None:
-        parts.append(render_estimate(plan.estimate, plan.accelerator == "cpu"))
+        parts.append(render_estimate(plan.estimate, plan.accelerator == CPU))
     parts += [stages, pods, Text(plan.explanation)]
     parts.extend(Text(f"warning: {w}", "yellow") for w in plan.warnings)
     return Group(*parts)
@@ -168,14 +169,16 @@ PART_NAMES = {
     "dataParallel": "data-parallel traffic (exposed)",
     "optimizer": "optimizer step",
     "memoryPressure": "memory pressure (little headroom)",
+    "stepOverhead": "per-step host work (CPU)",
 }
 
 
-def render_estimate(est: StepEstimate, cpu: bool) -> RenderableType:
-    """The predicted step: time, tokens/s per GPU, MFU, and seconds by part."""
+def render_estimate(est: StepEstimate, cpu: bool = False) -> RenderableType:
+    """The predicted step: time, tokens/s per GPU (per process on CPUs), MFU, and seconds by
+    part."""
     speed = f"{est.tokens_per_second_per_gpu:,.0f} tokens/s"
-    if cpu:  # a nominal CPU profile: a ranking, not a promise, and no peak to compare with
-        said = [f"{speed} per process", "(nominal CPU figures)"]
+    if cpu:  # the CPU profile (docs/planner.md): no peak to compare with
+        said = [f"{speed} per process", "(CPU profile)"]
     else:
         said = [f"{speed} per GPU,", f"MFU {est.mfu:.0%}"]
     title = Phrases(f"Predicted step: {seconds(est.step_seconds)},", *said, style="italic")

@@ -164,10 +164,11 @@ def model_sentence(spec: JobSpec, model: HFModel | None) -> str | None:
             "The model's sizes are those given beside spec.model.hf (its config.json is not "
             "visible here): the parameter count assumes an untied output head and no biases."
         )
-    count = model.shape.parameters()
+    count, arch = model.shape.parameters(), model.shape.architecture
     tied = ", the tied embedding counted once" if model.shape.tie_embeddings else ""
     return (
-        f"The model is {SUPPORTED[model.shape.architecture]} from {model.path / 'config.json'}: "
+        f"The model is {SUPPORTED.get(arch, f'{arch} (mlp gelu, random weights)')} from "
+        f"{model.path / 'config.json'}: "
         f"{parameter_text(count)} parameters ({count:,} exactly{tied})."
     )
 

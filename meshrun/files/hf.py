@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from meshrun.api.errors import SpecError
+from meshrun.api.modelsource import GELU_FAMILIES, mlp_of_config
 from meshrun.api.moe import MoeShape
 from meshrun.api.presets import ModelShape, RopeScaling
 from meshrun.files.bounded import (
@@ -148,16 +149,17 @@ def shape_from_config(config: dict[str, Any], seq_len: int, field: str = FIELD) 
     Raises SpecError naming an unsupported architecture or feature.
     """
     kind = config.get("model_type")
+    if kind in GELU_FAMILIES:
+        return gelu_shape_from_config(config, seq_len, field)
     if kind not in SUPPORTED:
         names = config.get("architectures") or [kind]
         raise SpecError(
             field,
             f"architecture {', '.join(map(str, names))} (model_type {kind!r}) is not supported; "
-            f"supported: {', '.join(SUPPORTED.values())}",
+            f"supported: {', '.join(SUPPORTED.values())}, and the shapes of "
+            f"{', '.join(GELU_FAMILIES)} (mlp: gelu, from random weights)",
         )
-    activation = config.get("hidden_act", "silu")
-    if activation != "silu":
-        raise SpecError(field, f"config.json: hidden_act {activation!r} is not supported (silu)")
+    mlp = mlp_of_config(config, field)
     if config.get("mlp_bias"):
         raise SpecError(field, "config.json: mlp_bias is not supported")
     window = config.get("sliding_window")
@@ -189,7 +191,61 @@ def shape_from_config(config: dict[str, Any], seq_len: int, field: str = FIELD) 
         output_bias=attention_bias,
         norm_eps=float(config.get("rms_norm_eps", 1e-6)),
         architecture=kind,
+        mlp=mlp,
         moe=moe_from_config(config, field),
+    )
+
+
+GELU_KEYS: dict[str, tuple[str, str, str, str | None]] = {
+    "gpt2": ("n_layer", "n_embd", "n_head", "n_inner"),
+    "gptj": ("n_layer", "n_embd", "n_head", "n_inner"),
+    "gpt_bigcode": ("n_layer", "n_embd", "n_head", "n_inner"),
+    "gpt_neox": ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"),
+    "phi": ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size"),
+    "falcon": ("num_hidden_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size"),
+    "bloom": ("n_layer", "hidden_size", "n_head", None),
+    "mpt": ("n_layers", "d_model", "n_heads", None),
+}
+"""config.json's keys of the layers, hidden size, heads and MLP width (None or unset: 4h, MPT's
+``expansion_ratio`` x h) per GeLU family, as transformers' configuration classes write them."""
+GELU_TIED = ("gpt2", "gpt_bigcode", "falcon", "bloom", "mpt")
+"""Families whose output head is the input embedding unless ``tie_word_embeddings`` says not."""
+
+
+def gelu_shape_from_config(config: dict[str, Any], seq_len: int, field: str = FIELD) -> ModelShape:
+    """The shape of a GeLU family's config.json (GPT-2, GPT-J, GPTBigCode, GPT-NeoX, Phi, Falcon,
+    BLOOM, MPT) as the trainer's block has it: its layers, hidden size, heads, key/value heads
+    (Falcon's and GPTBigCode's multi-query one, Phi's and Falcon's grouped ones), vocabulary, MLP
+    width and tied head, with ``mlp: gelu``. The block is the trainer's (RMSNorm, rotary, no
+    biases), so the family's biases, LayerNorm biases and GPT-2's learned positions are not
+    counted, and its weights are not loaded (:func:`load_hf_model`)."""
+    kind = str(config.get("model_type"))
+    mlp = mlp_of_config(config, field)
+    layers_key, hidden_key, heads_key, ffn_key = GELU_KEYS[kind]
+    hidden = _int(config, hidden_key if hidden_key in config else "hidden_size", field)
+    heads = _int(config, heads_key, field)
+    width = config.get(ffn_key) if ffn_key else None
+    if kind == "mpt":
+        width = int(config.get("expansion_ratio", 4) * hidden)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    if kind == "falcon" and config.get("new_decoder_architecture"):
+        kv_heads = int(config.get("num_kv_heads") or heads)
+    elif kind in ("falcon", "gpt_bigcode") and config.get("multi_query", kind == "falcon"):
+        kv_heads = 1
+    theta = config.get("rope_theta", config.get("rotary_emb_base", 10000.0))
+    return ModelShape(
+        layers=_int(config, layers_key, field),
+        hidden=hidden,
+        heads=heads,
+        vocab=_int(config, "vocab_size", field),
+        seq_len=seq_len,
+        ffn_hidden=int(width) if width else 4 * hidden,
+        kv_heads=kv_heads,
+        rope_theta=float(theta),
+        tie_embeddings=bool(config.get("tie_word_embeddings", kind in GELU_TIED)),
+        norm_eps=float(config.get("layer_norm_eps", config.get("layer_norm_epsilon", 1e-5))),
+        architecture=kind,
+        mlp=mlp,
     )
 
 
@@ -359,6 +415,13 @@ def load_hf_model(folder: str | Path, seq_len: int, field: str = FIELD) -> HFMod
     shape = shape_from_config(config, seq_len, field)
     dtype = str(config.get("dtype") or config.get("torch_dtype") or "float32")
     model = HFModel(path, config, shape, tuple(sorted(path.glob("*.safetensors"))), dtype)
+    if model.weights and shape.architecture not in SUPPORTED:
+        raise SpecError(
+            field,
+            f"{path} holds {shape.architecture} weights, which the trainer does not load (its "
+            "GeLU block is Llama's with a two-matrix MLP); a folder without *.safetensors trains "
+            "its config.json's shape from random weights",
+        )
     if model.weights:
         check_weights(model, field)
     return model

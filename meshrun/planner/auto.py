@@ -29,7 +29,7 @@ from typing import NamedTuple
 
 from meshrun.api.errors import SpecError
 from meshrun.api.layout import Degrees, Layout, Stage, divisors, split_layers
-from meshrun.api.spec import GIB, JobSpec
+from meshrun.api.spec import CPU, GIB, JobSpec
 from meshrun.planner.degrees import complete_layout, micro_batch_size_of, stage_split
 from meshrun.planner.explain import parameter_text
 from meshrun.planner.memory import (
@@ -184,6 +184,48 @@ def fit_degrees(spec: JobSpec, degrees: Candidate, strategy: str) -> Choice:
     return choice
 
 
+def size_text(value: int) -> str:
+    """Bytes in GiB with two decimals, or MiB below a quarter of one."""
+    return f"{value / GIB:.2f} GiB" if value >= GIB / 4 else f"{value / 2**20:.1f} MiB"
+
+
+def context_reason(spec: JobSpec, choice: Choice) -> list[str]:
+    """What a given contextParallel buys: the same job with its cp ranks turned into data
+    parallelism (``dp x cp`` replicas), refused, not fitting, or fitting with its memory and
+    predicted speed beside the plan's. Nothing at cp 1."""
+    layout = choice.layout
+    cp = layout.cp
+    if cp == 1:
+        return []
+    plain_degrees = Degrees(dp=layout.dp * cp, pp=layout.pp, tp=layout.tp)
+    without = f"Without context parallelism ({plain_degrees.text()})"
+    try:
+        plain = fit_degrees(spec, Candidate(plain_degrees, layout.zero_stage), choice.strategy)
+    except SpecError as error:
+        return [f"{without} the job is not valid: {error}."]
+    unit = "process" if spec.resources.accelerator == CPU else "GPU"
+    ours = f"{size_text(choice.memory.total)} per {unit}"
+    if not plain.memory.fits:
+        how = (
+            "even with full activation checkpointing"
+            if spec.training.activation_checkpointing is None
+            else f"with activationCheckpointing {plain.checkpointing}"
+        )
+        return [
+            f"{without} it does not fit: a {unit} would need {size_text(plain.memory.total)} "
+            f"of its {size_text(plain.memory.accelerator_bytes)}, {how}. Context parallelism "
+            f"is what makes it fit: each rank keeps the activations of 1/{cp} of every "
+            f"sequence ({ours})."
+        ]
+    assert plain.estimate is not None and choice.estimate is not None
+    recompute = "" if plain.checkpointing == "none" else f" with {plain.checkpointing} recompute"
+    return [
+        f"{without} it would fit too{recompute}: {size_text(plain.memory.total)} per {unit} "
+        f"against {ours}, predicted {plain.estimate.tokens_per_second_per_gpu:,.0f} tokens/s "
+        f"per {unit} against {choice.estimate.tokens_per_second_per_gpu:,.0f}."
+    ]
+
+
 def model_parallel(spec: JobSpec, zero_stage: int, need_both: bool = False) -> list[Candidate]:
     """Degrees with TP inside a node and the spec's contextParallel, least model parallelism
     first.
@@ -285,12 +327,14 @@ def table_choice(spec: JobSpec) -> Choice:
 
 
 def search_hybrid(spec: JobSpec) -> Choice:
-    """A hybrid job with two or more degrees unset: the least model parallelism that fits."""
+    """A hybrid job with two or more degrees unset: the least model parallelism that fits;
+    no model parallelism at all (every process data-parallel, with the spec's
+    contextParallel) only where the given degrees leave nothing else."""
     s = spec.strategy
     zero = s.zero_stage or 0
     candidates = [
         c
-        for c in model_parallel(spec, zero)
+        for c in [*model_parallel(spec, zero), Candidate(data_parallel(spec).degrees, zero)]
         if (s.data_parallel is None or c.degrees.dp == s.data_parallel)
         and (s.pipeline_parallel is None or c.degrees.pp == s.pipeline_parallel)
         and (s.tensor_parallel is None or c.degrees.tp == s.tensor_parallel)

@@ -28,7 +28,7 @@ def describe(spec: JobSpec, strategy: str, layout: Layout) -> list[str]:
     """What the layout does, in the terms of the strategy table (docs/planner.md)."""
     lines: list[str] = []
     dp, pp, tp = layout.dp, layout.pp, layout.tp
-    if dp == 1 and strategy == "ddp":
+    if dp == 1 and layout.cp == 1 and strategy == "ddp":
         lines.append("A single process: nothing to split (DDP with one replica).")
     elif dp > 1:
         lines.append(

@@ -9,6 +9,7 @@ from dataclasses import replace
 from typing import Any
 
 from meshrun.api.errors import SpecError
+from meshrun.api.read import view_of, write_section
 from meshrun.api.spec import GIB, JobSpec
 from meshrun.planner.auto import (
     Choice,
@@ -18,6 +19,7 @@ from meshrun.planner.auto import (
     table_choice,
     table_row,
 )
+from meshrun.planner.report import CandidateReport
 from meshrun.planner.search import LONG_SEQUENCE, MICRO_BATCH_SIZES, enumerate_layouts
 from meshrun.planner.steptime import estimate_step
 
@@ -210,23 +212,5 @@ def _timed(spec: JobSpec, choice: Choice) -> Choice:
 
 def candidate_dict(choice: Choice) -> dict[str, Any]:
     """One entry of ``candidates`` in ``meshrun plan --candidates N -o json``."""
-    lay, est = choice.layout, choice.estimate
-    assert est is not None
-    return {
-        "layoutString": lay.text(),
-        "strategy": choice.strategy,
-        "dp": lay.dp,
-        "cp": lay.cp,
-        "pp": lay.pp,
-        "tp": lay.tp,
-        "zeroStage": lay.zero_stage,
-        "pipelineSchedule": lay.schedule,
-        "virtualStages": lay.virtual_stages,
-        "microBatches": lay.micro_batches,
-        "microBatchSize": lay.micro_batch_size,
-        "activationCheckpointing": choice.checkpointing,
-        "memoryBytes": choice.memory.total,
-        "stepSeconds": round(est.step_seconds, 6),
-        "tokensPerSecondPerGpu": round(est.tokens_per_second_per_gpu, 3),
-        "mfu": round(est.mfu, 4),
-    }
+    written: dict[str, Any] = write_section(view_of(CandidateReport, choice))
+    return written

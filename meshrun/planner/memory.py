@@ -9,7 +9,8 @@ its own layers (plus the embedding on the first stage and the output head on the
 
 Activations per transformer layer: Korthikanti et al. 2022's accounting (arXiv 2205.05198,
 section 4: every tensor autograd keeps for backward, per token) applied to the trainer's Llama
-block (RMSNorm, rotary attention, SwiGLU of width f, no dropout) instead of GPT's; see
+block (RMSNorm, rotary attention, SwiGLU of width f or the two-matrix GeLU MLP, no dropout)
+instead of GPT's; see
 :func:`layer_activation_elements`. torch's scaled_dot_product_attention keeps no a*s*s score
 matrix on any backend it picks for causal attention (flash, memory-efficient or cuDNN on GPUs,
 flash on CPUs), so Korthikanti's 5*a*s/h term never appears. Activation checkpointing (see
@@ -57,7 +58,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from meshrun.api.layout import Layout, Stage, layers_per_rank
-from meshrun.api.presets import ModelShape
+from meshrun.api.presets import MLP_MATRICES, ModelShape
 from meshrun.api.spec import CPU, JobSpec
 from meshrun.planner.moe import (
     compute_spec,
@@ -184,10 +185,11 @@ def layer_activation_elements(
       outputs, which the column-parallel matrices read gathered but backward keeps as their
       sequence shards and gathers again, as Megatron-LM does (2h/t), q, k and v as attention
       reads them and attention's output (4q/t), w1 and w3 outputs, SiLU's output and the
-      product (4f/t), attention's log-sum-exp (a/t) and the norms' reciprocal RMS (2/t);
+      product (4f/t; a GeLU MLP keeps w1's output and GeLU's, 2f/t), attention's log-sum-exp
+      (a/t) and the norms' reciprocal RMS (2/t);
     - selective: the block input (h/t), the outputs of wq, wk, wv and attention (2q/t + 2kv/t
-      + a/t), of w1 and w3 (2f/t), and of wo and w2 (2h; under TP their partial sums, h each,
-      and their reduce-scattered results, h/t each);
+      + a/t), of w1 and w3 (2f/t; a GeLU MLP's w1, f/t), and of wo and w2 (2h; under TP their
+      partial sums, h each, and their reduce-scattered results, h/t each);
     - full: the block input (h/t).
 
     Under context parallelism attention reads (and keeps) the keys and values of the whole
@@ -196,12 +198,13 @@ def layer_activation_elements(
     """
     h, f, t, a = shape.hidden, shape.ffn_hidden, tp, shape.heads
     q, kv = shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
+    up = MLP_MATRICES[shape.mlp] - 1  # the MLP's column-parallel outputs: w1 and w3, or w1
     if checkpointing == "full":
         return h / t
     if checkpointing == "selective":
         outputs = 2 * h if t == 1 else 2 * h + 2 * h / t
-        return h / t + (2 * q + 2 * kv + a + 2 * f) / t + outputs
-    return (6 * h + 2 * q + 2 * q * cp + 4 * f + a + 2) / t
+        return h / t + (2 * q + 2 * kv + a + up * f) / t + outputs
+    return (6 * h + 2 * q + 2 * q * cp + 2 * up * f + a + 2) / t
 
 
 def layer_activation_bytes(

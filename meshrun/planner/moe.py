@@ -45,7 +45,9 @@ def compute_shape(shape: ModelShape) -> ModelShape:
     if moe is None:
         return shape
     routed = moe.experts_per_token * moe.expert_ffn_hidden * ROUTER_IMBALANCE
-    return dataclasses.replace(shape, ffn_hidden=int(routed) + moe.shared_width, moe=None)
+    # the experts are SwiGLU whatever the dense layers' MLP
+    width = int(routed) + moe.shared_width
+    return dataclasses.replace(shape, ffn_hidden=width, moe=None, mlp="swiglu")
 
 
 def compute_spec(spec: JobSpec) -> JobSpec:

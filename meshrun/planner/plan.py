@@ -7,16 +7,17 @@ from dataclasses import dataclass
 from typing import Any
 
 from meshrun.api.layout import Layout, Stage
-from meshrun.api.presets import SIZES, ModelShape
-from meshrun.api.read import read_spec
-from meshrun.api.spec import JobSpec
-from meshrun.planner.auto import Candidate, Choice, fit_degrees, search_hybrid
+from meshrun.api.presets import ModelShape
+from meshrun.api.read import read_spec, view_of, write_section
+from meshrun.api.spec import CPU, JobSpec
+from meshrun.planner.auto import Candidate, Choice, context_reason, fit_degrees, search_hybrid
 from meshrun.planner.degrees import explicit_degrees
 from meshrun.planner.explain import describe, warn
 from meshrun.planner.fastest import choose_fastest
 from meshrun.planner.memory import MemoryEstimate
 from meshrun.planner.moe import describe_experts
-from meshrun.planner.ranks import RankCoords, coords_of, pod_table, rank_table
+from meshrun.planner.ranks import RankCoords, coords_of
+from meshrun.planner.report import PlanReport, PlanStatus
 from meshrun.planner.steptime import StepEstimate
 from meshrun.rules.elastic import check_elastic
 from meshrun.rules.names import check_job_name
@@ -63,7 +64,7 @@ class Plan:
 
     @property
     def gpus(self) -> int:
-        return 0 if self.accelerator == "cpu" else self.world_size
+        return 0 if self.accelerator == CPU else self.world_size
 
     @property
     def stage_layers(self) -> tuple[tuple[int, int], ...]:
@@ -77,106 +78,23 @@ class Plan:
         """Pod, local rank and (dp, cp, pp, tp) of a global rank."""
         return coords_of(rank, self.layout.degrees, self.num_proc_per_node)
 
-    def memory_dict(self) -> dict[str, Any]:
-        m = self.memory
-        return {
-            "perGpuBytes": {
-                "params": m.params,
-                "grads": m.grads,
-                "optimizer": m.optimizer,
-                "activations": m.activations,
-                "gathered": m.gathered,
-                "total": m.total,
-            },
-            "acceleratorBytes": m.accelerator_bytes,
-            "fits": m.fits,
-        }
-
-    def estimate_dict(self) -> dict[str, Any] | None:
-        """``estimate`` of ``meshrun plan -o json``: step seconds, tokens/s per GPU, MFU and the
-        step's seconds by part."""
-        est = self.estimate
-        if est is None:
-            return None
-        return {
-            "stepSeconds": round(est.step_seconds, 6),
-            "tokensPerSecondPerGpu": round(est.tokens_per_second_per_gpu, 3),
-            "mfu": round(est.mfu, 4),
-            "breakdown": {part: round(seconds, 6) for part, seconds in est.breakdown.items()},
-        }
-
-    def layout_dict(self) -> dict[str, Any]:
-        lay = self.layout
-        return {
-            "dp": lay.dp,
-            "cp": lay.cp,
-            "pp": lay.pp,
-            "tp": lay.tp,
-            "zeroStage": lay.zero_stage,
-            "pipelineSchedule": lay.schedule,
-            "microBatches": lay.micro_batches,
-            "virtualStages": lay.virtual_stages,
-            "gradAccumulation": lay.grad_accumulation,
-            "microBatchSize": lay.micro_batch_size,
-            "bubbleFraction": round(lay.bubble_fraction(), 4),
-            "activationCheckpointing": self.activation_checkpointing,
-        }
-
     def to_dict(self) -> dict[str, Any]:
         """The JSON of ``meshrun plan -o json`` (docs/planner.md describes each key)."""
-        m = self.model
-        return {
-            "name": self.name,
-            "worldSize": self.world_size,
-            "gpus": self.gpus,
-            "numNodes": self.num_nodes,
-            "numProcPerNode": self.num_proc_per_node,
-            "accelerator": self.accelerator,
-            "strategy": self.strategy,
-            "layoutString": self.layout.text(),
-            "layout": self.layout_dict(),
-            "model": {
-                "preset": self.preset,
-                "parameters": m.parameters(),
-                **{key: getattr(m, name) for name, key in SIZES.items()},
-            },
-            "pods": pod_table(self.name, self.num_nodes, self.num_proc_per_node),
-            "ranks": rank_table(self.layout.degrees, self.num_proc_per_node),
-            "stages": [
-                {"pp": s.pp, "virtual": s.virtual, "layers": [s.first, s.last]} for s in self.stages
-            ],
-            "memory": self.memory_dict(),
-            "estimate": self.estimate_dict(),
-            "explanation": self.explanation,
-            "warnings": list(self.warnings),
-        }
+        written: dict[str, Any] = write_section(view_of(PlanReport, self), nulls=True)
+        return written
 
     def status_summary(self) -> dict[str, Any]:
         """``status.plan`` of the CRD: the summary the operator writes."""
-        return {
-            "strategy": self.strategy,
-            "layout": self.layout.text(),
-            "dp": self.layout.dp,
-            "cp": self.layout.cp,
-            "pp": self.layout.pp,
-            "tp": self.layout.tp,
-            "zeroStage": self.layout.zero_stage,
-            "microBatchSize": self.layout.micro_batch_size,
-            "worldSize": self.world_size,
-            "gpus": self.gpus,
-            "memory": self.memory_dict(),
-            "estimate": self.estimate_dict(),
-            "predictedTokensPerSecond": self.predicted_tokens_per_second(),
-            "explanation": self.explanation,
-            "warnings": list(self.warnings),
-        }
+        written: dict[str, Any] = write_section(view_of(PlanStatus, self), nulls=True)
+        return written
 
     def predicted_tokens_per_second(self) -> float | None:
         """The whole job's predicted tokens/s (what ``status.progress.tokensPerSecond``
         measures)."""
-        if self.estimate is None:
+        est = self.estimate
+        if est is None:
             return None
-        return round(self.estimate.tokens_per_second_per_gpu * self.world_size, 1)
+        return round(est.tokens_per_second_per_gpu * self.world_size, 1)
 
 
 def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
@@ -193,6 +111,8 @@ def plan_job(raw_spec: Mapping[str, Any] | JobSpec, name: str = "job") -> Plan:
     check_elastic(spec, choice.layout)
     reasons = [*choice.reasons, *describe(spec, choice.strategy, choice.layout)]
     reasons += describe_experts(spec, choice.layout, choice.estimate)
+    if spec.strategy.type != "auto":  # auto says why it chose its cp (meshrun.planner.fastest)
+        reasons += context_reason(spec, choice)
     return Plan(
         name=name,
         strategy=choice.strategy,

@@ -49,7 +49,7 @@ from dataclasses import dataclass
 
 from meshrun.api.hardware import AcceleratorProfile
 from meshrun.api.layout import Layout, Stage, layers_per_rank
-from meshrun.api.presets import ModelShape
+from meshrun.api.presets import MLP_MATRICES, ModelShape
 from meshrun.api.spec import CPU, JobSpec, Resources
 from meshrun.planner.memory import (
     MemoryEstimate,
@@ -107,6 +107,22 @@ HOST_TP_LAYER_S = 5e-3
 few kernels, so the GPU cannot run ahead: measured, a TP block at one sequence of 4,096 tokens
 takes 4.4-4.6 ms forward and backward at TP 2, 4 and 8, for a 1B and an 8B model alike, however
 little work each rank's shard holds (the Ultra-Scale Playbook's sweep on H100s)."""
+CPU_LAYER_S = 10e-3
+"""Host time of one block, forward and backward, for one micro-batch on a CPU process (eager
+PyTorch runs each operation's dispatch and kernel on the host, so none of it overlaps): a tiny
+block of 128 tokens took 2.5 ms on a core of its own here and 10.8 ms (median) with the machine's
+2 cores shared by other processes, as a local run's processes share them."""
+GLOO_LATENCY_S = 2e-3
+"""Fixed cost of one gloo collective or send between CPU processes that share cores, as local
+runs here do: 0.3-0.5 ms between 2 processes on 2 cores, 1.6-4 ms for a barrier of 8 processes
+on 2 cores (each waits until the others are scheduled)."""
+CPU_STEP_S = 0.4
+"""Per-step cost of a CPU process beyond its blocks and its layout's collectives: the
+optimizer's loop over the parameters, gradient clipping's norm and the loss's reductions
+(collectives over every group), the step's logging and the data, all while the processes share
+the cores. Fitted, with the two constants above, to the demo (examples/demo-3d-cpu.yaml, 8 gloo
+processes on this 2-core machine), which measured 893 tokens/s (512 with the machine loaded by
+other work): the model predicts 836."""
 PRESSURE_START = 0.8
 """Share of accelerator memory (by the estimate, which leaves out the CUDA context, the
 communication library's buffers and fragmentation) above which a step slows down: the caching
@@ -183,10 +199,11 @@ def layer_gemms(shape: ModelShape, tokens: int, tp: int) -> dict[str, tuple[floa
     q = shape.heads * shape.head_dim
     kv = shape.kv_heads * shape.head_dim
     h, f = shape.hidden, shape.ffn_hidden
+    up = "w1,w3" if shape.mlp == "swiglu" else "w1"  # a GeLU MLP has no gate
     return {
         "wq,wk,wv": (tokens, (q + 2 * kv) / tp, h),  # column parallel
         "wo": (tokens, h, q / tp),  # row parallel
-        "w1,w3": (tokens, 2 * f / tp, h),  # column parallel
+        up: (tokens, (MLP_MATRICES[shape.mlp] - 1) * f / tp, h),  # column parallel
         "w2": (tokens, h, f / tp),  # row parallel
     }
 
@@ -225,6 +242,9 @@ class Group:
     across pods, the network of the group's ranks on a pod together (NCCL's rings and trees
     cross each node boundary once per channel, a channel per NIC), at most the intra-node
     link."""
+    latency: float = COLLECTIVE_LATENCY_S
+    """Fixed cost of one collective: NCCL's launch and synchronisation, or gloo's between CPU
+    processes."""
 
     @property
     def pods(self) -> int:
@@ -237,12 +257,13 @@ def group_of(res: Resources, size: int, stride: int) -> Group:
     :data:`meshrun.api.layout.RANK_ORDER`."""
     per_pod_ranks = res.num_proc_per_node
     per_pod = max(1, min(size, per_pod_ranks // stride))
+    latency = GLOO_LATENCY_S if res.accelerator == CPU else COLLECTIVE_LATENCY_S
     if size <= per_pod:
-        return Group(size, size, res.intra_node_bytes_per_second)
+        return Group(size, size, res.intra_node_bytes_per_second, latency)
     pods = -(-size // per_pod)
     spread = max(1.0, per_pod / pods**POD_SPREAD_EXPONENT)
     bandwidth = min(res.intra_node_bytes_per_second, spread * res.inter_node_bytes_per_second)
-    return Group(size, per_pod, bandwidth)
+    return Group(size, per_pod, bandwidth, latency)
 
 
 def collective_seconds(bytes_: float, group: Group, rounds: int = 1) -> float:
@@ -254,7 +275,7 @@ def collective_seconds(bytes_: float, group: Group, rounds: int = 1) -> float:
         return 0.0
     transfer = bytes_ * (n - 1) / n / (group.bandwidth * LINK_EFFICIENCY)
     hops = (group.per_pod - 1) * NVLINK_HOP_S + (group.pods - 1) * NETWORK_HOP_S
-    return rounds * (transfer + hops) + COLLECTIVE_LATENCY_S
+    return rounds * (transfer + hops) + group.latency
 
 
 @dataclass(frozen=True)
@@ -339,9 +360,12 @@ def rank_work(
         gathered = 2 * tokens * cp * kv * act_bytes
         cp_gather = collective_seconds(gathered, group_of(res, cp, t)) * (1 - CP_OVERLAP)
     cp_layer = cp_gather * (2 if checkpointing == "none" else 3)
-    # A block whose GPU work is shorter than the host's launching of it waits on the host.
+    # A block whose GPU work is shorter than the host's launching of it waits on the host; a
+    # CPU process runs its operations on the host, one after the other.
     busy = layer + elementwise + recompute + tp_layer + cp_layer
-    host = 0.0 if res.accelerator == CPU else (HOST_TP_LAYER_S if t > 1 else HOST_LAYER_S)
+    host = HOST_TP_LAYER_S if t > 1 else HOST_LAYER_S
+    if res.accelerator == CPU:
+        host, busy = CPU_LAYER_S, 0.0
     parts = {
         "compute": layers * layer + head,
         "recompute": layers * recompute,
@@ -394,6 +418,8 @@ def data_parallel_seconds(spec: JobSpec, layout: Layout, busiest: RankWork, pass
     grad_bytes = busiest.parameters * 4
     param_bytes = busiest.parameters * act_bytes
     forward, backward = busiest.forward, busiest.backward
+    if spec.resources.accelerator == CPU:
+        forward = backward = 0.0  # gloo's thread shares the cores: nothing hides behind compute
     fsdp = layout.tp > 1 or layout.pp > 1 or layout.zero_stage >= 2
     # One collective per DDP bucket, or per FSDP2 unit (a block, the embedding, the head).
     pieces = busiest.units if fsdp else max(1, -(-grad_bytes // DDP_BUCKET_BYTES))
@@ -460,7 +486,8 @@ def estimate_step(
         link = res.inter_node_bytes_per_second if apart else res.intra_node_bytes_per_second
         hop = NETWORK_HOP_S if apart else NVLINK_HOP_S
         message = layout.micro_batch_size * shape.seq_len // cp * shape.hidden * act_bytes / t
-        per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + COLLECTIVE_LATENCY_S + hop)
+        latency = GLOO_LATENCY_S if res.accelerator == CPU else COLLECTIVE_LATENCY_S
+        per_slot = 2 * v * (message / (link * LINK_EFFICIENCY) + latency + hop)
         transfer = per_slot * (passes + slots * layout.grad_accumulation)
     breakdown["pipelineBubble"] = bubble
     breakdown["pipelineTransfer"] = transfer
@@ -472,6 +499,8 @@ def estimate_step(
         sharded * ADAM_BYTES_PER_PARAMETER / (profile.memory_gbps * 1e9 * MEMORY_EFFICIENCY)
     )
     breakdown["memoryPressure"] = sum(breakdown.values()) * pressure_slowdown(memory)
+    if res.accelerator == CPU:
+        breakdown["stepOverhead"] = CPU_STEP_S
     step = sum(breakdown.values())
     tokens = training.global_batch_size * shape.seq_len
     gpus = res.world_size

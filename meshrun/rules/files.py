@@ -49,6 +49,10 @@ METRICS_PATH = Rule(
     f"{TRAINING}.metrics.path",
     f"{TRAINING}.metrics.path needs {TRAINING}.metrics.tensorboard (false writes no event files)",
 )
+EXPORT_MLP = Rule(
+    f"{TRAINING}.export",
+    f"{TRAINING}.export writes a Llama-family Hugging Face folder and needs {MODEL}.mlp swiglu",
+)
 DEFAULT_TEXT_FIELD = "text"
 """The CRD's default textField: the only value a tokens dataset may carry."""
 
@@ -60,6 +64,7 @@ FILE_RULES = (
     DATA_DATASET,
     WARMUP_STEPS,
     METRICS_PATH,
+    EXPORT_MLP,
 )
 """The rules of the job's own parts (the model's source among them), all CEL rules of the CRD
 too."""
@@ -77,6 +82,8 @@ def check_files_spec(spec: JobSpec) -> None:
     check_warmup(training.lr_schedule.warmup_steps, training.steps)
     if training.metrics.path is not None and not training.metrics.tensorboard:
         raise METRICS_PATH.error(f"path {training.metrics.path!r} with tensorboard false")
+    if training.export is not None and spec.model.mlp != "swiglu":
+        raise EXPORT_MLP.error(f"mlp {spec.model.mlp}")
 
 
 def check_data_source(format: str, text_field: str, has_hf: bool) -> None:

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
+from meshrun.api import read
+
 
 def format_time(moment: datetime) -> str:
-    """RFC 3339 in UTC with a ``Z``, second precision, as the API server writes times."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """RFC 3339 in UTC with a ``Z``, second precision, as the API server writes times (and
+    :func:`meshrun.api.read.write_section` writes every time of the status)."""
+    return read.format_time(moment)
 
 
 def parse_time(text: object) -> datetime | None:

@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import Any
 
 from meshrun_operator.clock import format_time
-from meshrun_operator.vocabulary import ConditionType
+from meshrun_operator.jobstatus import ConditionType
 
 JOB_ORDER = tuple(ConditionType)
 """The order in which the job's conditions are listed in status (stable, so no spurious status
@@ -55,7 +55,7 @@ def set_condition(
     new: dict[str, Any] = {
         "type": str(kind),
         "status": value,
-        "reason": str(reason),  # a vocabulary.Reason is written as its plain value
+        "reason": str(reason),  # a jobstatus.Reason is written as its plain value
         "message": message,
         "lastTransitionTime": format_time(now),
     }

@@ -489,7 +489,7 @@ class Hold:
     missing WorkloadPriorityClass, a Workload Kueue refused)."""
 
     reason: str
-    """CamelCase reason (vocabulary.Reason)."""
+    """CamelCase reason (jobstatus.Reason)."""
     message: str
     """What to do about it, in one sentence."""
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import kopf
@@ -28,12 +29,12 @@ from meshrun_operator.client.rest import Rest
 from meshrun_operator.lifecycle.evaluation import Admission, Evaluations
 from meshrun_operator.runtime import kueue_watch, leader
 from meshrun_operator.runtime.context import OperatorContext
-from meshrun_operator.runtime.essence import NoDiffBase
+from meshrun_operator.runtime.diffbase import NoDiffBase
 from meshrun_operator.runtime.handlers import LABELLED, OperatorMemo, register
 from meshrun_operator.runtime.kueue_link import KueueLink
 from meshrun_operator.runtime.leader import LeaderOptions
 from meshrun_operator.seen.progress import ProgressReader
-from meshrun_operator.tuning import Tuning
+from meshrun_operator.timing import Timing
 
 
 @dataclass(frozen=True)
@@ -61,7 +62,7 @@ class Options:
     stall_seconds: float
     """/healthz fails when a background loop made no progress this long, and reports the jobs
     that waited this long for a reconcile to complete."""
-    tuning: Tuning
+    timing: Timing
     """Backoff and grace periods."""
     watch_nodes: bool
     """Watch nodes to notice NotReady or deleted ones."""
@@ -80,131 +81,17 @@ class Options:
 
 
 def parse_args(argv: list[str]) -> Options:
+    """The options from the command line; exits 2 naming the flag when one is wrong."""
     parser = argparse.ArgumentParser(prog="meshrun operator", description=__doc__)
-    parser.add_argument(
-        "--namespace",
-        "-n",
-        action="append",
-        default=[],
-        help="serve this namespace (repeatable); default: all namespaces",
-    )
-    parser.add_argument(
-        "--metrics-port", type=int, default=8080, help="/metrics port (default 8080, 0 disables)"
-    )
-    parser.add_argument(
-        "--health-port", type=int, default=8081, help="/healthz port (default 8081, 0 disables)"
-    )
-    parser.add_argument(
-        "--resync-seconds", type=float, default=2.0, help="how often each job is re-examined"
-    )
-    parser.add_argument(
-        "--status-interval-seconds",
-        type=float,
-        default=10.0,
-        help="how often a job's placement, progress and messages are written at most; a change "
-        "of phase, condition or counter is written at once (default 10)",
-    )
-    parser.add_argument(
-        "--backoff-base-seconds",
-        type=float,
-        default=10.0,
-        help="first restart delay, doubled per restart (default 10)",
-    )
-    parser.add_argument(
-        "--backoff-max-seconds",
-        type=float,
-        default=300.0,
-        help="longest restart delay (default 300)",
-    )
-    parser.add_argument(
-        "--error-backoff-base-seconds",
-        type=float,
-        default=2.0,
-        help="how long a job whose reconcile failed waits for the next one, doubled per "
-        "failure in a row, and no less than the API server's Retry-After (default 2)",
-    )
-    parser.add_argument(
-        "--error-backoff-max-seconds",
-        type=float,
-        default=300.0,
-        help="the longest wait after failed reconciles (default 300)",
-    )
-    parser.add_argument(
-        "--node-toleration-seconds",
-        type=float,
-        default=300.0,
-        help="how long a node may be NotReady before its pods are given up (default 300, "
-        "Kubernetes' not-ready toleration)",
-    )
-    parser.add_argument(
-        "--start-failure-seconds",
-        type=float,
-        default=120.0,
-        help="how long a container may wait in ErrImagePull, CreateContainerConfigError and "
-        "the like before its pod counts as failed (default 120)",
-    )
-    parser.add_argument(
-        "--expectations-timeout-seconds",
-        type=float,
-        default=60.0,
-        help="how long a create or delete may stay unseen by the watch before it counts as "
-        "lost (default 60)",
-    )
-    parser.add_argument(
-        "--max-pods-per-job",
-        type=int,
-        default=1024,
-        help="the most pods one job may have (numNodes, and the largest elastic size): every "
-        "pod is built, sent and watched by this one operator; a larger job is Invalid, the "
-        "field named (default 1024)",
-    )
-    parser.add_argument("--workers", type=int, default=16, help="concurrent API requests (16)")
-    parser.add_argument(
-        "--api-timeout-seconds",
-        type=float,
-        default=30.0,
-        help="longest wait for one API request's answer (default 30)",
-    )
-    parser.add_argument(
-        "--stall-seconds",
-        type=float,
-        default=300.0,
-        help="/healthz fails once the node watch, lease loop or resync loop made no progress "
-        "this long, and reports the jobs that waited this long for a reconcile (default 300)",
-    )
-    parser.add_argument(
-        "--no-watch-nodes",
-        action="store_true",
-        help="do not watch nodes (no NotReady detection; for RBAC without nodes)",
-    )
-    parser.add_argument(
-        "--no-progress-http",
-        action="store_true",
-        help="read progress only from the meshrun.dev/progress pod annotation",
-    )
-    parser.add_argument(
-        "--no-kueue",
-        action="store_true",
-        help="no Kueue Workloads (for RBAC without them); jobs with a queue name then wait",
-    )
+    _serving_arguments(parser)
+    _loop_arguments(parser)
+    _timing_arguments(parser)
+    _watch_arguments(parser)
     podpolicy.add_arguments(parser)
     platform_policy.add_arguments(parser)
-    parser.add_argument("--verbose", "-v", action="store_true", help="debug logging")
     leader.add_arguments(parser)
     netpolicy.add_arguments(parser)
     args = parser.parse_args(argv)
-    for flag in ("metrics_port", "health_port"):
-        value = getattr(args, flag)
-        if not 0 <= value <= 65535:
-            parser.error(f"--{flag.replace('_', '-')}: {value} must be a port (0-65535)")
-    positive = ("resync_seconds", "status_interval_seconds", "backoff_base_seconds",
-                "backoff_max_seconds", "error_backoff_base_seconds", "error_backoff_max_seconds",
-                "node_toleration_seconds", "start_failure_seconds",
-                "expectations_timeout_seconds", "workers", "api_timeout_seconds",
-                "stall_seconds", "max_pods_per_job")  # fmt: skip
-    for flag in positive:
-        if getattr(args, flag) <= 0:
-            parser.error(f"--{flag.replace('_', '-')}: must be positive")
     return Options(
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port,
@@ -216,15 +103,7 @@ def parse_args(argv: list[str]) -> Options:
         workers=args.workers,
         api_timeout_seconds=args.api_timeout_seconds,
         stall_seconds=args.stall_seconds,
-        tuning=Tuning(
-            backoff_base_seconds=args.backoff_base_seconds,
-            backoff_max_seconds=args.backoff_max_seconds,
-            node_toleration_seconds=args.node_toleration_seconds,
-            start_failure_seconds=args.start_failure_seconds,
-            expectations_timeout_seconds=args.expectations_timeout_seconds,
-            error_backoff_base_seconds=args.error_backoff_base_seconds,
-            error_backoff_max_seconds=args.error_backoff_max_seconds,
-        ),
+        timing=_timing_of(args),
         watch_nodes=not args.no_watch_nodes,
         progress_http=not args.no_progress_http,
         kueue=not args.no_kueue,
@@ -232,6 +111,171 @@ def parse_args(argv: list[str]) -> Options:
         platform=platform_policy.from_args(args, parser),
         max_pods_per_job=args.max_pods_per_job,
         verbose=args.verbose,
+    )
+
+
+def _port(text: str) -> int:
+    """An argparse type: a TCP port, or 0 (disabled)."""
+    value = int(text)
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"{value} must be a port (0-65535)")
+    return value
+
+
+def _positive(kind: Callable[[str], float]) -> Callable[[str], float]:
+    """An argparse type: a number of ``kind`` above 0."""
+
+    def parse(text: str) -> float:
+        value = kind(text)
+        if value <= 0:
+            raise argparse.ArgumentTypeError(f"{text} must be positive")
+        return value
+
+    parse.__name__ = kind.__name__  # argparse names the type in its own errors
+    return parse
+
+
+SECONDS = _positive(float)
+COUNT = _positive(int)
+
+
+def _serving_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the operator serves and how it talks to the API server."""
+    group = parser.add_argument_group("serving")
+    group.add_argument(
+        "--namespace",
+        "-n",
+        action="append",
+        default=[],
+        help="serve this namespace (repeatable); default: all namespaces",
+    )
+    group.add_argument(
+        "--metrics-port", type=_port, default=8080, help="/metrics port (default 8080, 0 disables)"
+    )
+    group.add_argument(
+        "--health-port", type=_port, default=8081, help="/healthz port (default 8081, 0 disables)"
+    )
+    group.add_argument("--workers", type=COUNT, default=16, help="concurrent API requests (16)")
+    group.add_argument(
+        "--api-timeout-seconds",
+        type=SECONDS,
+        default=30.0,
+        help="longest wait for one API request's answer (default 30)",
+    )
+    group.add_argument(
+        "--stall-seconds",
+        type=SECONDS,
+        default=300.0,
+        help="/healthz fails once the node watch, lease loop or resync loop made no progress "
+        "this long, and reports the jobs that waited this long for a reconcile (default 300)",
+    )
+    group.add_argument(
+        "--max-pods-per-job",
+        type=COUNT,
+        default=1024,
+        help="the most pods one job may have (numNodes, and the largest elastic size): every "
+        "pod is built, sent and watched by this one operator; a larger job is Invalid, the "
+        "field named (default 1024)",
+    )
+    group.add_argument("--verbose", "-v", action="store_true", help="debug logging")
+
+
+def _loop_arguments(parser: argparse.ArgumentParser) -> None:
+    """How often the resync loop looks at a job, writes its status, and retries a failure."""
+    group = parser.add_argument_group("the resync loop")
+    group.add_argument(
+        "--resync-seconds", type=SECONDS, default=2.0, help="how often each job is re-examined"
+    )
+    group.add_argument(
+        "--status-interval-seconds",
+        type=SECONDS,
+        default=10.0,
+        help="how often a job's placement, progress and messages are written at most; a change "
+        "of phase, condition or counter is written at once (default 10)",
+    )
+    group.add_argument(
+        "--error-backoff-base-seconds",
+        type=SECONDS,
+        default=2.0,
+        help="how long a job whose reconcile failed waits for the next one, doubled per "
+        "failure in a row, and no less than the API server's Retry-After (default 2)",
+    )
+    group.add_argument(
+        "--error-backoff-max-seconds",
+        type=SECONDS,
+        default=300.0,
+        help="the longest wait after failed reconciles (default 300)",
+    )
+
+
+def _timing_arguments(parser: argparse.ArgumentParser) -> None:
+    """A job's restarts and the waits before a pod or a node is given up (Timing)."""
+    group = parser.add_argument_group("restarts and timeouts")
+    group.add_argument(
+        "--backoff-base-seconds",
+        type=SECONDS,
+        default=10.0,
+        help="first restart delay, doubled per restart (default 10)",
+    )
+    group.add_argument(
+        "--backoff-max-seconds",
+        type=SECONDS,
+        default=300.0,
+        help="longest restart delay (default 300)",
+    )
+    group.add_argument(
+        "--node-toleration-seconds",
+        type=SECONDS,
+        default=300.0,
+        help="how long a node may be NotReady before its pods are given up (default 300, "
+        "Kubernetes' not-ready toleration)",
+    )
+    group.add_argument(
+        "--start-failure-seconds",
+        type=SECONDS,
+        default=120.0,
+        help="how long a container may wait in ErrImagePull, CreateContainerConfigError and "
+        "the like before its pod counts as failed (default 120)",
+    )
+    group.add_argument(
+        "--expectations-timeout-seconds",
+        type=SECONDS,
+        default=60.0,
+        help="how long a create or delete may stay unseen by the watch before it counts as "
+        "lost (default 60)",
+    )
+
+
+def _timing_of(args: argparse.Namespace) -> Timing:
+    return Timing(
+        backoff_base_seconds=args.backoff_base_seconds,
+        backoff_max_seconds=args.backoff_max_seconds,
+        node_toleration_seconds=args.node_toleration_seconds,
+        start_failure_seconds=args.start_failure_seconds,
+        expectations_timeout_seconds=args.expectations_timeout_seconds,
+        error_backoff_base_seconds=args.error_backoff_base_seconds,
+        error_backoff_max_seconds=args.error_backoff_max_seconds,
+    )
+
+
+def _watch_arguments(parser: argparse.ArgumentParser) -> None:
+    """What the operator watches and reads beside its jobs and pods (each off for an RBAC
+    without it)."""
+    group = parser.add_argument_group("what is watched")
+    group.add_argument(
+        "--no-watch-nodes",
+        action="store_true",
+        help="do not watch nodes (no NotReady detection; for RBAC without nodes)",
+    )
+    group.add_argument(
+        "--no-progress-http",
+        action="store_true",
+        help="read progress only from the meshrun.dev/progress pod annotation",
+    )
+    group.add_argument(
+        "--no-kueue",
+        action="store_true",
+        help="no Kueue Workloads (for RBAC without them); jobs with a queue name then wait",
     )
 
 
@@ -320,7 +364,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = OperatorContext(
         kube=Kube(Rest(credentials, timeout, connections=options.workers)),
         network_policy=options.network_policy,
-        tuning=options.tuning,
+        timing=options.timing,
         resync_seconds=options.resync_seconds,
         status_interval_seconds=options.status_interval_seconds,
         progress=ProgressReader(enabled=options.progress_http),

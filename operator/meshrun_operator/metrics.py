@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from meshrun_operator.vocabulary import Phase
+from meshrun_operator.jobstatus import Phase
 
 JOBS_BY_PHASE = Gauge(
     "meshrun_operator_jobs", "ParallelTrainingJobs the operator watches, by phase", ["phase"]

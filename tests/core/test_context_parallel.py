@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
 from planner_factories import make_cpu_spec
 
+from meshrun.api.crd import load_jobs
 from meshrun.api.errors import SpecError
 from meshrun.api.layout import (
     RANK_ORDER,
@@ -22,7 +25,7 @@ from meshrun.api.layout import (
     split_layers,
 )
 from meshrun.api.read import read_spec
-from meshrun.cli.main import main
+from meshrun.cli.main import EXIT_OK, main
 from meshrun.envcontract import pod_env
 from meshrun.jobdoc import JOB_VARIABLE, read_document
 from meshrun.planner.elastic import resized
@@ -324,6 +327,69 @@ def test_llama3_128k_layout_plans_and_fits() -> None:
     assert "over 16 pods" in plan.explanation
 
 
+# A given cp, and what it buys.
+
+
+LONG_CONTEXT = Path(__file__).resolve().parents[2] / "examples" / "long-context.yaml"
+
+
+def long_context(**strategy: int) -> tuple[str, dict[str, Any]]:
+    """examples/long-context.yaml's name and spec, its strategy's degrees replaced."""
+    (job,) = load_jobs(LONG_CONTEXT)
+    job["spec"]["strategy"].update(strategy)
+    if "contextParallel" in strategy:
+        world = strategy["contextParallel"] * job["spec"]["strategy"]["dataParallel"]
+        job["spec"]["resources"]["numProcPerNode"] = world
+    return job["metadata"]["name"], job["spec"]
+
+
+def test_the_long_context_example_fits_because_of_cp(capsys: pytest.CaptureFixture[str]) -> None:
+    """cp 2 fits the 1 GiB a process has; the same 2 processes as dp 2 do not, with any
+    activation checkpointing (the logits of a whole sequence stay), and the plan says so; cp 4
+    on 4 processes fits with more room."""
+    name, spec = long_context()
+    plan = plan_job(spec, name)
+    assert plan.layout.text() == "dp1 x cp2 x pp1 x tp1" and plan.memory.fits
+    for checkpointing in ("none", "selective", "full"):
+        _, plain = long_context(dataParallel=2, contextParallel=1)
+        plain["training"]["activationCheckpointing"] = checkpointing
+        assert not plan_job(plain, name).memory.fits, checkpointing
+    assert "Without context parallelism (dp2 x pp1 x tp1) it does not fit" in plan.explanation
+    assert "even with full activation checkpointing" in plan.explanation
+    assert "Context parallelism is what makes it fit" in plan.explanation
+    four = plan_job(long_context(contextParallel=4)[1], name)
+    assert four.memory.fits and four.memory.total < plan.memory.total
+    assert main(["plan", str(LONG_CONTEXT)]) == EXIT_OK
+    assert "Context parallelism is what makes it fit" in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_given_cp_is_weighed_against_data_parallelism() -> None:
+    """Where the same ranks as data parallelism would fit too, the plan gives both memory
+    figures and predictions; where they would break a rule, the rule; auto explains its own cp;
+    cp 1 says nothing."""
+    name, spec = long_context()
+    spec["resources"].pop("acceleratorMemoryGiB")
+    spec["training"]["globalBatchSize"] = 4
+    plan = plan_job(spec, name)
+    assert "Without context parallelism (dp2 x pp1 x tp1) it would fit too: " in plan.explanation
+    assert re.search(r"predicted [\d,]+ tokens/s per process against [\d,]+\.", plan.explanation)
+    spec["training"]["globalBatchSize"] = 1
+    refused = plan_job(spec, name).explanation
+    assert "Without context parallelism (dp2 x pp1 x tp1) the job is not valid: " in refused
+    assert "spec.training.globalBatchSize" in refused
+    plain = plan_job(make_cpu_spec(), "plain")
+    assert "Without context parallelism" not in plain.explanation
+    pair = make_cpu_spec(
+        resources={"numNodes": 1, "numProcPerNode": 2}, training={"globalBatchSize": 2}
+    )
+    pair["strategy"] = {"type": "ddp", "contextParallel": 2}
+    one_replica = plan_job(pair, "pair").explanation
+    assert "A single process" not in one_replica  # one replica of 2 cp ranks
+    assert re.search(r"[\d.]+ MiB per process against [\d.]+ MiB per process", one_replica)
+    auto = plan_job(gpu_job(64, LLAMA_70B, 131072, 16, {"type": "auto"}), "long").explanation
+    assert "Without context parallelism" not in auto
+
+
 # Where a plan shows cp, and elastic data parallelism.
 
 
@@ -382,3 +448,11 @@ def test_the_job_document_and_env_carry_cp() -> None:
     # Pod 1 holds ranks 4-7: data-parallel replicas 2 and 3, each over both CP ranks.
     coords = [document.plan.coords(rank) for rank in range(4, 8)]
     assert [(c.dp, c.cp) for c in coords] == [(2, 0), (2, 1), (3, 0), (3, 1)]
+
+
+def test_a_hybrid_of_data_and_context_parallelism_alone_plans() -> None:
+    """dataParallel and contextParallel given, the rest unset: the given degrees leave no room
+    for pipeline or tensor parallelism, and that layout is the plan, not a refusal."""
+    spec = make_cpu_spec(strategy={"type": "hybrid", "dataParallel": 4, "contextParallel": 2})
+    degrees = plan_job(spec).layout.degrees
+    assert (degrees.dp, degrees.cp, degrees.pp, degrees.tp) == (4, 2, 1, 1)

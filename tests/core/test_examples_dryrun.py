@@ -18,6 +18,7 @@ from meshrun.api.errors import SpecError
 from meshrun.planner.plan import plan_job
 from meshrun.rules import elastic, names, strategy
 from meshrun.rules import files as file_rules
+from meshrun.rules import moe as moe_rules
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]
 
@@ -101,6 +102,9 @@ def test_cel_rules_reject_with_field_names(
     assert result.returncode != 0, f"the API server accepted {change}"
     assert message in " ".join(result.stderr.split())
 
+
+MOE = {"experts": 4, "expertsPerToken": 2, "expertFfnHidden": 64}
+"""A small mixture of experts on the demo's tiny model."""
 
 # One spec per CEL rule of the CRD, changed from the demo job (2 pods x 4, dp2 x pp2 x tp2):
 # the API server must refuse it with the rule's message and the planner must refuse it too.
@@ -189,6 +193,18 @@ BREAKS: list[tuple[strategy.Rule, dict[str, dict[str, Any]]]] = [
         file_rules.METRICS_PATH,
         {"training": {"metrics": {"tensorboard": False, "path": "/runs/a"}}},
     ),
+    (
+        file_rules.EXPORT_MLP,
+        {"model": {"mlp": "gelu"}, "training": {"export": {"path": "/out"}}},
+    ),
+    (moe_rules.EP_NEEDS_MOE, {"strategy": {"expertParallel": 2}}),
+    (
+        moe_rules.EP_EXPERTS,
+        {"strategy": {"expertParallel": 2}, "model": {"moe": {**MOE, "experts": 3}}},
+    ),
+    (moe_rules.ETP_VALUES, {"strategy": {"expertTensorParallel": 4}, "model": {"moe": MOE}}),
+    (moe_rules.TOP_K, {"model": {"moe": {**MOE, "expertsPerToken": 5}}}),
+    (moe_rules.FIRST_DENSE, {"model": {"layers": 4, "moe": {**MOE, "firstDenseLayers": 4}}}),
     (names.JOB_NAME, {"metadata": {"name": "9lives"}}),
     (names.JOB_NAME_LENGTH, {"metadata": {"name": "a" * 62}}),
     (names.QUEUE_NAME, {"scheduling": {"queueName": "Team_A"}}),

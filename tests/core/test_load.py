@@ -26,7 +26,18 @@ spec:
 
 def test_every_example_loads() -> None:
     names = {path.stem for path in EXAMPLES}
-    expected = {"ddp", "zero1", "zero2", "zero3", "pipeline", "tensor", "3d", "auto"}
+    expected = {
+        "ddp",
+        "zero1",
+        "zero2",
+        "zero3",
+        "pipeline",
+        "tensor",
+        "3d",
+        "auto",
+        "long-context",
+        "moe",
+    }
     assert expected | {"demo-3d-cpu"} <= names
     for path in EXAMPLES:
         jobs = load_jobs(path)

@@ -26,16 +26,25 @@ def test_every_example_shrinks_to_a_small_cpu_job_with_the_same_strategy(example
     source = yaml.safe_load(example.read_text())
     (job,) = shrinker().shrink_files([example], IMAGE)
     spec = job["spec"]
-    assert spec["image"] == IMAGE and spec["model"] == {"preset": "tiny"}
+    assert spec["image"] == IMAGE
+    # A mixture of experts keeps its experts (the examples' are CPU-sized already).
+    model = source["spec"]["model"]
+    assert spec["model"] == {"preset": "tiny", **({"moe": model["moe"]} if "moe" in model else {})}
     assert spec["resources"]["accelerator"] == "cpu"
     assert spec["strategy"]["type"] == source["spec"]["strategy"]["type"]
     assert job["metadata"]["name"] == source["metadata"]["name"]
     plan = plan_job(with_defaults(spec), job["metadata"]["name"]).to_dict()
     assert plan["worldSize"] <= 8
     degrees = plan["layout"]
-    assert degrees["dp"] * degrees["pp"] * degrees["tp"] == plan["worldSize"]
+    assert degrees["dp"] * degrees["cp"] * degrees["pp"] * degrees["tp"] == plan["worldSize"]
+    strategy = source["spec"]["strategy"]
+    if "expertParallel" in strategy:
+        assert f"(ep{strategy['expertParallel']})" in plan["layoutString"]
     # Explicit degrees survive, scaled down; none is added or dropped.
     assert spec["strategy"].keys() == source["spec"]["strategy"].keys()
+    for key, name in (("contextParallel", "cp"), ("pipelineParallel", "pp")):
+        if source["spec"]["strategy"].get(key, 1) > 1:
+            assert degrees[name] > 1, f"{example.stem} lost its {key}"
 
 
 def test_shrinking_recomputes_data_parallel_so_degrees_match_the_world() -> None:
@@ -57,3 +66,55 @@ def test_shrinking_recomputes_data_parallel_so_degrees_match_the_world() -> None
     degrees = [strategy[k] for k in ("dataParallel", "pipelineParallel", "tensorParallel")]
     assert degrees == [2, 2, 2]
     assert job["spec"]["strategy"]["tensorParallel"] == 8, "the input must not be modified"
+    job["spec"]["strategy"].update(dataParallel=1, contextParallel=4, tensorParallel=4)
+    strategy = shrinker().shrink(job, IMAGE)["spec"]["strategy"]
+    names = ("dataParallel", "contextParallel", "pipelineParallel", "tensorParallel")
+    assert [strategy[k] for k in names] == [1, 2, 2, 2]
+
+
+def test_shrinking_a_mixture_of_experts_keeps_it_and_an_expert_parallel_degree_that_divides() -> (
+    None
+):
+    job: dict[str, Any] = {
+        "kind": "ParallelTrainingJob",
+        "metadata": {"name": "experts"},
+        "spec": {
+            "resources": {"numNodes": 8, "numProcPerNode": 8},
+            "strategy": {
+                "type": "hybrid",
+                "dataParallel": 16,
+                "pipelineParallel": 4,
+                "tensorParallel": 1,
+                "expertParallel": 16,
+            },
+            "model": {
+                "preset": "moe-small",
+                "moe": {
+                    "experts": 64,
+                    "expertsPerToken": 8,
+                    "expertFfnHidden": 1408,
+                    "sharedExperts": 2,
+                    "firstDenseLayers": 5,
+                    "router": "sigmoid",
+                },
+            },
+        },
+    }
+    small = shrinker().shrink(job, IMAGE)
+    spec = small["spec"]
+    assert spec["model"] == {
+        "preset": "tiny",
+        "moe": {
+            "experts": 8,
+            "expertsPerToken": 8,
+            "expertFfnHidden": 192,
+            "sharedExperts": 2,
+            "firstDenseLayers": 3,
+            "router": "sigmoid",
+        },
+    }
+    # 8 ranks in 2 stages: ep 16 becomes 4, the largest dividing the 8 experts and a stage's 4.
+    assert (spec["strategy"]["dataParallel"], spec["strategy"]["expertParallel"]) == (4, 4)
+    plan = plan_job(with_defaults(spec), "experts")
+    assert plan.layout.text() == "dp4 x pp2 x tp1 (ep4)"
+    assert job["spec"]["model"]["moe"]["experts"] == 64, "the input must not be modified"

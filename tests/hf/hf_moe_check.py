@@ -16,11 +16,11 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from meshrun_trainer.components.weights import weight_source
 from meshrun_trainer.config.files import open_files, with_model
 from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
 from meshrun_trainer.local.env import layout_env
-from meshrun_trainer.loop.hooks import weight_source
 from meshrun_trainer.loop.train import build_runner, train
 
 SEQ_LEN = 32

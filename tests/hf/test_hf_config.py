@@ -12,6 +12,8 @@ import torch
 import transformers
 
 from meshrun.api.errors import SpecError
+from meshrun.api.modelsource import mlp_of_config
+from meshrun.api.read import read_spec
 from meshrun.files.hf import expected_shapes, load_hf_model, shape_from_config
 
 pytestmark = pytest.mark.unit
@@ -108,6 +110,35 @@ def test_parameter_count_is_exact(
     assert sum(torch.Size(s).numel() for s in expected_shapes(shape).values()) == shape.parameters()
 
 
+PYTHIA_1_4B = dict(
+    model_type="gpt_neox",
+    hidden_size=2048,
+    intermediate_size=8192,
+    num_hidden_layers=24,
+    num_attention_heads=16,
+    vocab_size=50304,
+    hidden_act="gelu",
+)
+GPT2_124M = dict(model_type="gpt2", n_embd=768, n_layer=12, n_head=12, vocab_size=50257)
+FALCON_7B = dict(
+    model_type="falcon",
+    hidden_size=4544,
+    num_hidden_layers=32,
+    num_attention_heads=71,
+    vocab_size=65024,
+    multi_query=True,
+    parallel_attn=True,
+    bias=False,
+)
+PHI_2 = dict(
+    model_type="phi",
+    hidden_size=2560,
+    intermediate_size=10240,
+    num_hidden_layers=32,
+    num_attention_heads=32,
+    vocab_size=51200,
+    hidden_act="gelu_new",
+)
 MIXTRAL_8X7B = dict(
     model_type="mixtral",
     hidden_size=4096,
@@ -134,6 +165,53 @@ QWEN15_MOE_A27B = dict(
     num_experts_per_tok=4,
     tie_word_embeddings=False,
 )
+
+
+@pytest.mark.parametrize(
+    ("config", "published", "kv_heads", "tied"),
+    [
+        (PYTHIA_1_4B, 1_414_647_808, 16, False),
+        (GPT2_124M, 124_439_808, 12, True),
+        (FALCON_7B, 6_921_720_704, 1, True),
+        (PHI_2, 2_779_683_840, 32, False),
+    ],
+    ids=["pythia-1.4b", "gpt2", "falcon-7b", "phi-2"],
+)
+def test_gelu_families_are_read_as_a_two_matrix_mlp(
+    config: dict[str, Any], published: int, kv_heads: int, tied: bool, tmp_path: Path
+) -> None:
+    """A GeLU family's config.json gives mlp gelu and sizes whose weight matrices are exactly
+    transformers' (its MLP two h x f matrices, Falcon's multi-query keys and values, the tied
+    head once), GPT-2's learned positions aside; the rest of the published count is the
+    family's biases and LayerNorm biases, which the trainer's block lacks."""
+    written = _written(config, tmp_path)
+    assert mlp_of_config(written, "spec.model.hf.path") == "gelu"
+    shape = shape_from_config(written, seq_len=2048)
+    assert (shape.mlp, shape.kv_heads, shape.tie_embeddings) == ("gelu", kv_heads, tied)
+    values = dict(config)
+    built = transformers.AutoConfig.for_model(values.pop("model_type"), **values)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(built)
+    assert sum(p.numel() for p in model.parameters()) == published
+    matrices = {n: p.numel() for n, p in model.named_parameters() if p.dim() == 2}
+    positions = matrices.pop("transformer.wpe.weight", 0)  # GPT-2's learned positions
+    norms = (2 * shape.layers + 1) * shape.hidden
+    assert sum(matrices.values()) == shape.parameters() - norms
+    assert positions == (1024 * 768 if config is GPT2_124M else 0)
+    # the same sizes given in spec.model with mlp gelu plan the same shape
+    sizes = {"layers": shape.layers, "hidden": shape.hidden, "heads": shape.heads}
+    sizes |= {"vocab": shape.vocab, "ffnHidden": shape.ffn_hidden, "kvHeads": kv_heads}
+    job = {"image": "t", "resources": {"accelerator": "cpu"}}
+    given = read_spec({**job, "model": {**sizes, "seqLen": 2048, "mlp": "gelu"}}).shape
+    assert given.layer_parameters() == shape.layer_parameters()
+
+
+def test_gelu_weights_are_refused_and_its_shape_trains_from_random(tmp_path: Path) -> None:
+    _written(PYTHIA_1_4B, tmp_path)
+    assert load_hf_model(tmp_path, 2048).shape.mlp == "gelu"
+    (tmp_path / "model.safetensors").write_bytes(b"")
+    with pytest.raises(SpecError, match="gpt_neox weights, which the trainer does not load"):
+        load_hf_model(tmp_path, 2048)
 
 
 @pytest.mark.parametrize(
@@ -185,7 +263,7 @@ def test_explicit_head_dim(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("change", "words"),
     [
-        ({"model_type": "gpt2", "architectures": ["GPT2LMHeadModel"]}, "GPT2LMHeadModel"),
+        ({"model_type": "t5", "architectures": ["T5ForConditionalGeneration"]}, "T5ForCond"),
         ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0}}, "'yarn' is not supported"),
         ({"hidden_act": "gelu"}, "hidden_act 'gelu'"),
         ({"num_hidden_layers": 0}, "num_hidden_layers must be a positive integer"),

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from meshrun_operator.bodies import without_none
 from meshrun_operator.conditions import find
+from meshrun_operator.jobstatus import ConditionType
 from meshrun_operator.lifecycle.decide import Decision, decide
+from meshrun_operator.plaindata import without_none
 from meshrun_operator.seen.views import Observed
-from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import ConditionType
+from meshrun_operator.timing import Timing
 from operator_factories import at, make_job, make_pod, observe
 
-TUNING = Tuning(
+TIMING = Timing(
     backoff_base_seconds=10,
     backoff_max_seconds=60,
     node_toleration_seconds=30,
@@ -26,7 +26,7 @@ def advance(job: dict[str, Any], decision: Decision) -> dict[str, Any]:
 
 
 def run(job: dict[str, Any], observed: Observed, seconds: float) -> tuple[dict[str, Any], Decision]:
-    decision = decide(job, observed, at(seconds), TUNING)
+    decision = decide(job, observed, at(seconds), TIMING)
     return advance(job, decision), decision
 
 

@@ -1,6 +1,6 @@
 """On the real control plane: ``kubectl get ptj`` as a user reads it, from the status the
-operator writes (the step of the total, the share done, loss, tokens/s, ETA; ``-o wide`` adds
-the restarts and the predicted tokens/s)."""
+operator writes (the layout with its expert-parallel degree, the step of the total, the share
+done, loss, tokens/s, ETA; ``-o wide`` adds the restarts and the predicted tokens/s)."""
 
 from __future__ import annotations
 
@@ -40,7 +40,11 @@ def test_kubectl_get_shows_the_progress_and_wide_the_restarts_and_the_prediction
 ) -> None:
     cluster.apply(job_manifest("gpu"))
     cpu = {"numNodes": 2, "numProcPerNode": 4, "accelerator": "cpu"}
-    cluster.apply(job_manifest("cpu", resources=cpu, runPolicy={"suspend": True}))
+    experts = {
+        "model": {"preset": "tiny", "moe": {"experts": 8}},
+        "strategy": {"type": "ddp", "expertParallel": 2},
+    }
+    cluster.apply(job_manifest("cpu", resources=cpu, runPolicy={"suspend": True}, **experts))
     cluster.wait_running_pods("gpu", 2)
     cluster.annotate("pod", "gpu-0", f"{names.ANNOTATION_PROGRESS}={json.dumps(REPORT_3_OF_10)}")
     wait_for(
@@ -65,8 +69,10 @@ def test_kubectl_get_shows_the_progress_and_wide_the_restarts_and_the_prediction
         "TOKENS/S": "123k",
         "ETA": "3m30s",
     }, text
-    # A CPU job's processes count; a job that reported nothing shows blank cells.
+    # A CPU job's processes count; a job that reported nothing shows blank cells; an expert
+    # parallel degree follows the layout.
     assert (cpu_row["PROCS"], cpu_row["PHASE"], cpu_row["STEP"]) == ("8", "Suspended", ""), text
+    assert cpu_row["LAYOUT"] == "dp8 x pp1 x tp1 (ep2)", text
     assert "2.302585" not in text and "e+05" not in text, "a number printed in full"
 
     wide = cluster.kubectl("get", "ptj", "-n", cluster.ns, "-o", "wide").stdout

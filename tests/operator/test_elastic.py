@@ -243,3 +243,21 @@ def test_a_context_parallel_job_shrinks_its_data_parallelism_and_keeps_cp() -> N
     assert decision.create_pods == (0, 1)
     assert decision.build is not None and decision.build.plan is not None
     assert decision.build.plan.layout.degrees.cp == 2 and decision.build.plan.layout.dp == 2
+
+
+def test_an_expert_parallel_job_shows_ep_and_reshards_it_when_it_shrinks() -> None:
+    """dp8 with ep4 on 4 pods of 2 GPUs: the layout the columns read says (ep4); shrunk to the
+    one pod placed (dp2), ep becomes the largest degree dividing both 4 and the new dp x cp x tp
+    (2), and the status, the resize and the new attempt's plan say so."""
+    moe = {"preset": "tiny", "moe": {"experts": 8}}
+    job = _half_placed(strategy={"type": "ddp", "expertParallel": 4}, model=moe)
+    assert job["status"]["layout"] == "dp8 x pp1 x tp1 (ep4)"
+    job, decision = run(job, _seen(_pods(0, 1, 4), capacity=1), 66)
+    status = job["status"]
+    assert status["dataParallel"] == 2 and status["layout"] == "dp2 x pp1 x tp1 (ep2)"
+    assert status["resizes"][-1]["layout"] == "dp2 x pp1 x tp1 (ep2)"
+    assert status["plan"]["layout"] == "dp8 x pp1 x tp1 (ep4)"
+    job, decision = run(job, _seen([]), 120)
+    assert decision.create_pods == (0,)
+    assert decision.build is not None and decision.build.plan is not None
+    assert decision.build.plan.layout.ep == 2

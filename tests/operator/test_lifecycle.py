@@ -5,12 +5,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from meshrun_operator.bodies import without_none
 from meshrun_operator.lifecycle.decide import decide
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate
+from meshrun_operator.plaindata import without_none
 from meshrun_operator.seen.views import Observed
 from operator_factories import at, make_job, make_pod, observe
-from operator_lifecycle_helpers import TUNING, advance, condition, reasons, run, started_job
+from operator_lifecycle_helpers import TIMING, advance, condition, reasons, run, started_job
 
 from meshrun.api.errors import SpecError
 
@@ -251,7 +251,7 @@ def test_the_same_job_children_and_time_give_the_same_status() -> None:
     job = started_job()
     observed = observe(make_pod(0), make_pod(1))
     assert (
-        decide(job, observed, at(2), TUNING).status == decide(job, observed, at(2), TUNING).status
+        decide(job, observed, at(2), TIMING).status == decide(job, observed, at(2), TIMING).status
     )
 
 
@@ -278,7 +278,7 @@ def test_a_refused_pod_template_stays_invalid_until_the_spec_changes() -> None:
     refused = SpecError("spec.podTemplate", "Pod is invalid: cpu: 'lots'")
     evaluation = evaluate(job["spec"], "job")
     bad = Evaluation(raw_spec=evaluation.raw_spec, error=refused)
-    job = advance(job, decide(job, observe(), at(0), TUNING, bad))
+    job = advance(job, decide(job, observe(), at(0), TIMING, bad))
     _, again = run(job, observe(), 5)
     assert again.invalid and again.create_pods == () and again.events == ()
     job["metadata"]["generation"] = 2  # the user edited the spec: try again

@@ -9,12 +9,12 @@ from typing import Any
 
 import pytest
 from meshrun_operator.lifecycle.decide import decide
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.seen.views import Observed, Refusal, node_view, pod_view
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import (
-    TUNING,
+    TIMING,
     advance,
     condition,
     failed,
@@ -252,10 +252,15 @@ def test_a_pod_that_cannot_start_ends_the_job_within_the_start_timeout() -> None
 
 
 def test_refused_creation_says_why_backs_off_and_creates_the_rest_later() -> None:
-    job, first = run(make_job(), observe(), 0)
+    job = make_job()
+    first = decide(job, observe(), at(0), TIMING)
     assert first.create_pods == (0, 1)
-    refusal = Refusal((1,), "QuotaExceeded", 'pods "job-1" is forbidden: exceeded quota: q')
-    refused = decide(job, replace(observe(), refused=refusal), at(0), TUNING)
+    # The pass that sent both creates wrote nothing; the next one decides on the refusal, with
+    # job-0 in flight.
+    message = 'pods "job-1" is forbidden: exceeded quota: q'
+    refusal = Refusal((1,), "QuotaExceeded", message, sent=first.create_pods)
+    in_flight = replace(observe(), expected=frozenset({"job-0"}), refused=refusal)
+    refused = decide(job, in_flight, at(0), TIMING)
     job = advance(job, refused)
     cond = condition(refused, "CreationRefused")
     assert cond["status"] == "True" and cond["reason"] == "QuotaExceeded"
@@ -263,6 +268,9 @@ def test_refused_creation_says_why_backs_off_and_creates_the_rest_later() -> Non
     assert ("Warning", "QuotaExceeded") in {(e.type, e.reason) for e in refused.events}
     assert refused.status["nextAttemptTime"] == "2026-01-01T12:00:10Z"
     assert refused.status["attemptStartTime"] == "2026-01-01T12:00:00Z"  # job-0 was created
+    assert ("PodsCreated", "creating 1 pod(s) for attempt 0") in {
+        (e.reason, e.message) for e in refused.events
+    }
     pod0 = make_pod(0, phase="Pending", node=None)
     job, waiting = run(job, observe(pod0), 5)
     assert waiting.create_pods == () and "refused" in waiting.status["message"]
@@ -276,12 +284,12 @@ def test_a_refused_creation_waits_as_long_as_the_api_server_asks() -> None:
     job, _ = run(make_job(), observe(), 0)
     # 429 with Retry-After: 45 (priority and fairness throttling): longer than the first delay.
     throttled = Refusal((0, 1), "TooManyRequests", "too many requests", retry_after=45)
-    refused = decide(job, replace(observe(), refused=throttled), at(0), TUNING)
+    refused = decide(job, replace(observe(), refused=throttled), at(0), TIMING)
     assert refused.status["nextAttemptTime"] == "2026-01-01T12:00:45Z"
     # ... but never past the longest backoff (60 s here).
     ages = replace(throttled, retry_after=3600)
     assert (
-        decide(job, replace(observe(), refused=ages), at(0), TUNING).status["nextAttemptTime"]
+        decide(job, replace(observe(), refused=ages), at(0), TIMING).status["nextAttemptTime"]
         == "2026-01-01T12:01:00Z"
     )
 

@@ -11,7 +11,7 @@ from meshrun_operator.lifecycle.decide import decide
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.lifecycle.specedits import Running
 from operator_factories import at, make_job, make_pod, observe
-from operator_lifecycle_helpers import TUNING, advance, condition, failed, reasons, run, running_job
+from operator_lifecycle_helpers import TIMING, advance, condition, failed, reasons, run, running_job
 
 pytestmark = pytest.mark.unit
 
@@ -30,7 +30,7 @@ def test_an_edit_takes_effect_at_the_next_attempt_and_says_so() -> None:
         "metadata": {**job["metadata"], "generation": 2},
     }
     pods = observe(make_pod(0), make_pod(1))
-    decision = decide(edited, pods, at(5), TUNING, None, running)
+    decision = decide(edited, pods, at(5), TIMING, None, running)
     assert decision.status["phase"] == "Running" and decision.delete_pods == ()
     assert decision.status["observedGeneration"] == 2 and decision.status["attemptGeneration"] == 1
     spec_update = condition(decision, "SpecUpdate")
@@ -52,7 +52,7 @@ def test_a_runpolicy_edit_applies_at_once() -> None:
     running = Running(0, 1, evaluate(job["spec"], "job"))
     spec = make_job(runPolicy={"backoffLimit": 2})["spec"]
     edited = {**job, "spec": spec, "metadata": {**job["metadata"], "generation": 2}}
-    decision = decide(edited, observe(make_pod(0), failed(1, 137)), at(5), TUNING, None, running)
+    decision = decide(edited, observe(make_pod(0), failed(1, 137)), at(5), TIMING, None, running)
     assert decision.status["phase"] == "Restarting"  # backoffLimit 2 applied, not 0
     assert "SpecUpdate" not in {c["type"] for c in decision.status["conditions"]}
 

@@ -38,11 +38,11 @@ def test_bad_options_exit_2_naming_the_flag(
     assert flag in capsys.readouterr().err
 
 
-def test_the_error_backoff_flags_reach_the_tuning() -> None:
+def test_the_error_backoff_flags_reach_the_timing() -> None:
     argv = ["--error-backoff-base-seconds", "0.5", "--error-backoff-max-seconds", "4"]
-    tuning = parse_args(argv).tuning
-    assert [tuning.error_backoff(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1, 2, 4, 4]
-    assert parse_args([]).tuning.error_backoff(1) == 2
+    timing = parse_args(argv).timing
+    assert [timing.error_backoff(n) for n in (1, 2, 3, 4, 5)] == [0.5, 1, 2, 4, 4]
+    assert parse_args([]).timing.error_backoff(1) == 2
 
 
 def test_no_cluster_is_a_clear_error(

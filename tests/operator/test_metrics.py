@@ -9,8 +9,8 @@ from types import FrameType
 from typing import Any
 
 import pytest
+from meshrun_operator.jobstatus import Phase
 from meshrun_operator.metrics import JOBS_BY_PHASE, PhaseBook
-from meshrun_operator.vocabulary import Phase
 
 pytestmark = pytest.mark.unit
 

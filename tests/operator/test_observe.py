@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
-from meshrun_operator.lifecycle.failures import FailureClass, classify
+from meshrun_operator.lifecycle.failure.classes import FailureClass, classify
 from meshrun_operator.seen.boundedjson import MAX_CHARS, MAX_DEPTH, Unreadable, read_object
 from meshrun_operator.seen.views import node_ready, parse_progress, parse_summary, pod_view
 

@@ -9,13 +9,13 @@ import copy
 from typing import Any
 
 import pytest
-from meshrun_operator.bodies import merged, replacing
 from meshrun_operator.client.kube import StaleJob
+from meshrun_operator.plaindata import merged, replacing
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.reconcile import reconcile
 from meshrun_operator.runtime.resync import Resyncer
 from operator_factories import make_pod
-from operator_lifecycle_helpers import TUNING, running_job
+from operator_lifecycle_helpers import TIMING, running_job
 
 pytestmark = pytest.mark.unit
 
@@ -80,7 +80,7 @@ def reconciled(ctx: OperatorContext, api: OneJobApi) -> str:
 
 def test_a_status_someone_else_wrote_is_restored_said_and_not_acted_on() -> None:
     api = OneJobApi(running_job())
-    ctx = OperatorContext(kube=api, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=api, timing=TIMING)  # type: ignore[arg-type]
     assert reconciled(ctx, api) == "Running"
     api.calls.clear()
 
@@ -116,7 +116,7 @@ def test_a_status_someone_else_wrote_is_restored_said_and_not_acted_on() -> None
 
 def test_the_operators_own_writes_and_other_changes_of_the_job_are_not_someone_elses() -> None:
     api = OneJobApi(running_job())
-    ctx = OperatorContext(kube=api, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=api, timing=TIMING)  # type: ignore[arg-type]
     reconciled(ctx, api)
     # An edit of the spec or the labels: a newer version, the same status.
     api.job["metadata"]["resourceVersion"] = str(int(api.job["metadata"]["resourceVersion"]) + 1)
@@ -140,7 +140,7 @@ def test_the_operators_own_writes_and_other_changes_of_the_job_are_not_someone_e
 
 def test_a_new_leader_takes_the_status_it_finds_as_the_other_operators() -> None:
     api = OneJobApi(running_job())
-    ctx = OperatorContext(kube=api, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=api, timing=TIMING)  # type: ignore[arg-type]
     reconciled(ctx, api)
     loop = Resyncer(ctx, PODS, None)
     loop.leadership_changed(False)  # meanwhile another operator leads and writes

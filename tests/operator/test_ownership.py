@@ -32,7 +32,7 @@ from meshrun_operator.seen.children import observe as observe_children
 from meshrun_operator.seen.expectations import Expectations, Tombstones
 from meshrun_operator.seen.views import Refusal, pod_view
 from operator_factories import at, make_job, make_pod, observe
-from operator_lifecycle_helpers import TUNING, advance, condition, failed, run, running_job
+from operator_lifecycle_helpers import TIMING, advance, condition, failed, run, running_job
 
 from meshrun.api.crd import API_VERSION, KIND
 
@@ -75,7 +75,7 @@ def test_a_name_conflict_leaves_the_job_pending_with_no_pods_and_says_so() -> No
     assert first.create_pods == (0, 1)
     message = "Service job already exists and is not this job's (controller: none; ...)"
     conflict = Refusal((), "NameConflict", message, "Service job")
-    decision = decide(job, replace(observe(), refused=conflict), at(0), TUNING)
+    decision = decide(job, replace(observe(), refused=conflict), at(0), TIMING)
     cond = condition(decision, "CreationRefused")
     assert (cond["status"], cond["reason"], cond["message"]) == ("True", "NameConflict", message)
     assert ("Warning", "NameConflict") in {(e.type, e.reason) for e in decision.events}
@@ -84,7 +84,7 @@ def test_a_name_conflict_leaves_the_job_pending_with_no_pods_and_says_so() -> No
     job = advance(job, decision)
     # While the conflict lasts, no pod is created and nothing is deleted; the Event is not
     # repeated for the same conflict.
-    again = decide(job, replace(observe(), refused=conflict), at(12), TUNING)
+    again = decide(job, replace(observe(), refused=conflict), at(12), TIMING)
     assert again.create_pods == () and again.delete_pods == ()
     assert "NameConflict" not in {e.reason for e in again.events}
 
@@ -96,12 +96,12 @@ def test_a_child_deleted_while_the_gang_runs_is_created_again_and_the_gang_untou
     job = running_job()
     pods = (make_pod(0), make_pod(1))
     observed = replace(observe(*pods), missing_children=(kind,))
-    decision = decide(job, observed, at(5), TUNING)
+    decision = decide(job, observed, at(5), TIMING)
     assert decision.restore == (kind,)
     assert decision.create_pods == () and decision.delete_pods == ()
     assert decision.status["phase"] == "Running" and decision.status["restarts"] == 0
     # Nothing missing: nothing to restore.
-    assert decide(job, observe(*pods), at(5), TUNING).restore == ()
+    assert decide(job, observe(*pods), at(5), TIMING).restore == ()
 
 
 def test_a_restore_refused_by_a_name_conflict_is_said_and_the_gang_runs_on() -> None:
@@ -109,13 +109,13 @@ def test_a_restore_refused_by_a_name_conflict_is_said_and_the_gang_runs_on() -> 
     pods = (make_pod(0), make_pod(1))
     message = "Service job already exists and is not this job's"
     conflict = Refusal((), "NameConflict", message, "Service job")
-    decision = decide(job, replace(observe(*pods), refused=conflict), at(5), TUNING)
+    decision = decide(job, replace(observe(*pods), refused=conflict), at(5), TIMING)
     cond = condition(decision, "CreationRefused")
     assert (cond["status"], cond["reason"]) == ("True", "NameConflict")
     assert decision.status["phase"] == "Running" and decision.delete_pods == ()
     job = advance(job, decision)
     # Once the job's own Service is back, the condition turns False.
-    done = decide(job, observe(*pods), at(8), TUNING)
+    done = decide(job, observe(*pods), at(8), TIMING)
     assert condition(done, "CreationRefused")["status"] == "False"
 
 
@@ -159,7 +159,7 @@ def test_a_restart_writes_its_reason_before_deleting_and_a_restarted_operator_ke
     pods = [failed(0, 137, container_reason="OOMKilled", owner_uid="uid-1", uid="p0")]
     pods.append(make_pod(1, owner_uid="uid-1", uid="p1"))
     kube = RecordingKube()
-    ctx = OperatorContext(kube=kube, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=kube, timing=TIMING)  # type: ignore[arg-type]
     index = {("ns", "job"): pods}
     decision = asyncio.run(reconcile(ctx, job, index, None))
     assert decision.state.last_failure is not None
@@ -169,7 +169,7 @@ def test_a_restart_writes_its_reason_before_deleting_and_a_restarted_operator_ke
     # Killed right after the deletes: a new operator finds the attempt ended, its pods going.
     after = advance(job, decision)
     going = (replace(pods[0], deleting=True), replace(pods[1], deleting=True))
-    later = decide(after, observe(*going), at(30), TUNING)
+    later = decide(after, observe(*going), at(30), TIMING)
     assert later.status["restarts"] == 1 and later.status["attempt"] == 1
     assert later.status["lastFailure"]["reason"] == "OOMKilled"
     assert later.status["phase"] == "Restarting"
@@ -426,7 +426,7 @@ def test_a_pod_in_another_namespace_cannot_fail_a_job_given_its_uid() -> None:
     job = running_job()
     job["metadata"]["resourceVersion"] = "1"
     kube = RecordingKube()
-    ctx = OperatorContext(kube=kube, tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=kube, timing=TIMING)  # type: ignore[arg-type]
     # Exit code 3 (NoAccelerator) fails a job at once, with no restart.
     ctx.tombstones.record(pod_object("evil", owner=controller("example.invalid/v1", "Nope")))
     ctx.tombstones.record(pod_object("evil"))
@@ -446,7 +446,7 @@ def test_a_pod_with_a_controller_of_another_kind_is_waited_for_never_deleted_as_
     orphan_body["metadata"]["ownerReferences"] = []
     orphan = replace(pod_view(orphan_body), name="job-1", index=1)
     assert someones.other_controller and not orphan.other_controller
-    decision = decide(make_job(), replace(observe(), foreign=(someones, orphan)), at(0), TUNING)
+    decision = decide(make_job(), replace(observe(), foreign=(someones, orphan)), at(0), TIMING)
     assert (*decision.delete_pods, *decision.force_delete_pods) == ("job-1",)
     assert decision.create_pods == () and decision.status["phase"] == "Pending"
 
@@ -531,7 +531,7 @@ def test_a_pod_whose_job_uid_label_was_removed_is_labelled_again() -> None:
     stripped = replace(make_pod(0, owner_uid="uid-1", uid="p0"), labelled=False)
     pods = (stripped, make_pod(1, owner_uid="uid-1", uid="p1"))
     job = running_job()
-    decision = decide(job, observe(*pods), at(5), TUNING)
+    decision = decide(job, observe(*pods), at(5), TIMING)
     assert decision.create_pods == () and decision.delete_pods == ()
     kube = LabellingKube()
     ctx = OperatorContext(kube=kube)  # type: ignore[arg-type]

@@ -6,8 +6,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from meshrun_operator.bodies import without_none
 from meshrun_operator.lifecycle.columns import display
+from meshrun_operator.plaindata import without_none
 from operator_factories import REPORT_3_OF_10, make_job, make_pod, observe
 from operator_lifecycle_helpers import run, started_job
 
@@ -58,11 +58,23 @@ def test_every_column_reads_what_the_operator_writes_for_a_running_gpu_job() -> 
     }
 
 
-def test_a_cpu_job_counts_its_processes_and_predicts_nothing() -> None:
+def test_the_layout_column_shows_context_parallelism_and_says_so() -> None:
+    """A running job over 4 x 2 ranks with each sequence split over 2 of them: the Layout
+    column shows cp, and its description (kubectl explain, the column's help) names it."""
+    status = running(strategy={"contextParallel": 2})
+    layout = next(c for c in columns() if c["name"] == "Layout")
+    assert read(status, layout["jsonPath"]) == "dp4 x cp2 x pp1 x tp1"
+    assert status["plan"]["layout"] == "dp4 x cp2 x pp1 x tp1" and status["plan"]["cp"] == 2
+    words = " ".join(layout["description"].split())
+    assert "data x context (only above 1) x pipeline x tensor" in words and "(epN)" in words
+
+
+def test_a_cpu_job_counts_its_processes_and_shows_its_cpu_prediction() -> None:
     status = running(resources={"accelerator": "cpu"})
     assert status["gpus"] == 0 and read(status, ".status.worldSize") == 8
-    assert "predictedTokensPerSecond" not in status["progress"]
-    assert read(status, ".status.display.predictedTokensPerSecond") is None
+    predicted = status["progress"]["predictedTokensPerSecond"]
+    shown = read(status, ".status.display.predictedTokensPerSecond")
+    assert predicted < 5000 and shown == rate_text(predicted)
     assert read(status, ".status.display.step") == "3/10"
 
 

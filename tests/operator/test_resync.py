@@ -20,14 +20,14 @@ from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.client.login import Login
 from meshrun_operator.client.rest import Rest
+from meshrun_operator.jobstatus import Phase
 from meshrun_operator.runtime import reconcile as reconcile_module
 from meshrun_operator.runtime import resync
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.resync import Failing, Resyncer, job_is_gone
-from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import Phase
+from meshrun_operator.timing import Timing
 from operator_factories import make_job, make_pod
-from operator_lifecycle_helpers import TUNING, failed, running_job
+from operator_lifecycle_helpers import TIMING, failed, running_job
 from test_login import kubeconfig, serving
 
 from meshrun.api.crd import GROUP, PLURAL
@@ -208,10 +208,10 @@ def test_a_failing_reconcile_backs_off_doubling_and_logs_its_traceback_once(
             raise error
 
     monkeypatch.setattr(resync, "reconcile", reconcile)
-    tuning = Tuning(error_backoff_base_seconds=2, error_backoff_max_seconds=10)
+    timing = Timing(error_backoff_base_seconds=2, error_backoff_max_seconds=10)
 
     async def scenario() -> None:
-        loop = Resyncer(OperatorContext(kube=None, tuning=tuning), None, None)  # type: ignore[arg-type]
+        loop = Resyncer(OperatorContext(kube=None, timing=timing), None, None)  # type: ignore[arg-type]
         loop.jobs = {"a": job("a")}
         delays = []
         for _ in range(len(errors)):
@@ -244,10 +244,10 @@ def test_a_failing_job_is_not_retried_at_every_pass_but_a_new_spec_is_acted_on_a
         raise ValueError("the same bug")
 
     monkeypatch.setattr(resync, "reconcile", reconcile)
-    tuning = Tuning(error_backoff_base_seconds=0.2, error_backoff_max_seconds=0.4)
+    timing = Timing(error_backoff_base_seconds=0.2, error_backoff_max_seconds=0.4)
 
     async def scenario() -> None:
-        ctx = OperatorContext(kube=None, resync_seconds=0.01, tuning=tuning)  # type: ignore[arg-type]
+        ctx = OperatorContext(kube=None, resync_seconds=0.01, timing=timing)  # type: ignore[arg-type]
         loop = Resyncer(ctx, None, None, batch_seconds=0.01)
         loop.jobs = {"a": job("a")}
         task = asyncio.create_task(loop.run())
@@ -285,14 +285,18 @@ def test_a_job_waits_as_long_as_the_api_servers_retry_after(tmp_path: Path) -> N
         async with serving(handler) as port:
             config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
             rest = Rest(Login(str(config)), ApiTimeout.of(5))
-            ctx = OperatorContext(kube=Kube(rest), tuning=Tuning(error_backoff_base_seconds=2))
+            ctx = OperatorContext(kube=Kube(rest), timing=Timing(error_backoff_base_seconds=2))
             loop = Resyncer(ctx, {}, None)
             loop.jobs = {"uid-1": make_job()}
             try:
                 await loop.one("uid-1")
+                # The Service was refused: the pass wrote nothing, and is requeued.
+                assert sent[-1].endswith("/services") and "uid-1" not in loop.failing, sent
+                assert "uid-1" in loop.batched
+                await loop.one("uid-1")
             finally:
                 await rest.close()
-            # The Service was refused, then the status saying so.
+            # The next pass wrote the status saying so (refused too).
             assert sent[0].endswith("/services") and sent[-1].endswith("/job/status"), sent
             failing = loop.failing["uid-1"]
             assert 6.5 < failing.retry_at - time.monotonic() <= 7
@@ -331,7 +335,7 @@ def test_a_job_the_api_server_says_is_gone_is_dropped_from_everything_at_once() 
     gone, other = running_job(), running_job()
     other["metadata"] = {**other["metadata"], "uid": "uid-2", "name": "other"}
     pods = [failed(0, 137, owner_uid="uid-1", uid="p0"), make_pod(1, owner_uid="uid-1", uid="p1")]
-    ctx = OperatorContext(kube=GoneJobKube(), tuning=TUNING)  # type: ignore[arg-type]
+    ctx = OperatorContext(kube=GoneJobKube(), timing=TIMING)  # type: ignore[arg-type]
     loop = Resyncer(ctx, {("ns", "job"): pods}, None)
     loop.jobs = {"uid-1": gone, "uid-2": other}
     ctx.phases.set("uid-2", Phase.RUNNING)

@@ -8,14 +8,14 @@ from collections.abc import Mapping
 from typing import Any
 
 import pytest
-from meshrun_operator.bodies import with_unwritten, without_none
-from meshrun_operator.lifecycle.failures import FailureClass
+from meshrun_operator.jobstatus import Phase
+from meshrun_operator.lifecycle.failure.classes import FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure, StepChange
-from meshrun_operator.vocabulary import Phase
+from meshrun_operator.plaindata import with_unwritten, without_none
 from operator_factories import at, make_job, make_pod, observe
 from operator_lifecycle_helpers import run, started_job
 
-from meshrun.api.crd import VERSION, crd
+from meshrun.api.crd import VERSION, crd, validate_status
 
 pytestmark = pytest.mark.unit
 
@@ -66,6 +66,38 @@ def test_the_state_survives_its_own_serialization() -> None:
     status = without_none(FULL.to_status())
     assert JobState.from_job({"status": status}) == FULL
     assert JobState.from_job({"status": {}}) == JobState()
+
+
+def test_the_bookkeeping_keys_stay() -> None:
+    status = FULL.to_status()
+    assert list(status) == [
+        "phase",
+        "attempt",
+        "restarts",
+        "disruptions",
+        "attemptGeneration",
+        "message",
+        "startTime",
+        "completionTime",
+        "attemptStartTime",
+        "activeSince",
+        "nextAttemptTime",
+        "gangRetries",
+        "lastFailure",
+        "lastStepChange",
+        "invalidSpec",
+    ]
+    assert status["lastFailure"] == {
+        "pod": "job-1",
+        "reason": "Killed",
+        "message": "exit code 137",
+        "class": "Retryable",
+        "exitCode": 137,
+        "time": "2026-01-01T12:00:20Z",
+    }
+    assert status["lastStepChange"] == {"attempt": 1, "step": 7, "time": "2026-01-01T12:00:15Z"}
+    assert status["startTime"] is None and status["phase"] == "Restarting"
+    validate_status(status)
 
 
 def test_every_bookkeeping_field_is_declared_in_the_crd_status() -> None:

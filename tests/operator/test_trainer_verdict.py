@@ -4,7 +4,7 @@ failure (ConfigError, NoAccelerator) must come from the termination message."""
 from __future__ import annotations
 
 import pytest
-from meshrun_operator.lifecycle.failures import FailureClass, classify, from_trainer
+from meshrun_operator.lifecycle.failure.classes import FailureClass, classify, from_trainer
 from operator_factories import make_pod, observe
 from operator_lifecycle_helpers import condition, run, started_job
 

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from meshrun_operator.seen.views import Refusal, pod_view
 from operator_factories import make_job, make_pod, observe
-from operator_lifecycle_helpers import TUNING, condition, run, started_job
+from operator_lifecycle_helpers import TIMING, condition, run, started_job
 
 pytestmark = pytest.mark.unit
 
@@ -69,8 +69,8 @@ def test_a_pod_that_cannot_start_is_named_at_once_with_the_kubelets_words(
     # Well before the start timeout (60 s here): a wait, not a failure.
     assert decision.status["phase"] == "Pending" and decision.status["restarts"] == 0
     assert "Failed" not in {c["type"] for c in decision.status["conditions"]}
-    # Past it, the same wait is the job's failure (troubles._stuck).
-    _, late = run(started_job(), observe(make_pod(0), waiting), TUNING.start_failure_seconds + 1)
+    # Past it, the same wait is the job's failure (lifecycle/failure/detect.py).
+    _, late = run(started_job(), observe(make_pod(0), waiting), TIMING.start_failure_seconds + 1)
     assert late.status["phase"] == "Failed" and condition(late, "Failed")["reason"] == reason
 
 

@@ -133,7 +133,7 @@ def test_example_trains_on_the_real_node_with_the_local_final_loss(
     progress = status["progress"]
     assert progress["step"] == progress["totalSteps"] == reference["steps"]
     assert status["plan"]["worldSize"] == reference["worldSize"]
-    for degree in ("dp", "pp", "tp"):
+    for degree in ("dp", "cp", "pp", "tp"):
         assert status["plan"][degree] == reference["layout"][degree], degree
     assert progress["loss"] == pytest.approx(reference["finalLoss"], rel=1e-6, abs=1e-6)
     kubectl("delete", "paralleltrainingjob", name, "-n", namespace, "--wait=true")

@@ -54,6 +54,7 @@ SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
     2: {
         "tp2": {"tp": 2},
+        "tp2-gelu": {"tp": 2, "model": {"mlp": "gelu"}},  # the two-matrix MLP, split the same
         **{f"pp2-{s}": _pipeline(s, pp=2) for s in SCHEDULES},
         **{f"pp2-{s}-acc2": _accumulating(s, pp=2) for s in SCHEDULES},
     },
@@ -80,7 +81,8 @@ LAYOUTS: dict[int, dict[str, dict[str, Any]]] = {
         "3d-pp2-zero2-tp2-gpipe-acc2": _accumulating("gpipe", pp=2, dp=2, tp=2, zero_stage=2),
     },
 }
-"""Layout keyword arguments of ``layout_env`` per world size."""
+"""Layout keyword arguments of ``layout_env`` per world size (``model``: spec.model keys over
+the tiny preset, against a reference of the same model)."""
 
 
 def runs(world: int) -> dict[str, tuple[dict[str, Any], str, str]]:
@@ -118,19 +120,22 @@ def main(out: str) -> None:
     init_distributed(device)
     world = dist.get_world_size()
     results: dict[str, Any] = {}
-    references: dict[str, dict[str, list[float]]] = {}
-    for name, (layout, precision, checkpointing) in runs(world).items():
+    references: dict[tuple[str, str], dict[str, list[float]]] = {}
+    for name, (given, precision, checkpointing) in runs(world).items():
         training = {**TRAINING, "precision": precision, "activationCheckpointing": checkpointing}
-        env = layout_env(MODEL, training, **layout)
+        layout = dict(given)
+        model = {**MODEL, **layout.pop("model", {})}
+        env = layout_env(model, training, **layout)
         job = read_job({**env, "WORLD_SIZE": str(world)})
-        if precision not in references and dist.get_rank() == 0:
-            references[precision] = reference_run(job)
+        key = (precision, job.plan.model.mlp)
+        if key not in references and dist.get_rank() == 0:
+            references[key] = reference_run(job)
         result = train(job, build_mesh(job.plan.layout, device))
         results[name] = {
             "losses": [r.loss for r in result.records],
             "gradNorms": [r.grad_norm for r in result.records],
             "precision": precision,
-            "reference": references.get(precision),
+            "reference": references.get(key),
         }
         dist.barrier()
     if dist.get_rank() == 0:

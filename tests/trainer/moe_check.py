@@ -60,6 +60,10 @@ RUNS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "ep4-tp2-dp2": (SOFTMAX, {"dp": 2, "tp": 2, "ep": 4}),
     "ep2-tp2-zero3-dp2": (SIGMOID, {"dp": 2, "tp": 2, "ep": 2, "zero_stage": 3}),
     "sigmoid-bias-ep4": (SIGMOID, {"dp": 4, "ep": 4}),
+    "ep2-cp2-dp2": (SOFTMAX, {"dp": 2, "cp": 2, "ep": 2}),  # each EP group is a cp group
+    "ep4-cp2-zero1-dp2": (SOFTMAX, {"dp": 2, "cp": 2, "ep": 4, "zero_stage": 1}),
+    "ep4-cp2-tp2": (SOFTMAX, {"cp": 2, "tp": 2, "ep": 4}),
+    "sigmoid-bias-ep2-cp4": (SIGMOID, {"cp": 4, "ep": 2}),  # EP inside the cp group alone
     "saved-ep4": (SOFTMAX, {"dp": 4, "ep": 4}),
     "resumed-ep2": (SOFTMAX, {"dp": 4, "ep": 2, "zero_stage": 3}),
 }
@@ -178,7 +182,7 @@ def main(out: str, folder: str) -> None:
             )
         gathered: list[Any] = [None] * world
         dist.all_gather_object(gathered, (observed.aux, observed.grads, biases(observed.parts)))
-        dp = job.plan.layout.dp
+        dp = job.plan.layout.dp  # each rank holds 1/(cp x tp) of its replica's
         aux = [sum(rank[0][i] for rank in gathered) / dp for i in range(len(observed.aux))]
         grads: dict[str, list[float]] = {}
         for _, rank_grads, _ in gathered:

@@ -1,7 +1,8 @@
 """Every strategy against the single-process reference: one torchrun launch per world size.
 
 For the tiny preset the per-step losses of DDP, ZeRO-1/2/3, PP 2 with each schedule (alone, with
-gradient accumulation, and x DP 2 with accumulation), PP 4, TP 2 and 4, DP 2 x TP 2, PP 2 x TP 2,
+gradient accumulation, and x DP 2 with accumulation), PP 4, TP 2 (also with the
+two-matrix GeLU MLP, against its own reference) and 4, DP 2 x TP 2, PP 2 x TP 2,
 3D 2x2x2 (with and without accumulation), CP 4 and CP 2 x TP 2 match the plain run of the same
 global batch: in fp32 within 1e-4 relative, and in bf16 with activation checkpointing within
 BF16_RTOL of the plain bf16 run. The gradient norms (before clipping) are compared too: they

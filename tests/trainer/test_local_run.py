@@ -1,4 +1,5 @@
-"""``meshrun run FILE --local``: a real two-pod run through the CLI, and its input errors."""
+"""``meshrun run FILE --local``: real two-pod runs through the CLI (examples/moe.yaml among them),
+and its input errors."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 from tensorboard.backend.event_processing.event_accumulator import SCALARS, EventAccumulator
 from trainer_launch import REPO, cpu_env
 
@@ -149,3 +151,53 @@ def test_tp_over_whole_pods_and_1f1b_below_a_micro_batch_per_stage_train_as_one_
     for losses in (tensor, pipeline):
         assert len(losses) == len(one)
         assert all(abs(a - b) <= 1e-4 * abs(b) for a, b in zip(losses, one, strict=True))
+
+
+@pytest.mark.timeout(600)
+def test_the_long_context_example_trains_with_each_sequence_split_over_two_ranks(
+    tmp_path: Path,
+) -> None:
+    """examples/long-context.yaml through the CLI as a user runs it (2 of its steps): every
+    4,096-token sequence split over the 2 processes (cp 2, one data-parallel replica), and the
+    loss falls."""
+    example = yaml.safe_load((REPO / "examples" / "long-context.yaml").read_text())
+    example["spec"]["training"]["steps"] = 2
+    job, summary_path = tmp_path / "long-context.yaml", tmp_path / "summary.json"
+    job.write_text(yaml.safe_dump(example))
+    proc = meshrun("run", str(job), "--local", "--quiet", "--summary-json", str(summary_path))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["worldSize"] == 2 and len(summary["losses"]) == 2
+    assert (summary["layout"]["dp"], summary["layout"]["cp"]) == (1, 2)
+    assert summary["trainerLayout"]["degrees"]["cp"] == 2
+    assert summary["finalLoss"] < summary["losses"][0] - 1e-2
+
+
+@pytest.mark.timeout(600)
+def test_the_moe_example_trains_as_given_and_ep_changes_no_loss(tmp_path: Path) -> None:
+    """examples/moe.yaml, unchanged, trains with its experts over expertParallel 2 (2 pods of 2
+    processes); its first steps' losses equal those of the same job with every expert on every
+    rank (expertParallel 1), the experts' gradients being the same sums."""
+    example = REPO / "examples" / "moe.yaml"
+    summary_path = tmp_path / "moe.json"
+    proc = meshrun(
+        "run", str(example), "--local", "--quiet", "--summary-json", str(summary_path),
+        "--checkpoint-dir", str(tmp_path / "checkpoints"),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    summary = json.loads(summary_path.read_text())
+    assert summary["trainerLayout"]["ep"] == 2 and summary["worldSize"] == 4
+    losses = summary["losses"]
+    assert len(losses) == summary["steps"] == 20 and losses[-1] < losses[0] - 1.0
+    job = yaml.safe_load(example.read_text())
+    job["spec"]["strategy"]["expertParallel"] = 1
+    job["spec"]["training"].update(steps=3)
+    del job["spec"]["training"]["checkpoint"]
+    whole = tmp_path / "ep1.yaml"
+    whole.write_text(yaml.safe_dump(job))
+    plain = tmp_path / "ep1.json"
+    proc = meshrun("run", str(whole), "--local", "--quiet", "--summary-json", str(plain))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    reference = json.loads(plain.read_text())
+    assert reference["trainerLayout"]["ep"] == 1
+    assert reference["losses"] == pytest.approx(losses[:3], rel=1e-5)

@@ -3,8 +3,11 @@ torchrun launch of 4 processes (moe_check.py).
 
 ep 4 over DDP, ep 2 under ZeRO-3 with gradient accumulation, ep 2 with 2 pipeline stages x dp 2,
 ep 1 under ZeRO-1 and ZeRO-2, ep 2 under ZeRO-1 (FSDP2's, as ZeroRedundancyOptimizer would
-broadcast one rank's experts over another's), ep 4 over tp 2 x dp 2, and a sigmoid router with
-bias balancing at ep 4 and at ep 2 over tp 2 x ZeRO-3 dp 2: the per-step losses, gradient norms
+broadcast one rank's experts over another's), ep 4 over tp 2 x dp 2, a sigmoid router with
+bias balancing at ep 4 and at ep 2 over tp 2 x ZeRO-3 dp 2, and under context parallelism: ep 2
+over cp 2 (x dp 2), ep 4 over dp 2 x cp 2 under ZeRO-1, ep 4 over cp 2 x tp 2 and the sigmoid
+router at ep 2 inside cp 4 (the per-sequence auxiliary loss adds up the shards of each
+sequence over cp x tp first, the loads are summed over dp x cp): the per-step losses, gradient norms
 and auxiliary losses equal the plain run's in fp32 within 1e-4 relative, every expert's
 gradient on the first step within 1e-6 absolute (gradients of about 1e-3), and the balancing
 biases after the last step exactly (they move in steps of 0.001). A run saved at ep 4 resumes

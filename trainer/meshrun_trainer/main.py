@@ -41,7 +41,7 @@ def summarize(job: JobDocument, result: TrainResult, peaks: list[int]) -> dict[s
     tokens_per_s = tokens * len(timed) / sum(r.step_time_s for r in timed) if timed else 0.0
     layout: dict[str, Any] = dataclasses.asdict(job.plan.layout)
     layout["stage_layers"] = [list(layers) for layers in job.plan.stage_layers]
-    layout["dataParallel"] = data_parallel_kind(job.plan.layout)
+    layout["dataParallel"] = data_parallel_kind(job.plan.layout).value
     return {
         "status": "Succeeded",
         "steps": job.spec.training.steps,

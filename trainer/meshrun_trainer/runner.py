@@ -11,6 +11,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor.parallel import loss_parallel
+from torch.nn.parallel import DistributedDataParallel
 
 if TYPE_CHECKING:
     from meshrun_trainer.distributed.pipeline import AccumulatingStage, Schedule
@@ -69,6 +70,10 @@ class Runner:
 
     def parameters(self) -> list[nn.Parameter]:
         return [p for part in self.parts for p in part.parameters()]
+
+    def modules(self) -> list[nn.Module]:
+        """The model chunks without their DDP wrapper (parameter names as in the model)."""
+        return [p.module if isinstance(p, DistributedDataParallel) else p for p in self.parts]
 
     def pipeline_stages(self) -> list[AccumulatingStage]:
         """The pipeline stages the schedule runs on this rank (none when pp == 1)."""

@@ -34,8 +34,8 @@ from meshrun_operator.children.domains import StagePlacement, choose, domain_roo
 from meshrun_operator.children.nodefit import node_filter
 from meshrun_operator.children.owner import JobRef, pod_stage
 from meshrun_operator.children.podtemplate import select_product
+from meshrun_operator.jobstatus import PodPhase
 from meshrun_operator.seen.nodes import NodeInfo
-from meshrun_operator.vocabulary import PodPhase
 
 logger = logging.getLogger("meshrun.operator")
 

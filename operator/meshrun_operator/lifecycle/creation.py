@@ -19,15 +19,14 @@ from datetime import timedelta
 from meshrun.api.spec import JobSpec
 from meshrun.planner.ranks import compress_ranks
 from meshrun.rules.names import pod_name
-from meshrun_operator import names
-from meshrun_operator import vocabulary as words
+from meshrun_operator import jobstatus, names
 from meshrun_operator.clock import format_time, parse_time
 from meshrun_operator.conditions import find, is_true
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.jobstatus import ConditionType, EventType, Reason
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed, PodView, Refusal
-from meshrun_operator.vocabulary import ConditionType, EventType, Reason
 
 
 def predecessors(draft: Draft, observed: Observed) -> bool:
@@ -36,7 +35,7 @@ def predecessors(draft: Draft, observed: Observed) -> bool:
     draft.delete.extend(p.name for p in orphans if not p.deleting)
     if not observed.foreign:
         return False
-    message = words.WAITING_FOR_PREDECESSOR.format(count=len(observed.foreign), job=draft.name)
+    message = jobstatus.WAITING_FOR_PREDECESSOR.format(count=len(observed.foreign), job=draft.name)
     draft.waiting(message)
     return True
 
@@ -57,12 +56,12 @@ def create_or_wait(draft: Draft, spec: JobSpec, current: list[PodView], observed
             done = Reason.CREATED.message(attempt=draft.attempt)
             draft.condition(ConditionType.CREATION_REFUSED, False, Reason.CREATED, done)
         return False
-    unknown = [i for i in missing if pod_name(draft.name, i) not in observed.expected]
     if observed.refused is not None:
-        refused(draft, spec, observed.refused, [i for i in unknown])
+        refused(draft, observed.refused)
         return True
+    unknown = [i for i in missing if pod_name(draft.name, i) not in observed.expected]
     if not unknown:
-        draft.waiting(words.WAITING_FOR_NEW_PODS.format(count=len(missing)))
+        draft.waiting(jobstatus.WAITING_FOR_NEW_PODS.format(count=len(missing)))
         return True
     if draft.state.start_time is not None:
         # The whole gang ran, and a pod is gone without a trace of its deletion (the operator
@@ -88,7 +87,7 @@ def _backing_off(draft: Draft) -> bool:
     if is_true(draft.conditions, ConditionType.CREATION_REFUSED):
         draft.waiting(draft.state.message)  # it says what was refused and when it is retried
     else:
-        draft.waiting(words.BACKING_OFF.format(until=format_time(until)))
+        draft.waiting(jobstatus.BACKING_OFF.format(until=format_time(until)))
     return True
 
 
@@ -103,12 +102,12 @@ def _gang_expired(draft: Draft, spec: JobSpec, current: list[PodView]) -> bool:
     return True
 
 
-def refused(draft: Draft, spec: JobSpec, refusal: Refusal, tried: list[int]) -> None:
-    """The API server refused some creates: the created ones are in flight, the job says why in
-    CreationRefused and a Warning Event, and the rest is retried after a delay that doubles
-    with the time the refusal has lasted, and no sooner than the API server's Retry-After
-    (capped like the restart backoff)."""
-    created = [i for i in tried if i not in refusal.indices]
+def refused(draft: Draft, refusal: Refusal) -> None:
+    """The API server refused some creates of the last pass: the ones it created are in flight
+    (the attempt started with them), the job says why in CreationRefused and a Warning Event,
+    and the rest is retried after a delay that doubles with the time the refusal has lasted,
+    and no sooner than the API server's Retry-After (capped like the restart backoff)."""
+    created = [i for i in refusal.sent if i not in refusal.indices]
     state, now = draft.state, draft.now
     if created and state.attempt_start_time is None:
         state.attempt_start_time, state.attempt_generation = now, draft.generation
@@ -121,19 +120,21 @@ def refused(draft: Draft, spec: JobSpec, refusal: Refusal, tried: list[int]) -> 
     since = parse_time((old or {}).get("lastTransitionTime")) if old else None
     if old is None or old.get("status") != "True" or since is None:
         since = now
-    tuning = draft.tuning
+    timing = draft.timing
     lasted = (now - since).total_seconds()
     delay = min(
-        max(lasted, tuning.backoff_base_seconds, refusal.retry_after or 0.0),
-        tuning.backoff_max_seconds,
+        max(lasted, timing.backoff_base_seconds, refusal.retry_after or 0.0),
+        timing.backoff_max_seconds,
     )
     state.next_attempt_time = now + timedelta(seconds=delay)
     _tell_refusal(draft, refusal, what)
     until = format_time(state.next_attempt_time)
     if refusal.reason == Reason.NAME_CONFLICT:
-        draft.waiting(words.NAME_TAKEN.format(why=refusal.message, until=until))
+        draft.waiting(jobstatus.NAME_TAKEN.format(why=refusal.message, until=until))
     else:
-        draft.waiting(words.CREATION_REFUSED.format(what=what, why=refusal.message, until=until))
+        draft.waiting(
+            jobstatus.CREATION_REFUSED.format(what=what, why=refusal.message, until=until)
+        )
 
 
 NAMED_PODS = 8

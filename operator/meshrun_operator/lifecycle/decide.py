@@ -18,17 +18,19 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from meshrun.api.errors import SpecError
-from meshrun.api.spec import CPU, JobSpec
+from meshrun.api.spec import JobSpec
 from meshrun.planner.plan import Plan
-from meshrun_operator import vocabulary as words
+from meshrun_operator import jobstatus
+from meshrun_operator.jobstatus import ConditionType, EventType, PodPhase, Reason
 from meshrun_operator.kueue import KueueActions, QueueRef
-from meshrun_operator.lifecycle import creation, elastic, specedits, troubles
-from meshrun_operator.lifecycle import queue as kueue_flow
+from meshrun_operator.lifecycle import creation, elastic, queueing, specedits
 from meshrun_operator.lifecycle.columns import display, running_size
 from meshrun_operator.lifecycle.evaluation import Evaluation, evaluate, still_refused
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure import detect
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.lifecycle.phases import Draft, Event
+from meshrun_operator.lifecycle.scheduling import WHY_MAX, missing_product, scheduler_says
 from meshrun_operator.lifecycle.state import JobState
 from meshrun_operator.lifecycle.summary import (
     final_progress,
@@ -37,10 +39,9 @@ from meshrun_operator.lifecycle.summary import (
     progress_status,
     step_change,
 )
-from meshrun_operator.lifecycle.throughput import judge_throughput, missing_product
+from meshrun_operator.lifecycle.throughput import judge_throughput
 from meshrun_operator.seen.views import Observed, PodView
-from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import ConditionType, EventType, PodPhase, Reason
+from meshrun_operator.timing import Timing
 
 
 @dataclass
@@ -76,7 +77,7 @@ def decide(
     job: Mapping[str, Any],
     observed: Observed,
     now: datetime,
-    tuning: Tuning | None = None,
+    timing: Timing | None = None,
     evaluation: Evaluation | None = None,
     running: specedits.Running | None = None,
 ) -> Decision:
@@ -87,7 +88,7 @@ def decide(
     generation = metadata.get("generation")
     ev = evaluation or evaluate(job.get("spec") or {}, name)
     state = JobState.from_job(job)
-    draft = Draft(job.get("status") or {}, state, now, tuning or Tuning(), name)
+    draft = Draft(job.get("status") or {}, state, now, timing or Timing(), name)
     draft.derived["observedGeneration"] = generation
     current = still_refused(ev, state.invalid_spec, generation)
     draft.generation = known = generation if isinstance(generation, int) else None
@@ -100,7 +101,7 @@ def decide(
             draft.derived["plan"] = summary
             # Printer columns (kubectl get ptj) read these top-level copies.
             draft.derived.update(strategy=summary["strategy"], **running_size(ev.plan))
-        queue = kueue_flow.queue_of(ev.spec, metadata)
+        queue = queueing.queue_of(ev.spec, metadata)
         # An elastic job runs at status.dataParallel; a resize restarts the gang right here.
         ev, resizing = elastic.sized(draft, ev, observed, queued=queue is not None)
         if not resizing and ev.spec is not None:
@@ -109,9 +110,9 @@ def decide(
             # The running attempt's pods cannot be rebuilt under a spec that is refused.
             draft.create.clear()
             draft.invalid(current.error or SpecError("spec", "no plan"), known, observed.pods)
-    kueue_flow.report(draft, observed)
+    queueing.report(draft, observed)
     draft.announce_phase()
-    force = troubles.force_deletes(observed, draft.delete, draft.tuning, draft.now)
+    force = detect.force_deletes(observed, draft.delete, draft.timing, draft.now)
     status = draft.status()
     status["display"] = display(status)
     return Decision(
@@ -139,7 +140,7 @@ def _run(
     state, now = draft.state, draft.now
     draft.revalidated()
     current = [p for p in observed.pods if p.attempt == draft.attempt and not p.deleting]
-    # Pods of the attempt that someone else deletes end the attempt (troubles.first_failure).
+    # Pods of the attempt that someone else deletes end the attempt (failure/detect.py).
     stale = [p for p in observed.pods if p.attempt != draft.attempt]
     if plan is not None:  # else the attempt's placement, as the status has it
         draft.derived["placement"] = placement(plan, current, observed.domains)
@@ -151,7 +152,7 @@ def _run(
     if policy.suspend:
         draft.suspend(observed.pods)
         return
-    if queue and kueue_flow.held(draft, observed, queue):
+    if queue and queueing.held(draft, observed, queue):
         return
     draft.resumed()
     since, deadline = state.active_since, policy.active_deadline_seconds
@@ -162,15 +163,15 @@ def _run(
     if stale:
         # The previous attempt (or a deleted pod) must be gone before a gang starts again.
         draft.delete.extend(p.name for p in stale if not p.deleting)
-        draft.waiting(words.WAITING_FOR_OLD_PODS.format(count=len(stale)))
+        draft.waiting(jobstatus.WAITING_FOR_OLD_PODS.format(count=len(stale)))
         return
     if current and state.attempt_start_time is None:
         draft.pods_seen()
 
     failures = spec.run_policy.pod_failure_policy
     start = state.attempt_start_time
-    found = troubles.first_failure(
-        draft.attempt, current, observed, failures, draft.tuning, now, start
+    found = detect.first_failure(
+        draft.attempt, current, observed, failures, draft.timing, now, start
     )
     if found is not None:
         draft.failure(found[0], found[1], spec, current)
@@ -190,7 +191,7 @@ def _run(
         reported = pod0.progress
     if reported is not None:
         progress = progress_status(reported)
-        predicted = _predicted(spec, plan)
+        predicted = _predicted(plan)
         if predicted is not None:  # beside the measured tokensPerSecond
             progress["predictedTokensPerSecond"] = predicted
         _set_progress(draft, progress)
@@ -205,23 +206,9 @@ def _run(
     _schedule_and_run(draft, spec, current, observed.products)
 
 
-def _predicted(spec: JobSpec, plan: Plan | None) -> float | None:
-    """The plan's predicted tokens/s of the whole job (none for CPU jobs: nominal figures)."""
-    if plan is None or spec.resources.accelerator == CPU:
-        return None
-    return plan.predicted_tokens_per_second()
-
-
-WHY_MAX = 500
-"""The longest scheduler or kubelet message copied into the job's status."""
-
-
-def _scheduler_says(unbound: list[PodView]) -> tuple[str, str] | None:
-    """(pod, "reason: message") of the first unbound pod the scheduler said something about."""
-    for pod in sorted(unbound, key=lambda p: p.index):
-        if pod.unschedulable:
-            return pod.name, pod.unschedulable[:WHY_MAX]
-    return None
+def _predicted(plan: Plan | None) -> float | None:
+    """The plan's predicted tokens/s of the whole job."""
+    return None if plan is None else plan.predicted_tokens_per_second()
 
 
 def _set_progress(draft: Draft, progress: dict[str, Any]) -> None:
@@ -248,7 +235,7 @@ def _schedule_and_run(
     if unbound:
         bound = total - len(unbound)
         missing = missing_product(spec, products)
-        why = _scheduler_says(unbound)
+        why = scheduler_says(unbound)
         if missing is not None:
             draft.condition(ConditionType.SCHEDULED, False, Reason.NO_NODE_WITH_PRODUCT, missing)
         else:
@@ -271,7 +258,7 @@ def _schedule_and_run(
         ):
             draft.gang_timeout(timeout, bound, total, current)
             return
-        waiting = words.NOT_SCHEDULED.format(count=len(unbound))
+        waiting = jobstatus.NOT_SCHEDULED.format(count=len(unbound))
         draft.waiting(f"{waiting}; pod {why[0]}: {why[1]}" if why else waiting)
         return
     message = Reason.ALL_PODS_BOUND.message(total=total)
@@ -280,12 +267,12 @@ def _schedule_and_run(
         stuck = next((p for p in sorted(current, key=lambda p: p.index) if p.waiting), None)
         if stuck is not None and stuck.waiting is not None:
             # An image that cannot be pulled, a missing Secret: said at once, long before the
-            # start timeout counts it as a failure (troubles._stuck).
+            # start timeout counts it as a failure (failure/detect.py).
             kubelet, said = stuck.waiting[0], stuck.waiting[1][:WHY_MAX]
             draft.condition(ConditionType.RUNNING, False, kubelet, f"pod {stuck.name}: {said}")
-            draft.waiting(words.POD_WAITS.format(pod=stuck.name, reason=kubelet, why=said))
+            draft.waiting(jobstatus.POD_WAITS.format(pod=stuck.name, reason=kubelet, why=said))
             return
-        draft.waiting(words.PODS_STARTING)
+        draft.waiting(jobstatus.PODS_STARTING)
         return
     draft.running()
     deadline = spec.run_policy.progress_deadline_seconds

@@ -29,12 +29,12 @@ from meshrun.api.spec import JobSpec
 from meshrun.planner.elastic import elastic_degrees, largest_fitting, pods_at, resized
 from meshrun.planner.plan import Plan
 from meshrun_operator.clock import format_time, parse_time
+from meshrun_operator.jobstatus import PodPhase, Reason
 from meshrun_operator.lifecycle.columns import running_size
 from meshrun_operator.lifecycle.evaluation import Evaluation
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed, PodView
-from meshrun_operator.vocabulary import PodPhase, Reason
 
 RESIZES_KEPT = 20
 """Entries of status.resizes kept (the newest)."""

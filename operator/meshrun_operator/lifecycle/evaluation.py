@@ -178,6 +178,13 @@ class Evaluations:
             return cached[1]
         return None
 
+    def reject(self, uid: str, error: SpecError) -> None:
+        """The API server rejected a child built from the job's spec: the spec is invalid (its
+        ``error``) until its generation changes."""
+        cached = self.by_uid.get(uid)
+        if cached is not None:
+            self.by_uid[uid] = (cached[0], refused(cached[1], error))
+
     def forget(self, uid: str) -> None:
         self.by_uid.pop(uid, None)
 

@@ -15,14 +15,14 @@ from typing import Any
 
 from meshrun.api.errors import SpecError
 from meshrun.api.spec import JobSpec, RunPolicy
-from meshrun_operator import vocabulary as words
+from meshrun_operator import jobstatus
 from meshrun_operator.conditions import JOB_ORDER, clear_condition, is_true, set_condition
+from meshrun_operator.jobstatus import ConditionType, EventType, Phase, PodPhase, Reason
 from meshrun_operator.kueue import KueueActions
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
 from meshrun_operator.lifecycle.state import InvalidSpec, JobState, LastFailure
 from meshrun_operator.seen.views import PodView
-from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import ConditionType, EventType, Phase, PodPhase, Reason
+from meshrun_operator.timing import Timing
 
 
 @dataclass(frozen=True)
@@ -45,7 +45,7 @@ class Draft:
         old_status: Mapping[str, Any],
         state: JobState,
         now: datetime,
-        tuning: Tuning,
+        timing: Timing,
         job_name: str = "",
     ) -> None:
         # Only the conditions are edited in place (every other key is replaced whole), so they
@@ -59,7 +59,7 @@ class Draft:
         self.old_phase: Phase | None = state.phase
         # Status times have second precision; the clocks keep exactly what is written.
         self.now = now.replace(microsecond=0)
-        self.tuning = tuning
+        self.timing = timing
         self.name = job_name
         self.generation: int | None = None
         self.create: list[int] = []
@@ -219,7 +219,7 @@ class Draft:
         pods = list(pods)
         self._delete_all(pods)
         self._fresh_attempt(pods)
-        message = words.JOB_SUSPENDED
+        message = jobstatus.JOB_SUSPENDED
         self.state.phase, self.state.message = Phase.SUSPENDED, message
         self.state.active_since = self.state.next_attempt_time = None
         self.condition(ConditionType.SUSPENDED, True, Reason.SUSPENDED, Reason.SUSPENDED.message())
@@ -246,7 +246,7 @@ class Draft:
         restarts = self.state.restarts
         described = f"pod {pod.name}: {failure.message}" if pod else failure.message
         if failure.kind is FailureClass.PERMANENT:
-            message = words.PERMANENT_FAILURE.format(failure=described)
+            message = jobstatus.PERMANENT_FAILURE.format(failure=described)
             self.fail(failure.reason, message, policy, current)
             return
         if failure.kind is FailureClass.IGNORED:
@@ -266,7 +266,7 @@ class Draft:
         self, failure: Failure, described: str, retries: int, current: list[PodView]
     ) -> None:
         self._next_attempt(retries, current)
-        restarting = words.RESTARTING_GANG.format(failure=described)
+        restarting = jobstatus.RESTARTING_GANG.format(failure=described)
         self.state.phase, self.state.message = Phase.RESTARTING, restarting
         self.condition(ConditionType.RESTARTING, True, failure.reason, described)
         self.clear(ConditionType.RUNNING, failure.reason, described)
@@ -275,7 +275,7 @@ class Draft:
     def _next_attempt(self, retries: int, current: list[PodView]) -> None:
         """Tear the attempt down; the next one starts after an exponential backoff."""
         self._delete_all(current)
-        delay = self.tuning.backoff(retries)
+        delay = self.timing.backoff(retries)
         self.state.attempt, self.state.start_time = self.attempt + 1, None
         self.state.attempt_start_time = None
         self.state.next_attempt_time = self.now + timedelta(seconds=delay)

@@ -20,10 +20,10 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from meshrun_operator.conditions import is_true
+from meshrun_operator.jobstatus import ConditionType, Reason
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed
-from meshrun_operator.vocabulary import ConditionType, Reason
 
 IMMEDIATE = "runPolicy"
 """The spec section that applies at once: the operator's own policy, not the pods'."""

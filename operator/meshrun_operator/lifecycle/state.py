@@ -7,13 +7,14 @@ the ``/status`` subresource) writes there, so a user who can edit the spec canno
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from meshrun_operator.clock import format_time, parse_time
-from meshrun_operator.lifecycle.failures import FailureClass
-from meshrun_operator.vocabulary import Phase
+from meshrun.api.read import write_section
+from meshrun_operator.clock import parse_time
+from meshrun_operator.jobstatus import Phase
+from meshrun_operator.lifecycle.failure.classes import FailureClass
 
 
 @dataclass(frozen=True)
@@ -23,10 +24,10 @@ class LastFailure:
     pod: str | None
     """The pod that failed, or None (a hang or a vanished pod)."""
     reason: str
-    """CamelCase reason (the failure table's, or one of vocabulary.Reason)."""
+    """CamelCase reason (the failure table's, or one of jobstatus.Reason)."""
     message: str
     """One sentence for people."""
-    kind: FailureClass
+    kind: FailureClass = field(metadata={"key": "class"})
     """Retryable or Permanent."""
     exit_code: int | None
     """The trainer container's exit code, when it had one."""
@@ -95,38 +96,10 @@ class JobState:
     """The spec error the Invalid condition reports, if any."""
 
     def to_status(self) -> dict[str, Any]:
-        """The status fields this state owns; None removes a field in the merge patch."""
-        failure, step, error = self.last_failure, self.last_step_change, self.invalid_spec
-        return {
-            "phase": None if self.phase is None else self.phase.value,
-            "attempt": self.attempt,
-            "restarts": self.restarts,
-            "disruptions": self.disruptions,
-            "attemptGeneration": self.attempt_generation,
-            "message": self.message,
-            "startTime": _time(self.start_time),
-            "completionTime": _time(self.completion_time),
-            "attemptStartTime": _time(self.attempt_start_time),
-            "activeSince": _time(self.active_since),
-            "nextAttemptTime": _time(self.next_attempt_time),
-            "gangRetries": self.gang_retries,
-            "lastFailure": None
-            if failure is None
-            else {
-                "pod": failure.pod,
-                "reason": failure.reason,
-                "message": failure.message,
-                "class": failure.kind.value,
-                "exitCode": failure.exit_code,
-                "time": format_time(failure.time),
-            },
-            "lastStepChange": None
-            if step is None
-            else {"attempt": step.attempt, "step": step.step, "time": format_time(step.time)},
-            "invalidSpec": None
-            if error is None
-            else {"field": error.field, "rule": error.rule, "generation": error.generation},
-        }
+        """The status fields this state owns, each field under its CRD key (the camelCase of
+        its name); None removes a field in the merge patch."""
+        status: dict[str, Any] = write_section(self, nulls=True)
+        return status
 
     @classmethod
     def from_job(cls, job: Mapping[str, Any]) -> JobState:
@@ -155,10 +128,6 @@ def _read(state: JobState, source: Mapping[str, Any]) -> None:
     state.last_failure = _last_failure(source.get("lastFailure"))
     state.last_step_change = _step_change(source.get("lastStepChange"))
     state.invalid_spec = _invalid_spec(source.get("invalidSpec"))
-
-
-def _time(moment: datetime | None) -> str | None:
-    return None if moment is None else format_time(moment)
 
 
 def _int(value: object) -> int | None:

@@ -1,5 +1,4 @@
-"""Two judgements about the hardware a job asked for, both pure: whether any node carries its
-GPU product, and whether the measured throughput is far below the planner's prediction.
+"""Whether the measured throughput is far below the planner's prediction (pure).
 
 A job below its prediction is not failed: the model has an error of its own (tens of percent,
 docs/planner.md), and a slow job still trains. Half the prediction is far outside that error:
@@ -9,27 +8,15 @@ given, a degraded NIC), or a product that is not the one named.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from meshrun.api.hardware import PRODUCT_LABEL
-from meshrun.api.spec import JobSpec
-from meshrun_operator.vocabulary import Reason
+from meshrun_operator.jobstatus import Reason
 
 BELOW_FRACTION = 0.5
 """Measured under this share of the predicted tokens/s counts as far below."""
 WARMUP_STEPS = 10
 """Steps before the first judgement: the first ones compile, fill caches and allocate."""
-
-
-def missing_product(spec: JobSpec, products: Collection[str] | None) -> str | None:
-    """The NoNodeWithProduct message when the job names a GPU product no node carries, else
-    None (also when the operator does not see the nodes' labels)."""
-    wanted = spec.resources.accelerator_product
-    if wanted is None or products is None or wanted in products:
-        return None
-    present = ", ".join(sorted(products)[:8]) or "none"
-    return Reason.NO_NODE_WITH_PRODUCT.message(label=PRODUCT_LABEL, product=wanted, present=present)
 
 
 def warmed_up(step: int, total_steps: int | None) -> bool:

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from meshrun_operator.vocabulary import ConditionType, Phase, Reason
+from meshrun_operator.jobstatus import ConditionType, Phase, Reason
 
 SAID_AT_ONCE = (
     "attempt",

@@ -28,6 +28,7 @@ from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.children.podtemplate import CHECKPOINT_MOUNT
 from meshrun_operator.client.answers import Holder, Refused
 from meshrun_operator.client.errors import ApiError
+from meshrun_operator.jobstatus import EventType, Reason
 from meshrun_operator.kinds import NETWORK_POLICY, POD, POD_GROUP, SERVICE
 from meshrun_operator.lifecycle.decide import Decision
 from meshrun_operator.lifecycle.evaluation import Evaluation
@@ -36,7 +37,6 @@ from meshrun_operator.lifecycle.specedits import Running
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.kueue_link import admit, create_workload, patch_status
 from meshrun_operator.seen.views import Observed, Refusal
-from meshrun_operator.vocabulary import EventType, Reason
 
 
 class StillTerminating(Exception):
@@ -44,8 +44,9 @@ class StillTerminating(Exception):
 
 
 class CreationRefused(Exception):
-    """The API server refused some of the children (quota, PodSecurity, 5xx): the decision's
-    status is re-decided with the refusal (``Observed.refused``)."""
+    """The API server refused some of the children (quota, PodSecurity, 5xx), or a name is held
+    by an object meshrun did not make: the next pass decides on the refusal
+    (``Observed.refused``)."""
 
     def __init__(self, refusal: Refusal) -> None:
         super().__init__(f"{refusal.reason}: {refusal.message}")
@@ -176,17 +177,18 @@ async def _create_children(
             if conflict is not None:
                 refused.append((index, conflict))
     if refused:
-        raise CreationRefused(_refusal(refused))
+        raise CreationRefused(_refusal(refused, decision.create_pods))
     return notes
 
 
-def _refusal(refused: Sequence[tuple[int, Refused | Conflict]]) -> Refusal:
+def _refusal(refused: Sequence[tuple[int, Refused | Conflict]], sent: tuple[int, ...]) -> Refusal:
     first = refused[0][1]
     indices = tuple(index for index, _ in refused)
     if isinstance(first, Conflict):
-        return Refusal(indices, Reason.NAME_CONFLICT, first.message)
+        return Refusal(indices, Reason.NAME_CONFLICT, first.message, sent=sent)
     waits = [r.retry_after for _, r in refused if isinstance(r, Refused) and r.retry_after]
-    return Refusal(indices, first.reason, first.message, retry_after=max(waits, default=None))
+    wait = max(waits, default=None)
+    return Refusal(indices, first.reason, first.message, retry_after=wait, sent=sent)
 
 
 async def restore(

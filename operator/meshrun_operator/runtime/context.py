@@ -15,7 +15,8 @@ from meshrun_operator.lifecycle.specedits import Running
 from meshrun_operator.runtime.ownstatus import StatusLedger
 from meshrun_operator.seen.expectations import Expectations, Tombstones
 from meshrun_operator.seen.progress import ProgressReader
-from meshrun_operator.tuning import Tuning
+from meshrun_operator.seen.views import Refusal
+from meshrun_operator.timing import Timing
 
 if TYPE_CHECKING:
     from meshrun_operator.children.placer import Placer
@@ -28,7 +29,7 @@ class OperatorContext:
 
     kube: Kube
     """Asynchronous API calls."""
-    tuning: Tuning = field(default_factory=Tuning)
+    timing: Timing = field(default_factory=Timing)
     """Backoff and grace periods."""
     resync_seconds: float = 2.0
     """Interval of the periodic resync of every job (deadlines, backoff, gang timeout)."""
@@ -51,6 +52,9 @@ class OperatorContext:
     """By uid, (the status a decision started from, the status it could not write): after a
     write conflict the next pass starts from the status the operator meant to write, as long
     as nobody else changed the status meanwhile, so no restart or clock is lost."""
+    refusals: dict[str, Refusal] = field(default_factory=dict)
+    """By uid, the creates the API server refused in the job's last pass: the next pass
+    decides on them (``Observed.refused``)."""
     kueue: KueueLink | None = None
     """Kueue's Workloads and the operator's writes to them; None when run with --no-kueue."""
     node_labels: Any = None
@@ -75,7 +79,7 @@ class OperatorContext:
     wrote is not decided on, but restored (ownstatus.py)."""
 
     def __post_init__(self) -> None:
-        self.expectations = Expectations(self.tuning.expectations_timeout_seconds)
+        self.expectations = Expectations(self.timing.expectations_timeout_seconds)
 
     def missing_children(self, namespace: str, name: str, uid: str) -> tuple[str, ...]:
         """Kinds of the job's watched children of which the watch shows none of the job's as
@@ -96,6 +100,7 @@ class OperatorContext:
         self.attempts.pop(uid, None)
         self.latest.pop(uid, None)
         self.unwritten.pop(uid, None)
+        self.refusals.pop(uid, None)
         self.evaluations.forget(uid)
         self.deferred.pop(uid, None)
         self.statuses.forget(uid)

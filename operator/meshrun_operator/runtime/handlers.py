@@ -18,10 +18,10 @@ import kopf
 from meshrun.api.crd import GROUP, PLURAL, VERSION
 from meshrun_operator import kinds, metrics, names
 from meshrun_operator.background import Liveness, Stalled
-from meshrun_operator.bodies import kept
 from meshrun_operator.children import drift
 from meshrun_operator.children.placer import Placer
 from meshrun_operator.kinds import KINDS, POD
+from meshrun_operator.plaindata import kept
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.leader import Elector
 from meshrun_operator.runtime.resync import Resyncer

@@ -1,11 +1,11 @@
 """Kueue, the side that talks to the API server: the Workloads the operator sees, creating a
 job's Workload, placing its pods by the admission, and patching the Workload's status.
 
-The pure decisions are in kueue_flow.py; this module carries them out through the API door
-(kube.py). A Workload that cannot be created for now (Kueue not installed, a missing
+The pure decisions are in lifecycle/queueing.py; this module carries them out through the API
+door (kube.py). A Workload that cannot be created for now (Kueue not installed, a missing
 WorkloadPriorityClass, a Workload Kueue's webhook refuses) raises KueueHold: the reconcile
-decides again with the hold, so the job shows why it waits, and the create is tried again
-after HOLD_SECONDS.
+records the hold and the next pass decides on it, so the job shows why it waits, and the create
+is tried again after HOLD_SECONDS.
 """
 
 from __future__ import annotations
@@ -18,12 +18,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from meshrun_operator import kueue, names
-from meshrun_operator.bodies import newest
 from meshrun_operator.children.builders import build_pod
 from meshrun_operator.children.owner import Claim, JobRef, claim, owner_reference
 from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.errors import ApiError
 from meshrun_operator.client.kube import Kube
+from meshrun_operator.jobstatus import Reason
 from meshrun_operator.kueue import (
     AdmissionError,
     Hold,
@@ -37,8 +37,8 @@ from meshrun_operator.kueue import (
 from meshrun_operator.lifecycle.elastic import admission_floor
 from meshrun_operator.lifecycle.evaluation import Evaluation
 from meshrun_operator.names import PRIORITY_CLASS_LABEL
+from meshrun_operator.plaindata import newest
 from meshrun_operator.seen.views import Observed, job_controller
-from meshrun_operator.vocabulary import Reason
 
 logger = logging.getLogger("meshrun.operator")
 

@@ -16,7 +16,7 @@ from typing import Any
 import kopf
 
 from meshrun_operator import kueue, names
-from meshrun_operator.bodies import kept
+from meshrun_operator.plaindata import kept
 from meshrun_operator.runtime.handlers import OperatorMemo
 from meshrun_operator.seen.views import owning_job
 

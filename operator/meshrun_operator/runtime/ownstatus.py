@@ -20,7 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from meshrun_operator.bodies import merged, without_none
+from meshrun_operator.plaindata import merged, without_none
 
 SCALARS = (str, int, float, bool)
 """Values an Event shows as they are (other fields are named only)."""

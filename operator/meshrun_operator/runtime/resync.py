@@ -22,6 +22,9 @@ other job of that namespace: a watch that never delivers their deletion (a names
 with its jobs) no longer keeps them reconciled, counted and posting Events forever. A late
 event of a dropped job does not bring it back.
 
+A reconcile whose acts met an answer the next pass decides on (Requeue: a refused create, a
+rejected pod, a Kueue hold) is run again within ``batch_seconds``, not counted as a failure.
+
 A job whose reconcile fails is tried again after a delay of its own that doubles with each
 failure in a row (``--error-backoff-base-seconds`` to ``--error-backoff-max-seconds``, and no
 sooner than the API server's Retry-After), as a controller's rate-limited work queue does; a new
@@ -43,14 +46,14 @@ from typing import Any
 from meshrun.api.crd import GROUP, PLURAL
 from meshrun_operator import metrics
 from meshrun_operator.background import Liveness
-from meshrun_operator.bodies import kept
 from meshrun_operator.client.errors import NO_ANSWER, ApiError, NamespaceGone, NotLeader
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.clock import parse_time
+from meshrun_operator.jobstatus import Phase
+from meshrun_operator.plaindata import kept
 from meshrun_operator.runtime.actions import StillTerminating
 from meshrun_operator.runtime.context import OperatorContext
-from meshrun_operator.runtime.reconcile import reconcile
-from meshrun_operator.vocabulary import Phase
+from meshrun_operator.runtime.reconcile import Requeue, reconcile
 
 logger = logging.getLogger("meshrun.operator")
 
@@ -316,6 +319,11 @@ class Resyncer:
                 logger.debug("job %s: %s", uid, stale)
             except StillTerminating as waiting:
                 logger.debug("job %s: %s", uid, waiting)
+            except Requeue as met:
+                # The next pass decides on what the acts met (nothing was written): soon, with
+                # whatever the watch brings meanwhile.
+                logger.debug("job %s: requeued: %s", uid, met)
+                self.poke(uid, batch=True)
             except NotLeader as standby:
                 # Leadership was lost mid-reconcile: the new leader carries on.
                 logger.info("job %s: %s", uid, standby)
@@ -362,7 +370,7 @@ class Resyncer:
         metrics.RECONCILE_ERRORS.labels(kind=type(error).__name__).inc()
         before = self.failing.get(uid)
         failures = before.failures + 1 if before is not None else 1
-        delay = max(self.ctx.tuning.error_backoff(failures), retry_after or 0.0)
+        delay = max(self.ctx.timing.error_backoff(failures), retry_after or 0.0)
         said = f"{type(error).__name__}: {error}"
         self.failing[uid] = Failing(failures, said, time.monotonic() + delay)
         job = self._named(uid)

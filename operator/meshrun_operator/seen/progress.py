@@ -19,9 +19,9 @@ from typing import Any
 import aiohttp
 
 from meshrun.envcontract import METRICS_PORT
+from meshrun_operator.jobstatus import PodPhase
 from meshrun_operator.seen.boundedjson import MAX_CHARS, read_object
 from meshrun_operator.seen.views import PodView, progress_fields
-from meshrun_operator.vocabulary import PodPhase
 
 KEEPALIVE_SECONDS = 30.0
 """How long a connection to a pod is kept without a request (reads come every few seconds)."""

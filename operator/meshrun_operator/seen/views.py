@@ -14,9 +14,9 @@ from typing import Any
 from meshrun.api.crd import GROUP, KIND
 from meshrun_operator import names
 from meshrun_operator.clock import parse_time
+from meshrun_operator.jobstatus import PodPhase
 from meshrun_operator.kueue import KueueView
 from meshrun_operator.seen.boundedjson import Unreadable, read_object
-from meshrun_operator.vocabulary import PodPhase
 
 ACCELERATOR = "nvidia.com/gpu"
 """The accelerator resource a pod's ``accelerators`` counts (spec.resources.accelerator)."""
@@ -319,6 +319,9 @@ class Refusal:
     pods, and for the Service when it was refused by the API server."""
     retry_after: float | None = None
     """Seconds the API server asked to wait before trying again (Retry-After), or None."""
+    sent: tuple[int, ...] = ()
+    """Pod indices whose creates were sent (those not in ``indices`` were created); empty when
+    a child before them (the Service, the PodGroup) was refused and no pod was sent."""
 
 
 @dataclass(frozen=True)
@@ -339,7 +342,8 @@ class Observed:
     expected: frozenset[str] = frozenset()
     """Pods created but not yet seen by the watch (the create is in flight)."""
     refused: Refusal | None = None
-    """Children the API server refused to create in this pass (quota, PodSecurity, 5xx)."""
+    """Children the API server refused to create in the job's last pass (quota, PodSecurity,
+    5xx, a name held by someone else): that pass wrote nothing, this one decides on it."""
     progress: Mapping[str, Any] | None = None
     """Progress read from the trainer's /progress endpoint, preferred over the annotation."""
     kueue: KueueView | None = None

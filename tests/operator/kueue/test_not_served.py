@@ -12,10 +12,10 @@ from kueue_factories import pipeline_spec
 from kueue_support import KueueEnv
 from meshrun_operator import kinds
 from meshrun_operator.children.owner import JobRef
+from meshrun_operator.jobstatus import Reason
 from meshrun_operator.kueue import QueueRef
 from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_operator.runtime.kueue_link import KueueHold, KueueLink, create_workload
-from meshrun_operator.vocabulary import Reason
 from operator_door import operator_kube
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(300)]

@@ -96,9 +96,9 @@ def save(
 ) -> Path:
     """Write the checkpoint of ``step``; collective, every rank calls it.
 
-    ``extra``: this rank's other training state (data position, learning-rate schedule,
-    validation history: meshrun_trainer.loop.hooks), plain Python values and tensors, read back
-    with :func:`read_extra`.
+    ``extra``: this rank's other training state (the data stream's position, the learning-rate
+    schedules, the validation history: the parts meshrun_trainer.loop.train puts together),
+    plain Python values and tensors, read back with :func:`read_extra`.
     """
     final = step_dir(root, step)
     tmp = final.with_name(final.name + ".tmp")

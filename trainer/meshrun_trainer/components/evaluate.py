@@ -6,6 +6,7 @@ replica feeds per forward pass), so pipeline stages see the shapes they were bui
 short block is padded with rows whose targets are ignored. Every replica sums its loss and
 counts its tokens, and the sums meet in one all-reduce. Under context parallelism each rank
 takes its share of every window (meshrun_trainer.models.context) and the sums meet over dp x cp.
+:class:`Validator` runs it when the training loop should.
 """
 
 from __future__ import annotations
@@ -19,12 +20,14 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor
 
+from meshrun_trainer.components.data.windows import open_validation
 from meshrun_trainer.distributed.parallel import end_forward_only
 from meshrun_trainer.distributed.stagemap import loss_scale
 from meshrun_trainer.models.context import sequence_share
 
 if TYPE_CHECKING:
     from meshrun.api.layout import Layout
+    from meshrun.files.hf import HFModel
     from meshrun.jobdoc import JobDocument
     from meshrun_trainer.distributed.mesh import Mesh
     from meshrun_trainer.runner import Runner
@@ -103,3 +106,47 @@ def validation_loss(job: JobDocument, runner: Runner, mesh: Mesh, windows: np.nd
     if layout.dp * layout.cp > 1:
         dist.all_reduce(sums, group=mesh.gradient_group())
     return float(sums[0] / sums[1])
+
+
+class Validator:
+    """Validation on ``spec.training.data.validation`` (torchtitan's Validator): before
+    training, every ``evalEverySteps`` and after the last step; the losses so far, which a
+    checkpoint keeps. Every rank makes the same calls (each validation is collective)."""
+
+    def __init__(self, job: JobDocument, hf: HFModel | None, mesh: Mesh, runner: Runner) -> None:
+        self.job, self.mesh, self.runner = job, mesh, runner
+        data, shape = job.spec.training.data, job.plan.model
+        self.windows: np.ndarray | None = None
+        """The validation windows; None: no validation."""
+        self.every = data.eval_every_steps if data is not None else 0
+        self.evals: list[dict[str, Any]] = []
+        """{"step", "loss"} of each validation so far (restored ones included)."""
+        if data is not None and data.validation is not None:
+            folder = hf.path if hf is not None else None
+            self.windows = open_validation(data, folder, shape.vocab, shape.seq_len)
+
+    def validate(self, step: int) -> float | None:
+        """The validation loss after ``step`` (None: no validation data)."""
+        if self.windows is None:
+            return None
+        loss = validation_loss(self.job, self.runner, self.mesh, self.windows)
+        self.evals.append({"step": step, "loss": loss})
+        return loss
+
+    def after_step(self, step: int) -> float | None:
+        """Validate when due (not after the last step: :meth:`finish` does)."""
+        if self.every and step % self.every == 0 and step < self.job.spec.training.steps:
+            return self.validate(step)
+        return None
+
+    def finish(self, step: int) -> float | None:
+        """The last validation, unless one already ran at ``step``."""
+        if any(e["step"] == step for e in self.evals):
+            return None
+        return self.validate(step)
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return list(self.evals)
+
+    def load_state_dict(self, evals: list[dict[str, Any]]) -> None:
+        self.evals = list(evals)

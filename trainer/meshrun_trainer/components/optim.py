@@ -115,3 +115,25 @@ def clip_grad_norm(
                 grad = param.grad
                 (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coefficient)
     return total
+
+
+class LRSchedules:
+    """The learning-rate schedule of each optimizer of this rank (torchtitan's
+    LRSchedulersContainer): stepped together after each optimizer step, checkpointed as a list
+    in optimizer order."""
+
+    def __init__(
+        self, optimizers: list[torch.optim.Optimizer], schedule: LRSchedule, total_steps: int
+    ) -> None:
+        self.schedulers = [make_scheduler(opt, schedule, total_steps) for opt in optimizers]
+
+    def step(self) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step()
+
+    def state_dict(self) -> list[dict[str, Any]]:
+        return [scheduler.state_dict() for scheduler in self.schedulers]
+
+    def load_state_dict(self, states: list[dict[str, Any]]) -> None:
+        for scheduler, saved in zip(self.schedulers, states, strict=False):
+            scheduler.load_state_dict(saved)

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from meshrun.api.modelsource import HF_SIZES, check_sizes
+from meshrun.api.modelsource import HF_SIZES, check_mlp, check_sizes
 from meshrun.files.data import check_data_files, check_tokenizer
 from meshrun.files.hf import FIELD, HFModel, load_hf_model
 from meshrun.jobdoc import JobDocument
@@ -35,5 +35,6 @@ def with_model(job: JobDocument, hf: HFModel | None) -> JobDocument:
     if hf is None:
         return job
     check_sizes(hf.shape, {name: getattr(job.plan.model, name) for name in HF_SIZES})
+    check_mlp(hf.shape, job.plan.model.mlp)
     spec = dataclasses.replace(job.spec, shape=hf.shape)
     return dataclasses.replace(job, spec=spec, plan=dataclasses.replace(job.plan, model=hf.shape))

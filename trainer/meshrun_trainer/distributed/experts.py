@@ -1,8 +1,9 @@
 """Expert parallelism: a MoE layer's experts spread over ``ep`` ranks of one pipeline stage.
 
-EP is folded from the data-parallel ranks of a stage (torchtitan's ParallelDims, Megatron-Core's
-MoE parallel folding): with the planner's rank order (pp outermost, then dp, then tp) the ranks
-of a stage are reshaped as (edp, ep), ep innermost, so an EP group is ``ep`` consecutive ranks
+EP is folded from the data-parallel, context-parallel and tensor-parallel ranks of a stage
+(torchtitan's ParallelDims, Megatron-Core's MoE parallel folding): with the planner's rank order
+(pp outermost, then dp, cp, tp) the dp x cp x tp ranks of a stage are reshaped as (edp, ep), ep
+innermost, so an EP group is ``ep`` consecutive ranks (a cp group's when ep is cp and tp 1)
 and each of its ranks holds experts / ep of every MoE layer (a DTensor sharded on the expert
 dimension over the "ep" mesh dimension: checkpoints save the whole expert tensors, and resume
 at any other ep). The ``edp`` ranks at the same place of the other EP groups hold the same
@@ -10,11 +11,11 @@ experts: expert-data parallelism.
 
 The experts are left out of DDP and FSDP2 (their gradients are not the dense part's): after
 backward each expert gradient is summed over its edp group and divided by the dense
-data-parallel degree, which makes it the gradient of the global batch's mean loss, as the dense
-part's average over dp does (each rank's expert gradient already sums the contributions of
-every token of its EP group that reached it). Expert weights are not sharded further by ZeRO.
-Tensor parallelism with MoE layers is not run (meshrun.rules.moe refuses tensorParallel above 1
-with spec.model.moe).
+data-parallel degree dp x cp, which makes it the gradient of the global batch's mean loss, as
+the dense part's average over dp x cp does (each rank's expert gradient already sums the
+contributions of every token of its EP group that reached it; a context-parallel rank's loss
+is its share of the mean times cp). Expert weights are not sharded further by ZeRO. Under
+tensor parallelism each expert stays whole (expertTensorParallel 1, meshrun.rules.moe).
 """
 
 from __future__ import annotations
@@ -50,7 +51,7 @@ def stage_group(layout: Layout, device: torch.device) -> dist.ProcessGroup | Non
     if layout.dp * layout.cp * layout.tp == 1:
         return None
     if layout.tp == 1:
-        return None  # the dp group; see :func:`place_experts`
+        return None  # the dp x cp group; see :func:`place_experts`
     mesh = init_device_mesh(
         device.type, (layout.pp, layout.dp * layout.cp * layout.tp), mesh_dim_names=("pp", "stage")
     )
@@ -117,22 +118,27 @@ def place_experts(
     stage: dist.ProcessGroup | None,
 ) -> None:
     """Tell every MoE layer of ``parts`` its groups: the ranks of its stage (the whole batch's
-    tokens) and, for its experts, the ranks holding the same experts."""
-    if stage is None and layout.dp > 1:
-        stage = mesh.group("dp")
+    tokens), the ranks holding the other shards of its sequences (cp x tp) and, for its
+    experts, the ranks holding the same experts."""
+    if stage is None and layout.dp * layout.cp > 1:
+        stage = mesh.gradient_group()  # tp 1: the stage's ranks are the dp x cp ones
     edp = stage
     if ep_mesh is not None:
         edp = ep_mesh["edp"].get_group() if layout.dp * layout.cp * layout.tp > layout.ep else None
+    sequence = mesh.sequence_group()
     for part in parts:
         for layer in moe_layers(part):
             layer.stage_group = stage
+            layer.sequence_group = sequence
+            layer.sequence_shards = layout.cp * layout.tp
+            layer.summed_shards = layout.tp
             layer.experts.edp_group = edp
 
 
 def reduce_expert_grads(parts: list[nn.Module], layout: Layout) -> None:
     """Each gradient of :func:`own_params` summed over the ranks holding the same weights (the
     experts': their edp group; the routing weights': the stage) and divided by the
-    data-parallel degree."""
+    data-parallel degree (dp x cp)."""
     routing = {id(p) for p in routing_params(parts, layout)}
     for part in parts:
         for layer in moe_layers(part):
@@ -144,8 +150,8 @@ def reduce_expert_grads(parts: list[nn.Module], layout: Layout) -> None:
                 group = layer.experts.edp_group if expert else layer.stage_group
                 if group is not None:
                     dist.all_reduce(grad, group=group)
-                if layout.dp > 1:
-                    grad.div_(layout.dp)
+                if layout.dp * layout.cp > 1:
+                    grad.div_(layout.dp * layout.cp)
 
 
 def expert_grad_square(parts: list[nn.Module], layout: Layout) -> torch.Tensor | None:

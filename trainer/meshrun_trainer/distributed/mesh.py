@@ -10,7 +10,9 @@ Context parallelism splits each sequence over the cp ranks; every parameter is r
 them, so gradients are reduced over dp x cp together: ``dp_cp`` is (dp, dp_shard, cp) flattened
 into one dimension (data parallelism's group when cp > 1), and ``dp_shard_cp`` (dp_shard, cp)
 flattened, the dimension FSDP2 shards over when it replicates over ``dp`` (torchtitan's
-``dp_shard_cp``). With cp 1 they are ``dp`` and ``dp_shard`` themselves.
+``dp_shard_cp``). With cp 1 they are ``dp`` and ``dp_shard`` themselves. ``cp_tp`` is (cp, tp)
+flattened when both are above 1: the ranks holding the other shards of a rank's sequences (a
+MoE layer's auxiliary loss adds their sums up).
 """
 
 from __future__ import annotations
@@ -115,8 +117,19 @@ class Mesh:
         """The ranks that hold the same parameters and see other tokens: dp x cp."""
         return self.gradient_mesh(replicate=False).get_group()
 
+    def sequence_group(self) -> dist.ProcessGroup | None:
+        """The ranks holding the other shards of this rank's sequences: cp x tp (None: they
+        are whole here)."""
+        names = self.device_mesh.mesh_dim_names or ()
+        tp = self.device_mesh["tp"].size() if "tp" in names else 1
+        if self.cp > 1 and tp > 1:
+            return self.group(_CP_TP)
+        if self.cp > 1 or tp > 1:
+            return self.group("cp" if self.cp > 1 else "tp")
+        return None
 
-_DP_CP, _DP_SHARD_CP = "dp_cp", "dp_shard_cp"
+
+_DP_CP, _DP_SHARD_CP, _CP_TP = "dp_cp", "dp_shard_cp", "cp_tp"
 
 
 def build_mesh(layout: Layout, device: torch.device) -> Mesh:
@@ -131,6 +144,8 @@ def build_mesh(layout: Layout, device: torch.device) -> Mesh:
     if layout.cp > 1:
         mesh["dp", "dp_shard", "cp"]._flatten(_DP_CP)
         mesh["dp_shard", "cp"]._flatten(_DP_SHARD_CP)
+        if layout.tp > 1:
+            mesh["cp", "tp"]._flatten(_CP_TP)
     return Mesh(
         device_mesh=mesh,
         device=device,

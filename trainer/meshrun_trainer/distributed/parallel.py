@@ -34,6 +34,7 @@ import warnings
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 import torch
@@ -84,32 +85,63 @@ class PartOptions:
     """Under TP, keep the logits sharded over the vocabulary and compute the loss that way."""
 
 
-def data_parallel_kind(layout: Layout) -> str:
-    """One of "none", "ddp", "ddp+zero1", "hsdp-replicate", "fsdp-zero2" or "fsdp-zero3",
-    over the dp x cp ranks."""
+class DataParallel(StrEnum):
+    """How the dp x cp ranks hold the model: the mechanism data parallelism runs on."""
+
+    NONE = "none"
+    """One replica: nothing to synchronise."""
+    DDP = "ddp"
+    """DistributedDataParallel: whole replicas, gradients all-reduced in buckets."""
+    DDP_ZERO1 = "ddp+zero1"
+    """DDP with ZeroRedundancyOptimizer: the optimizer state sharded (ZeRO-1)."""
+    HSDP_REPLICATE = "hsdp-replicate"
+    """FSDP2 replicating (ZeRO-0 in a hybrid, where DDP cannot wrap a DTensor or a stage)."""
+    FSDP_ZERO2 = "fsdp-zero2"
+    """FSDP2 sharding gradients and optimizer state; parameters kept after forward."""
+    FSDP_ZERO3 = "fsdp-zero3"
+    """FSDP2 sharding parameters too, gathered only while a unit computes."""
+
+    @property
+    def buckets(self) -> bool:
+        """Whether the gradients are views into DDP's all-reduce buckets."""
+        return self in (DataParallel.DDP, DataParallel.DDP_ZERO1)
+
+    @property
+    def fsdp(self) -> bool:
+        """Whether FSDP2 holds the model (and bf16 comes from its mixed-precision policy)."""
+        return self not in (DataParallel.NONE, DataParallel.DDP, DataParallel.DDP_ZERO1)
+
+    @property
+    def replicates_gradients(self) -> bool:
+        """Whether every replica holds whole gradients, all-reduced once per optimizer step."""
+        return self.buckets or self is DataParallel.HSDP_REPLICATE
+
+
+def data_parallel_kind(layout: Layout) -> DataParallel:
+    """The mechanism data parallelism runs on over the dp x cp ranks."""
     if layout.dp * layout.cp == 1:
-        return "none"
+        return DataParallel.NONE
     pure = layout.pp == 1 and layout.tp == 1
     if pure and layout.zero_stage == 0:
-        return "ddp"
+        return DataParallel.DDP
     # ZeroRedundancyOptimizer broadcasts each parameter from the rank that updates it: experts
     # sharded over an EP group differ from rank to rank, so ZeRO-1 with expert parallelism
     # takes FSDP2's (which leaves the experts alone and shards gradients too, as in hybrids).
     if pure and layout.zero_stage == 1 and layout.ep == 1:
-        return "ddp+zero1"
+        return DataParallel.DDP_ZERO1
     if layout.zero_stage == 0:
-        return "hsdp-replicate"
-    return "fsdp-zero3" if layout.zero_stage == 3 else "fsdp-zero2"
+        return DataParallel.HSDP_REPLICATE
+    return DataParallel.FSDP_ZERO3 if layout.zero_stage == 3 else DataParallel.FSDP_ZERO2
 
 
 def gradients_in_buckets(layout: Layout) -> bool:
     """Whether the gradients are views into DDP's all-reduce buckets (plain DDP and ZeRO-1)."""
-    return data_parallel_kind(layout) in ("ddp", "ddp+zero1")
+    return data_parallel_kind(layout).buckets
 
 
 def uses_fsdp(layout: Layout) -> bool:
     """Whether data parallelism comes from FSDP2 (and bf16 from its mixed-precision policy)."""
-    return data_parallel_kind(layout) not in ("none", "ddp", "ddp+zero1")
+    return data_parallel_kind(layout).fsdp
 
 
 def apply_tensor_parallel(
@@ -147,6 +179,8 @@ def apply_tensor_parallel(
         "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)),
         "feed_forward.w3": ColwiseParallel(),
     }
+    if model.shape.mlp == "gelu":  # two matrices: w1 up (column), w2 down (row), no gate
+        del block_plan["feed_forward.w3"]
     # A MoE layer routes the tokens of its sequence shard (expertTensorParallel 1): its input
     # is the norm's shard as a plain tensor, its output joins the residual stream's shard
     # (plain, as the row-parallel outputs are), and its weights are whole on every rank
@@ -161,8 +195,6 @@ def apply_tensor_parallel(
     for block in model.layers.values():
         moe = getattr(block, "moe", None)
         parallelize_module(block, tp_mesh, block_plan if moe is None else moe_plan)
-        if moe is not None:
-            moe.tp_group = tp_mesh.get_group()
     # Backward keeps the gathered inputs' shards where autograd would keep them whole (no
     # checkpointing; under selective checkpointing the gathers are redone anyway, and a
     # compiled block's saved tensors are the compiler's to choose).
@@ -208,9 +240,9 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
     reshards them once, after the last backward of the optimizer step.
     """
     kind = data_parallel_kind(layout)
-    replicate = kind == "hsdp-replicate"
+    replicate = kind is DataParallel.HSDP_REPLICATE
     dp_mesh = mesh.gradient_mesh(replicate)
-    reshard = kind == "fsdp-zero3" and layout.pp == 1
+    reshard = kind is DataParallel.FSDP_ZERO3 and layout.pp == 1
     policy = MixedPrecisionPolicy(
         param_dtype=torch.bfloat16 if bf16 else None,
         reduce_dtype=torch.float32 if bf16 else None,
@@ -303,7 +335,7 @@ def gradient_sync(parts: list[nn.Module], layout: Layout, last: bool) -> Iterato
     themselves): replicated gradients (DDP, ZeRO-1, HSDP) are all-reduced only on the ``last``
     one. Sharded gradients (ZeRO-2/3) are reduce-scattered after every micro-step: skipping
     that would hold the whole model's gradients on every rank, which ZeRO-2/3 exist to avoid."""
-    if last or data_parallel_kind(layout) not in ("ddp", "ddp+zero1", "hsdp-replicate"):
+    if last or not data_parallel_kind(layout).replicates_gradients:
         yield
         return
     with ExitStack() as stack:

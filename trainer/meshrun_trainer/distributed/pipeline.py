@@ -32,7 +32,7 @@ from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from meshrun.api.layout import Layout
 from meshrun_trainer.distributed.mesh import Mesh
-from meshrun_trainer.distributed.parallel import data_parallel_kind
+from meshrun_trainer.distributed.parallel import DataParallel, data_parallel_kind
 from meshrun_trainer.models.moe import not_counted
 
 Schedule = PipelineScheduleSingle | PipelineScheduleMulti
@@ -92,7 +92,7 @@ def build_schedule(
     so with gradient accumulation it would shrink the earlier contributions again and again.
     """
     group = mesh.group("pp")
-    replicated = data_parallel_kind(layout) == "hsdp-replicate"
+    replicated = data_parallel_kind(layout) is DataParallel.HSDP_REPLICATE
     stages: list[_PipelineStageBase] = [
         AccumulatingStage(
             part, stage_id, layout.num_stages, mesh.device, group=group, replicated=replicated

@@ -1,4 +1,6 @@
-"""Build the parallel model for a layout and run the training loop."""
+"""Build the parallel model for a layout and run the training loop, put together from its parts
+(meshrun_trainer.components): the data stream, the learning-rate schedules, the tied-embedding
+gradients, the validator, the checkpoints and the weights in and out."""
 
 from __future__ import annotations
 
@@ -15,7 +17,11 @@ from meshrun.files.hf import HFModel
 from meshrun.jobdoc import JobDocument
 from meshrun_trainer.components import checkpoint
 from meshrun_trainer.components.data.synthetic import replica_rows
-from meshrun_trainer.components.optim import clip_grad_norm, make_optimizer
+from meshrun_trainer.components.data.training import DataStream
+from meshrun_trainer.components.evaluate import Validator
+from meshrun_trainer.components.optim import LRSchedules, clip_grad_norm, make_optimizer
+from meshrun_trainer.components.tied import TiedGradients
+from meshrun_trainer.components.weights import export_weights, weight_source
 from meshrun_trainer.config.files import open_files
 from meshrun_trainer.distributed.experts import (
     expert_grad_square,
@@ -25,6 +31,7 @@ from meshrun_trainer.distributed.experts import (
 )
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import (
+    DataParallel,
     PartOptions,
     build_parts,
     data_parallel_kind,
@@ -33,7 +40,6 @@ from meshrun_trainer.distributed.parallel import (
     plain,
 )
 from meshrun_trainer.distributed.stagemap import loss_scale, stages_of_rank
-from meshrun_trainer.loop.hooks import UserHooks, weight_source
 from meshrun_trainer.models.context import sequence_share
 from meshrun_trainer.models.loss import cross_entropy
 from meshrun_trainer.models.materialize import WeightSource
@@ -66,7 +72,7 @@ def build_runner(
     stage_ids = stages_of_rank(mesh.pp_rank, layout) if layout.pp > 1 else [0]
     parts = build_parts(job, mesh, stage_ids, options, source)
     set_aux_passes(loss_scale(layout))
-    zero1 = mesh.gradient_group() if data_parallel_kind(layout) == "ddp+zero1" else None
+    zero1 = mesh.gradient_group() if data_parallel_kind(layout) is DataParallel.DDP_ZERO1 else None
     optimizers = [
         make_optimizer(part.parameters(), training.learning_rate, training.optimizer, zero1)
         for part in parts
@@ -166,16 +172,20 @@ def train(
     training, layout, folder = job.spec.training, job.plan.layout, job.pod.checkpoint_dir
     hf = hf if hf is not None else open_files(job)
     runner = build_runner(job, mesh, source=weight_source(hf, job.plan.model))
-    hooks = UserHooks(job, hf, mesh, runner)
+    data = DataStream(job, hf)
+    schedules = LRSchedules(runner.optimizers, training.lr_schedule, training.steps)
+    tied = TiedGradients(job, mesh, runner)
+    validator = Validator(job, hf, mesh, runner)
     result = TrainResult()
     if folder:
         result.resumed_from = checkpoint.restore_latest(folder, runner)
         if result.resumed_from:
             saved = checkpoint.read_extra(folder, result.resumed_from)
-            hooks.restore(result.resumed_from, saved)
-    if result.resumed_from == 0 and hooks.validate(0) is not None and on_eval is not None:
-        on_eval(0, hooks.evals[-1]["loss"])
-    stream = hooks.stream
+            data.load_state_dict(result.resumed_from, saved.get("data"))
+            schedules.load_state_dict(saved.get("schedulers", []))
+            validator.load_state_dict(saved.get("evals", []))
+    if result.resumed_from == 0:
+        _report(0, validator.validate(0), on_eval)
     pp_group = mesh.group("pp") if layout.pp > 1 else None
     params = runner.parameters()
     experts = own_params(runner.parts, layout)
@@ -189,16 +199,16 @@ def train(
     first = result.resumed_from + 1
     for step in range(first, training.steps + 1):
         started = time.perf_counter()
-        inputs, targets = stream.global_batch(step)
+        inputs, targets = data.global_batch(step)
         inputs, targets = rank_rows(inputs, layout, mesh), rank_rows(targets, layout, mesh)
         local = forward_backward(layout, runner, inputs, targets)
-        hooks.after_backward()
+        tied.sync()
         reduce_expert_grads(runner.parts, layout)
         norm = clip_grad_norm(
             params,
             training.max_grad_norm,
             pp_group,
-            hooks.duplicates,
+            tied.duplicates,
             experts,
             expert_grad_square(runner.parts, layout),
         )
@@ -225,15 +235,23 @@ def train(
         result.records.append(record)
         if on_step is not None:
             on_step(record)
-        if hooks.after_step(step) is not None and on_eval is not None:
-            on_eval(step, hooks.evals[-1]["loss"])
+        schedules.step()
+        _report(step, validator.after_step(step), on_eval)
         every = training.checkpoint.every_steps
         if folder and ((every and step % every == 0) or step == training.steps):
-            extra = hooks.state(step)
+            extra = {
+                "data": data.state_dict(step),
+                "schedulers": schedules.state_dict(),
+                "evals": validator.state_dict(),
+            }
             checkpoint.save(folder, step, runner, keep=job.pod.checkpoint_keep, extra=extra)
-    evaluated = len(hooks.evals)
-    hooks.finish(training.steps)
-    if len(hooks.evals) > evaluated and on_eval is not None:
-        on_eval(training.steps, hooks.evals[-1]["loss"])
-    result.evals = hooks.evals
+    _report(training.steps, validator.finish(training.steps), on_eval)
+    export_weights(job, hf, runner)
+    result.evals = validator.evals
     return result
+
+
+def _report(step: int, loss: float | None, on_eval: Callable[[int, float], None] | None) -> None:
+    """Hand a validation loss (None: none ran) to ``on_eval``."""
+    if loss is not None and on_eval is not None:
+        on_eval(step, loss)

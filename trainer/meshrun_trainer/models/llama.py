@@ -1,4 +1,5 @@
-"""A Llama-family decoder: RMSNorm, rotary attention (grouped-query), SwiGLU MLP.
+"""A Llama-family decoder: RMSNorm, rotary attention (grouped-query), SwiGLU MLP (or, with
+``mlp: gelu``, the two-matrix GeLU MLP of GPT-style models).
 
 The architecture features of Hugging Face's Llama, Mistral and Qwen2 come from the shape: RoPE
 base and Llama 3 scaling, q/k/v (and output) projection bias, RMSNorm epsilon, an explicit head
@@ -104,6 +105,8 @@ class Attention(nn.Module):
 
 
 class FeedForward(nn.Module):
+    """SwiGLU: ``w2(silu(w1 x) * w3 x)``."""
+
     def __init__(self, shape: ModelShape) -> None:
         super().__init__()
         self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
@@ -115,21 +118,37 @@ class FeedForward(nn.Module):
         return result
 
 
+class GeluFeedForward(nn.Module):
+    """The two-matrix MLP of GPT-2/3 and GPT-NeoX: ``w2(gelu(w1 x))``, w1 the up projection
+    (column-parallel under TP, as SwiGLU's w1) and w2 the down projection (row-parallel)."""
+
+    def __init__(self, shape: ModelShape) -> None:
+        super().__init__()
+        self.w1 = nn.Linear(shape.hidden, shape.ffn_hidden, bias=False)
+        self.w2 = nn.Linear(shape.ffn_hidden, shape.hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        result: torch.Tensor = self.w2(F.gelu(self.w1(x)))
+        return result
+
+
 class TransformerBlock(nn.Module):
-    """Attention and an MLP: the dense SwiGLU (``feed_forward``), or a mixture of experts
-    (``moe``, :mod:`meshrun_trainer.models.moe`) in a MoE layer."""
+    """Attention and an MLP: the dense SwiGLU or GeLU MLP (``feed_forward``), or a mixture of
+    experts (``moe``, :mod:`meshrun_trainer.models.moe`) in a MoE layer."""
 
     def __init__(self, shape: ModelShape, layer: int = 0) -> None:
         super().__init__()
         self.attention_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
         self.attention = Attention(shape)
         self.ffn_norm = nn.RMSNorm(shape.hidden, eps=shape.norm_eps)
-        self.feed_forward: FeedForward | None = None
+        self.feed_forward: FeedForward | GeluFeedForward | None = None
         self.moe: MoE | None = None
         if shape.moe is not None and shape.moe.is_moe_layer(layer):
             self.moe = MoE(shape)
         else:
-            self.feed_forward = FeedForward(shape)
+            self.feed_forward = (
+                FeedForward(shape) if shape.mlp == "swiglu" else GeluFeedForward(shape)
+            )
 
     def forward(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         h = x + self.attention(self.attention_norm(x), cos, sin)

@@ -20,7 +20,10 @@ Auxiliary loss (Switch Transformer, Fedus et al. 2022, eq. 4): ``E * sum_i f_i *
 expert i, taken over each sequence (DeepSeek-V3's sequence-wise form, so it is the same under
 every data-parallel, pipeline and accumulation split), averaged over the sequences and weighed
 by ``aux_loss_coefficient``. It joins the gradient through :class:`_AuxLoss` (Megatron-Core's
-auxiliary-loss scaler): the reported training loss stays the cross-entropy.
+auxiliary-loss scaler): the reported training loss stays the cross-entropy. Under tensor and
+context parallelism a rank routes a shard of each sequence: the shards' sums (choices and
+scores per sequence) are added up over the cp x tp ranks holding them first (a differentiable
+all-reduce), so the loss is the whole sequences' one, as one process computes it.
 """
 
 from __future__ import annotations
@@ -79,8 +82,13 @@ class _AuxLoss(torch.autograd.Function):
         (aux,) = ctx.saved_tensors
         layer = ctx.layer
         if COUNTING[0]:
-            layer.aux_sum += float(aux) / layer.moe.aux_loss_coefficient * AUX_SCALE[0]
-        return grad, torch.full_like(aux, AUX_SCALE[0]), None
+            share = AUX_SCALE[0] / layer.sequence_shards
+            layer.aux_sum += float(aux) / layer.moe.aux_loss_coefficient * share
+        # Every rank holding a shard of the sequences has the same loss. The differentiable
+        # all-reduce's backward adds their gradients up: the tensor-parallel ranks' gradients
+        # are summed (each injects 1/tp of it), the context-parallel ones' averaged with the
+        # data-parallel ones (their cross-entropy is scaled by cp likewise).
+        return grad, torch.full_like(aux, AUX_SCALE[0] / layer.summed_shards), None
 
 
 def _local(weight: torch.Tensor) -> torch.Tensor:
@@ -183,14 +191,20 @@ class MoE(nn.Module):
         )
         self.register_buffer("expert_bias", torch.zeros(moe.experts))
         self.register_buffer("expert_load", torch.zeros(moe.experts), persistent=False)
-        self.tp_group: dist.ProcessGroup | None = None
-        """Under tensor parallelism: the ranks holding the other shards of each sequence."""
+        self.sequence_group: dist.ProcessGroup | None = None
+        """Under tensor or context parallelism: the ranks holding the other shards of this
+        rank's sequences (cp x tp)."""
+        self.sequence_shards = 1
+        """The size of ``sequence_group`` (cp x tp)."""
+        self.summed_shards = 1
+        """Of those, how many add their gradients up rather than average them (tp: the
+        context-parallel ranks' gradients are averaged, as data parallelism's)."""
         self.stage_group: dist.ProcessGroup | None = None
         """The ranks of the pipeline stage that see the rest of the batch (loads summed)."""
         self.aux_sum = 0.0
         """The auxiliary losses (before the coefficient) of this step's passes, each divided by
-        the passes: this replica's mean for the step (under tensor parallelism each rank of the
-        group holds 1/tp of it); whoever reads it resets it."""
+        the passes: this replica's mean for the step (each rank of ``sequence_group`` holds
+        1/(cp x tp) of it); whoever reads it resets it."""
 
     def reset_buffers(self) -> None:
         with torch.no_grad():
@@ -212,17 +226,17 @@ class MoE(nn.Module):
 
     def aux_loss(self, chosen: torch.Tensor, scores: torch.Tensor, batch: int) -> torch.Tensor:
         """Switch's balancing loss per sequence, averaged over the ``batch`` sequences (under
-        tensor parallelism the sequence's shards' sums are added up over the group first)."""
+        tensor and context parallelism the sequences' shards' sums are added up first)."""
         experts, k = self.moe.experts, self.moe.experts_per_token
         picked = F.one_hot(chosen, experts).sum(1).float().view(batch, -1, experts).sum(1)
         if self.moe.router == "sigmoid":
             scores = scores / scores.sum(-1, keepdim=True)
         summed = scores.view(batch, -1, experts).sum(1)
         tokens = float(scores.shape[0] // batch)
-        if self.tp_group is not None:
-            dist.all_reduce(picked, group=self.tp_group)
-            summed = differentiable_all_reduce(summed, group=self.tp_group)  # type: ignore[no-untyped-call]
-            tokens *= dist.get_world_size(self.tp_group)
+        if self.sequence_group is not None:
+            dist.all_reduce(picked, group=self.sequence_group)
+            summed = differentiable_all_reduce(summed, group=self.sequence_group)  # type: ignore[no-untyped-call]
+            tokens *= self.sequence_shards
         share = picked / (tokens * k)  # f_i per sequence
         probability = summed / tokens  # P_i per sequence
         return experts * (share * probability).sum(-1).mean()
@@ -249,10 +263,6 @@ class MoE(nn.Module):
         coefficient = self.moe.aux_loss_coefficient
         if coefficient > 0 and torch.is_grad_enabled():
             aux = self.aux_loss(chosen, scores, batch) * coefficient
-            if self.tp_group is not None:
-                # Every rank of the group holds the same loss, and backward sums their
-                # gradients over it: each injects its share.
-                aux = aux / dist.get_world_size(self.tp_group)
             out = _AuxLoss.apply(out, aux, self)  # type: ignore[no-untyped-call]
         return out.view(x.shape)
 

@@ -4,7 +4,7 @@ In order: a pod of the attempt deleted by someone else (a disruption when it was
 DisruptionTarget), a pod whose node is gone or NotReady for longer than the toleration, a failed
 pod (the exit-code table), a pod whose containers cannot start (an image that cannot be pulled,
 a missing Secret, runAsNonRoot with a root image) for longer than the start timeout. The job's
-podFailurePolicy then decides the class (failurepolicy.py).
+podFailurePolicy then decides the class (policy.py).
 
 Also here: which nodes count as lost, so that pods on them that must go are force-deleted (no
 kubelet will confirm a graceful deletion there).
@@ -17,8 +17,8 @@ from dataclasses import replace
 from datetime import datetime
 
 from meshrun.api.policyspec import PodFailurePolicy
-from meshrun_operator.lifecycle.failurepolicy import judge
-from meshrun_operator.lifecycle.failures import (
+from meshrun_operator.jobstatus import PodPhase, Reason
+from meshrun_operator.lifecycle.failure.classes import (
     CANNOT_START,
     HOPELESS,
     Failure,
@@ -30,9 +30,9 @@ from meshrun_operator.lifecycle.failures import (
     from_trainer,
     node_lost,
 )
+from meshrun_operator.lifecycle.failure.policy import judge
 from meshrun_operator.seen.views import Observed, PodView
-from meshrun_operator.tuning import Tuning
-from meshrun_operator.vocabulary import PodPhase, Reason
+from meshrun_operator.timing import Timing
 
 Found = tuple[Failure, PodView]
 
@@ -42,17 +42,17 @@ def first_failure(
     current: list[PodView],
     observed: Observed,
     policy: PodFailurePolicy | None,
-    tuning: Tuning,
+    timing: Timing,
     now: datetime,
     attempt_start: datetime | None,
 ) -> Found | None:
     """The first thing that ends the attempt, with its pod, judged by the job's policy."""
-    lost = lost_nodes(observed, tuning, now)
+    lost = lost_nodes(observed, timing, now)
     found = (
         _deleted(attempt, observed, lost)
-        or _lost(current, observed, lost, tuning, now, attempt_start)
+        or _lost(current, observed, lost, timing, now, attempt_start)
         or _failed(current)
-        or _stuck(current, tuning, now, attempt_start)
+        or _stuck(current, timing, now, attempt_start)
     )
     if found is None:
         return None
@@ -79,9 +79,9 @@ def _deleted(attempt: int, observed: Observed, lost: dict[str, Failure]) -> Foun
     return None
 
 
-def lost_nodes(observed: Observed, tuning: Tuning, now: datetime) -> dict[str, Failure]:
+def lost_nodes(observed: Observed, timing: Timing, now: datetime) -> dict[str, Failure]:
     """Nodes of the job's pods (deleted ones included) that are given up: deleted, or NotReady
-    for at least ``tuning.node_toleration_seconds`` (a shorter blip kills nothing)."""
+    for at least ``timing.node_toleration_seconds`` (a shorter blip kills nothing)."""
     if observed.nodes is None:
         return {}
     lost = {}
@@ -94,17 +94,17 @@ def lost_nodes(observed: Observed, tuning: Tuning, now: datetime) -> dict[str, F
             lost[node] = node_lost(node, None)
         elif not ready:
             waited = (now - observed.not_ready_since.get(node, now)).total_seconds()
-            if waited >= tuning.node_toleration_seconds:
+            if waited >= timing.node_toleration_seconds:
                 lost[node] = node_lost(node, False, waited)
     return lost
 
 
 def force_deletes(
-    observed: Observed, deletes: Iterable[str], tuning: Tuning, now: datetime
+    observed: Observed, deletes: Iterable[str], timing: Timing, now: datetime
 ) -> set[str]:
     """Pods to delete with grace period 0: those on lost nodes that are being deleted (by
     anyone) or that this decision deletes. Anything else deletes gracefully."""
-    lost = lost_nodes(observed, tuning, now)
+    lost = lost_nodes(observed, timing, now)
     going = set(deletes)
     return {
         p.name
@@ -117,7 +117,7 @@ def _lost(
     current: list[PodView],
     observed: Observed,
     lost: dict[str, Failure],
-    tuning: Tuning,
+    timing: Timing,
     now: datetime,
     attempt_start: datetime | None,
 ) -> Found | None:
@@ -133,7 +133,7 @@ def _lost(
         since = observed.not_ready_since.get(pod.node)
         arrived = pod.started_at or attempt_start
         waited = (now - max(since, arrived)).total_seconds() if since and arrived else None
-        if waited is not None and waited < tuning.node_toleration_seconds:
+        if waited is not None and waited < timing.node_toleration_seconds:
             continue
         return lost[pod.node], pod
     return None
@@ -162,16 +162,16 @@ def _failed(current: list[PodView]) -> Found | None:
 
 
 def _stuck(
-    current: list[PodView], tuning: Tuning, now: datetime, attempt_start: datetime | None
+    current: list[PodView], timing: Timing, now: datetime, attempt_start: datetime | None
 ) -> Found | None:
     """A pod whose container waits in a reason that needs a change to clear, for longer than
-    ``tuning.start_failure_seconds`` since the kubelet took it on (at once for a hopeless one)."""
+    ``timing.start_failure_seconds`` since the kubelet took it on (at once for a hopeless one)."""
     for pod in sorted(current, key=lambda p: p.index):
         if pod.waiting is None or pod.waiting[0] not in CANNOT_START:
             continue
         reason, message = pod.waiting
         since = pod.started_at or attempt_start or now
         waited = max((now - since).total_seconds(), 0.0)
-        if reason in HOPELESS or waited >= tuning.start_failure_seconds:
+        if reason in HOPELESS or waited >= timing.start_failure_seconds:
             return cannot_start(reason, message, waited), pod
     return None

@@ -1,7 +1,7 @@
 """spec.runPolicy.podFailurePolicy applied to a classified failure (the Job API's
 podFailurePolicy, for a gang).
 
-The built-in table (failures.py) classifies first; the first rule of the policy that matches the
+The built-in table (classes.py) classifies first; the first rule of the policy that matches the
 failure and its pod then decides the class: FailJob fails the job, RestartJob restarts the gang
 (counted against backoffLimit), Ignore restarts it without counting. A failure no rule matches
 keeps the table's class.
@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from meshrun.api.policyspec import FailureAction, FailurePolicyRule, PodFailurePolicy
-from meshrun_operator.lifecycle.failures import Failure, FailureClass
+from meshrun_operator.lifecycle.failure.classes import Failure, FailureClass
 from meshrun_operator.seen.views import PodView
 
 ACTIONS: dict[FailureAction, FailureClass] = {

@@ -5,7 +5,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 import pytest
-from meshrun_operator.bodies import newest, plain
+from meshrun_operator.plaindata import newest, plain
 
 pytestmark = pytest.mark.unit
 

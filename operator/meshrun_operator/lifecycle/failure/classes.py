@@ -4,7 +4,7 @@ Kubeflow's operator retried permanent errors forever and ignored backoffLimit (#
 here every failure is retryable (a restart, counted against backoffLimit), permanent (the job
 fails immediately with the reason) or ignored (a disruption: the gang restarts without counting
 it). The table is documented in docs/operator.md; spec.runPolicy.podFailurePolicy overrides it
-(failurepolicy.py).
+(policy.py).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from meshrun.envcontract import (
     EXIT_NO_ACCELERATOR,
     PERMANENT_REASONS,
 )
-from meshrun_operator import vocabulary as words
-from meshrun_operator.vocabulary import Reason
+from meshrun_operator import jobstatus
+from meshrun_operator.jobstatus import Reason
 
 
 class FailureClass(Enum):
@@ -175,7 +175,7 @@ def deleted(target: str | None) -> Failure:
     disruption target (``target``: its DisruptionTarget reason), else PodDeleted (counted)."""
     if target is not None:
         return disruption(Reason.DISRUPTED, Reason.DISRUPTED.message(why=target))
-    return Failure(FailureClass.RETRYABLE, Reason.POD_DELETED, words.DELETED_BY_SOMEONE)
+    return Failure(FailureClass.RETRYABLE, Reason.POD_DELETED, jobstatus.DELETED_BY_SOMEONE)
 
 
 # Waiting reasons of a container that will not start without a change (an image that cannot be
@@ -201,7 +201,7 @@ HOPELESS = frozenset({"InvalidImageName"})
 def cannot_start(reason: str, message: str, seconds: float) -> Failure:
     """A pod whose container has waited ``seconds`` in a reason of CANNOT_START: permanent
     unless spec.runPolicy.podFailurePolicy says otherwise (a restart pulls the same image)."""
-    text = words.CANNOT_START.format(why=message, seconds=f"{seconds:.0f}")
+    text = jobstatus.CANNOT_START.format(why=message, seconds=f"{seconds:.0f}")
     return Failure(FailureClass.PERMANENT, reason, text)
 
 

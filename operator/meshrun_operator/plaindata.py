@@ -1,4 +1,5 @@
-"""Kubernetes objects as plain data: copies of kopf bodies, the newer of two copies."""
+"""Kubernetes objects as plain data: copies of kopf bodies, the newer of two copies, and merge
+patches."""
 
 from __future__ import annotations
 

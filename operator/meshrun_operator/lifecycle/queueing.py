@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from meshrun.api.spec import JobSpec
-from meshrun_operator import names
-from meshrun_operator import vocabulary as words
+from meshrun_operator import jobstatus, names
 from meshrun_operator.conditions import find
+from meshrun_operator.jobstatus import ConditionType, EventType, Phase, Reason
 from meshrun_operator.kueue import (
     KueueActions,
     QueueRef,
@@ -29,7 +29,6 @@ from meshrun_operator.kueue import (
 )
 from meshrun_operator.lifecycle.phases import Draft
 from meshrun_operator.seen.views import Observed
-from meshrun_operator.vocabulary import ConditionType, EventType, Phase, Reason
 
 
 def queue_of(spec: JobSpec | None, metadata: Mapping[str, Any]) -> QueueRef | None:
@@ -62,7 +61,7 @@ def held(draft: Draft, observed: Observed, ref: QueueRef) -> bool:
             return True
         draft.kueue.create = ref
         message = Reason.QUEUED.message(workload="(being created)", queue=queue)
-        status = words.QUEUED_IN.format(queue=queue, why=message)
+        status = jobstatus.QUEUED_IN.format(queue=queue, why=message)
         _queued(draft, observed, Reason.QUEUED, message, status)
         return True
     workload = view.workload
@@ -71,7 +70,7 @@ def held(draft: Draft, observed: Observed, ref: QueueRef) -> bool:
     if state.phase is WorkloadPhase.EVICTED:
         # Kueue took the admission back: the pods go, and the release (report) re-queues it.
         why = state.message or state.reason
-        status = words.EVICTED_BY_KUEUE.format(reason=state.reason, why=why)
+        status = jobstatus.EVICTED_BY_KUEUE.format(reason=state.reason, why=why)
         _queued(draft, observed, state.reason, why, status, warn=True)
         return True
     if state.queued or state.phase is WorkloadPhase.FINISHED:
@@ -81,7 +80,7 @@ def held(draft: Draft, observed: Observed, ref: QueueRef) -> bool:
             _queued(draft, observed, Reason.WORKLOAD_INACTIVE, message, message, warn=True)
             return True
         message = state.message or Reason.QUEUED.message(workload=name, queue=queue)
-        status = words.QUEUED_IN.format(queue=queue, why=message)
+        status = jobstatus.QUEUED_IN.format(queue=queue, why=message)
         _queued(draft, observed, state.reason, message, status)
         return True
     draft.kueue.admitted = workload

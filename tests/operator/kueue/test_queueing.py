@@ -1,7 +1,7 @@
-"""The life cycle of a job Kueue governs (kueue_flow inside lifecycle.decide), pass by pass: no
-pods while queued (the Suspended condition carries Kueue's words), the gang once admitted with
-no gang timeout, PodsReady and Finished reported, a restart that keeps the Workload, and an
-eviction that re-queues the job without counting a restart."""
+"""The life cycle of a job Kueue governs (lifecycle/queueing.py inside lifecycle.decide), pass by
+pass: no pods while queued (the Suspended condition carries Kueue's words), the gang once
+admitted with no gang timeout, PodsReady and Finished reported, a restart that keeps the
+Workload, and an eviction that re-queues the job without counting a restart."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kueue_factories import condition, make_workload
 from meshrun_operator import names
+from meshrun_operator.jobstatus import Reason
 from meshrun_operator.kueue import (
     ADMITTED,
     EVICTED,
@@ -25,9 +26,8 @@ from meshrun_operator.kueue import (
 )
 from meshrun_operator.lifecycle.decide import Decision, decide
 from meshrun_operator.lifecycle.evaluation import evaluate
-from meshrun_operator.lifecycle.queue import queue_of
+from meshrun_operator.lifecycle.queueing import queue_of
 from meshrun_operator.seen.views import Observed, PodView
-from meshrun_operator.vocabulary import Reason
 
 from meshrun.api.crd import API_VERSION, KIND
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
-class Tuning:
+class Timing:
     """Operator-wide timing knobs (command-line flags), not part of any job spec."""
 
     backoff_base_seconds: float = 10.0

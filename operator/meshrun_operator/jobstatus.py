@@ -1,4 +1,4 @@
-"""The operator's words: phases, condition types, reasons, and the messages that go with them.
+"""The words of a job's status: phases, condition types, Event types, reasons and their messages.
 
 Every phase, condition type and reason the operator writes comes from here, and each reason sits
 next to its message (the layout of JobSet's constants package), so the wording users read is
@@ -165,7 +165,7 @@ class Reason(StrEnum):
         "room for more replicas for {seconds}s: dataParallel {old} -> {new} ({layout}), "
         "resuming from the checkpoint of step {step}",
     )
-    # Failures the operator detects itself (the exit-code table lives in lifecycle/failures.py)
+    # Failures the operator detects itself (the exit-code table: lifecycle/failure/classes.py)
     NODE_LOST = "NodeLost", "node {node} {state}"
     POD_DELETED = "PodDeleted", "pod {pod} disappeared"
     PROGRESS_DEADLINE_EXCEEDED = (
