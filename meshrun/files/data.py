@@ -12,9 +12,11 @@ tokenizing (token files, or a text dataset's cache).
 from __future__ import annotations
 
 import ast
+import contextlib
 import hashlib
 import json
 import os
+import stat
 import tempfile
 from pathlib import Path
 from typing import Any, get_args
@@ -125,7 +127,8 @@ def check_tokenizer(tokenizer_json: Path | None, model_vocab: int, field: str) -
 
 
 def cache_key(format: Format, path: str | Path, field: str, tokenizer_json: Path) -> str:
-    """A key over the tokenizer, the text field and the files' names, sizes and times."""
+    """A key over the tokenizer, the text field and the files' names, sizes and times: it tells
+    a current cache from a stale one, not a cache someone planted (see :func:`cache_trusted`)."""
     digest = hashlib.sha256(read_bounded(tokenizer_json, "spec.model.hf.path", TOKENIZER_CAP))
     digest.update(f"{format}\0{field}".encode())
     for file in data_files(format, path):
@@ -134,17 +137,63 @@ def cache_key(format: Format, path: str | Path, field: str, tokenizer_json: Path
     return digest.hexdigest()[:16]
 
 
+def data_owners(format: Format, path: str | Path) -> frozenset[int]:
+    """The users owning the dataset's files: whoever could write the data itself."""
+    owners = set()
+    for file in data_files(format, path):
+        with contextlib.suppress(OSError):
+            owners.add(file.stat().st_uid)
+    return frozenset(owners)
+
+
+def own_cache_dir() -> Path:
+    """The folder of caches this user makes where it does not own the data (the temp dir)."""
+    return Path(tempfile.gettempdir()) / f"meshrun-tokens-{os.geteuid()}"
+
+
 def cache_path(
     format: Format, path: str | Path, field: str, tokenizer_json: Path, vocab: int
 ) -> Path:
-    """Where the tokens of this dataset are cached: beside it, or in the temp dir if read-only."""
+    """Where the tokens of this dataset are cached: beside it when this user owns the data and
+    may write there, else in a folder of its own in the temp dir (a cache beside the data is
+    read only when its owner could have written the data, :func:`cache_trusted`)."""
     data = Path(path)
     suffix = "u16" if vocab <= WIDE_VOCAB else "u32"
     name = f"{data.name}.{cache_key(format, path, field, tokenizer_json)}.{suffix}"
     beside = data.parent / CACHE_DIR
-    if os.access(data.parent, os.W_OK) or os.access(beside, os.W_OK):
+    owner = os.geteuid() in data_owners(format, path)
+    if owner and (os.access(data.parent, os.W_OK) or os.access(beside, os.W_OK)):
         return beside / name
-    return Path(tempfile.gettempdir()) / "meshrun-tokens" / name
+    return own_cache_dir() / name
+
+
+def cache_trusted(cache: Path, format: Format, path: str | Path) -> bool:
+    """Whether the tokens at ``cache`` may be trained on instead of tokenizing the data: a
+    regular file of one name (not a link), writable by its owner alone, owned by someone who
+    could have changed the data itself (an owner of the dataset's files, or root), or by this
+    user in its own folder of the temp dir.
+
+    The key (names, sizes, times) is easy to match; who wrote the file is not. Whoever may write
+    the folder beside a shared dataset but not the dataset cannot plant tokens that another
+    team's job takes for that dataset's: such a cache is not read, and the job tokenizes into
+    a cache of its own."""
+    try:
+        info = os.lstat(cache)
+    except OSError:
+        return False
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        return False
+    if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return False
+    owners = data_owners(format, path) | {0}
+    if cache.parent == own_cache_dir():
+        try:
+            folder = os.lstat(cache.parent)
+        except OSError:
+            return False
+        if folder.st_uid == os.geteuid() and not folder.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+            owners |= {os.geteuid()}
+    return info.st_uid in owners
 
 
 def token_width(path: Path, vocab: int) -> int:
@@ -179,7 +228,9 @@ def known_tokens(spec: Data, path: str, tokenizer_json: Path | None, vocab: int)
     if tokenizer_json is None or not is_regular(tokenizer_json):
         return None
     cache = cache_path(spec.format, path, spec.text_field, tokenizer_json, vocab)
-    return cache.stat().st_size // token_width(cache, vocab) if cache.is_file() else None
+    if not cache_trusted(cache, spec.format, path):
+        return None
+    return cache.stat().st_size // token_width(cache, vocab)
 
 
 def check_dataset_size(tokens: int, seq_len: int, global_batch: int, field: str) -> None:

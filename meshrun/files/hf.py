@@ -11,6 +11,7 @@ architectures are the Llama family as transformers defines it: ``llama`` (Llama 
 from __future__ import annotations
 
 import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,6 +23,7 @@ from meshrun.api.moe import MoeShape
 from meshrun.api.presets import ModelShape, RopeScaling
 from meshrun.files.bounded import (
     HEADER_CAP,
+    TOKENIZER_CAP,
     in_kernel_filesystem,
     is_regular,
     open_regular,
@@ -45,6 +47,40 @@ TOKENIZER_FILES = (
     "generation_config.json",
 )
 """Files copied next to exported weights so the folder is complete for transformers."""
+
+
+def side_file(folder: Path, name: str) -> bytes | None:
+    """The bytes of ``folder/name`` for an export to publish: None when absent; SpecError when
+    it is not the folder's own file.
+
+    An export publishes what it copies, so a side file that is a link out of the model's folder
+    (``generation_config.json -> /proc/self/environ``, or to the pod's service-account token) is
+    refused: a link is followed only to a file inside the folder, or inside the ``blobs`` folder
+    of the Hugging Face cache repository whose snapshot the folder is (where the hub's own links
+    point). The file must be regular and at most TOKENIZER_CAP bytes, and the one opened must be
+    the one checked."""
+    path = folder / name
+    if not os.path.lexists(path):
+        return None
+    real = Path(os.path.realpath(path))
+    home = Path(os.path.realpath(folder))
+    homes = [home]
+    if home.parent.name == "snapshots":
+        homes.append(home.parent.parent / "blobs")
+    if not any(real.is_relative_to(h) for h in homes):
+        raise SpecError(
+            FIELD, f"{path} links to {real}, outside the model's folder: not copied into an export"
+        )
+    with open_regular(real, FIELD) as handle:
+        if not os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
+            raise SpecError(FIELD, f"{path} changed while it was being copied")
+        size = os.fstat(handle.fileno()).st_size
+        if size > TOKENIZER_CAP:
+            raise SpecError(FIELD, f"{path} is {size} bytes, more than the {TOKENIZER_CAP} allowed")
+        data = handle.read(TOKENIZER_CAP + 1)
+    if len(data) > TOKENIZER_CAP:
+        raise SpecError(FIELD, f"{path} holds more than the {TOKENIZER_CAP} bytes allowed")
+    return data
 
 
 @dataclass(frozen=True)

@@ -189,6 +189,11 @@ class Reason(StrEnum):
         "ChildRestored",
         "{kind} {name} was deleted while the job ran; created it again (the pods keep running)",
     )
+    CHILD_REPAIRED = (
+        "ChildRepaired",
+        "{kind} {name}: its {what} were edited while the job ran; set them back (the pods keep "
+        "running)",
+    )
     # A status the operator did not write
     STATUS_RESTORED = (
         "StatusRestored",

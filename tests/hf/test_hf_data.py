@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from pathlib import Path
 
 import datasets
@@ -16,12 +17,19 @@ import torch
 from hf_factories import EOS, corpus_documents, make_tokenizer, write_jsonl
 from meshrun_trainer.components.data.synthetic import replica_rows
 from meshrun_trainer.components.data.tokens import load_tokens, tokenize
-from meshrun_trainer.components.data.windows import WindowStream, cut_windows
+from meshrun_trainer.components.data.windows import WindowStream, cut_windows, dataset_tokens
 from meshrun_trainer.components.optim import lr_factor
 
 from meshrun.api.errors import SpecError
 from meshrun.api.spec import Data, DataFormat, LRSchedule, Validation
-from meshrun.files.data import cache_path, check_data_files, check_tokenizer, known_tokens
+from meshrun.files.data import (
+    cache_path,
+    cache_trusted,
+    check_data_files,
+    check_tokenizer,
+    known_tokens,
+    own_cache_dir,
+)
 
 
 def data(format: DataFormat, path: Path, validation: str | None = None) -> Data:
@@ -144,3 +152,64 @@ def test_prepare_data_command_tokenizes_once(
     assert main(argv) == 0 and out.stat().st_mtime_ns == stamp, "the cache is reused"
     assert main([*argv[:-1], str(tmp_path / "absent.jsonl")]) == 2
     assert "absent.jsonl does not exist" in capsys.readouterr().err
+
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="making another user's file needs root")
+
+
+def _plant(out: Path, forged: np.ndarray, how: str, elsewhere: Path) -> None:
+    """Tokens of the attacker's choosing at the cache's name, as someone who may write the
+    folder beside the data but not the data would leave them."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.unlink(missing_ok=True)
+    if how == "link":
+        forged.tofile(elsewhere)
+        out.symlink_to(elsewhere)
+        return
+    forged.tofile(out)
+    if how == "writable by others":
+        out.chmod(0o666)
+    elif how == "another owner":
+        os.chown(out, 4242, 4242)
+
+
+@pytest.mark.parametrize(
+    "how", ["writable by others", "link", pytest.param("another owner", marks=ROOT_ONLY)]
+)
+def test_a_cache_planted_beside_the_data_is_not_trained_on(
+    folder: Path, tmp_path: Path, how: str
+) -> None:
+    """The key (names, sizes, times) is easy to match: a cache is read only when its owner
+    could have written the data, else the data is tokenized again over it."""
+    docs = corpus_documents()
+    write_jsonl(tmp_path / "d.jsonl", docs)
+    spec = data("jsonl", tmp_path / "d.jsonl")
+    tokenizer = folder / "tokenizer.json"
+    expected = _expected(folder, docs)
+    out = cache_path(spec.format, spec.path, "text", tokenizer, 384)
+    assert out.parent == tmp_path / ".meshrun-cache"
+    forged = np.full(len(expected), 7, dtype=np.uint16)
+    _plant(out, forged, how, tmp_path / "forged.u16")
+    assert known_tokens(spec, spec.path, tokenizer, 384) is None, "a planted cache counted"
+    assert dataset_tokens(spec, spec.path, folder, 384, quiet=True).tolist() == expected
+    assert not out.is_symlink() and out.stat().st_uid == os.geteuid()
+    assert known_tokens(spec, spec.path, tokenizer, 384) == len(expected)
+
+
+@ROOT_ONLY
+def test_a_job_that_does_not_own_the_data_caches_in_a_folder_of_its_own(
+    folder: Path, tmp_path: Path
+) -> None:
+    docs = corpus_documents()
+    write_jsonl(tmp_path / "d.jsonl", docs)
+    os.chown(tmp_path / "d.jsonl", 4242, 4242)
+    spec = data("jsonl", tmp_path / "d.jsonl")
+    out = cache_path(spec.format, spec.path, "text", folder / "tokenizer.json", 384)
+    assert out.parent == own_cache_dir()
+    out.unlink(missing_ok=True)
+    expected = _expected(folder, docs)
+    assert dataset_tokens(spec, spec.path, folder, 384, quiet=True).tolist() == expected
+    assert cache_trusted(out, spec.format, spec.path)
+    assert not (tmp_path / ".meshrun-cache").exists()
+    assert own_cache_dir().stat().st_mode & 0o777 == 0o700
+    out.unlink()

@@ -64,3 +64,38 @@ def test_weights_not_matching_config_are_refused(tmp_path: Path) -> None:
     (source / "config.json").write_text(json.dumps(config | {"num_hidden_layers": 5}))
     with pytest.raises(SpecError, match=r"weights lack model\.layers\.4"):
         load_hf_model(source, seq_len=16)
+
+
+def test_export_copies_only_the_model_folders_own_side_files(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    """A side file that links out of the model's folder (the pod's environment, a secret
+    beside it) is not published; links into the Hugging Face cache's blobs are followed."""
+    repo = tmp_path / "hub" / "models--org--tiny"
+    source = make_hf_folder(repo / "snapshots" / "rev1", "llama", seed=3)
+    blobs = repo / "blobs"
+    blobs.mkdir()
+    (source / "tokenizer.json").rename(blobs / "0a1b2c")
+    (source / "tokenizer.json").symlink_to("../../blobs/0a1b2c")
+    secret = tmp_path / "token"
+    secret.write_text("SECRET-TOKEN")
+    for name, target in (
+        ("generation_config.json", "/proc/self/environ"),
+        ("special_tokens_map.json", str(secret)),
+    ):
+        (source / name).unlink(missing_ok=True)
+        (source / name).symlink_to(target)
+    folder = load_hf_model(source, seq_len=48)
+    out = export([build_model(folder.shape, seed=1)], tmp_path / "out", folder.shape, source=source)
+    names = {p.name for p in out.iterdir()}
+    assert "tokenizer.json" in names
+    assert (out / "tokenizer.json").read_bytes() == (blobs / "0a1b2c").read_bytes()
+    assert not (out / "tokenizer.json").is_symlink()
+    assert "generation_config.json" not in names
+    assert "special_tokens_map.json" not in names
+    for path in out.rglob("*"):
+        if path.is_file():
+            assert b"SECRET-TOKEN" not in path.read_bytes(), path
+    err = capfd.readouterr().err
+    assert "generation_config.json links to /proc/" in err
+    assert f"special_tokens_map.json links to {secret}, outside the model's folder" in err

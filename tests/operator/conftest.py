@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from operator_harness import Cluster, Kubectl, OperatorProcess, fake_node
+from operator_harness import Cluster, Kubectl, OperatorProcess, chart_memory_limit, fake_node
 from waiting import wait_for
 
 from meshrun.api.crd import PLURAL
@@ -62,8 +62,28 @@ def operator_process(
     kubeconfig: str, kubectl: Kubectl, namespace: str, crds_installed: list[str], tmp_path: Path
 ) -> Iterator[OperatorProcess]:
     """The operator serving only the test's namespace; its log is printed when a test fails."""
-    process = OperatorProcess(kubeconfig, namespace, tmp_path).start()
-    yield process
+    yield from _serve(OperatorProcess(kubeconfig, namespace, tmp_path), kubectl, namespace)
+
+
+@pytest.fixture
+def operator_at_chart_limit(
+    kubeconfig: str, kubectl: Kubectl, namespace: str, crds_installed: list[str], tmp_path: Path
+) -> Iterator[OperatorProcess]:
+    """:func:`operator_process` in a memory cgroup of the chart's memory limit (values.yaml's
+    resources.limits.memory), as the kubelet runs it: past the limit the kernel kills it."""
+    limit = chart_memory_limit()
+    process = OperatorProcess(kubeconfig, namespace, tmp_path, memory_limit=limit)
+    yield from _serve(process, kubectl, namespace)
+
+
+def _serve(process: OperatorProcess, kubectl: Kubectl, namespace: str) -> Iterator[OperatorProcess]:
+    try:
+        yield process.start()
+    finally:
+        _stop(process, kubectl, namespace)
+
+
+def _stop(process: OperatorProcess, kubectl: Kubectl, namespace: str) -> None:
     # Deleting the jobs while the operator still runs lets it release them the normal way.
     kubectl(
         "delete",
@@ -77,3 +97,6 @@ def operator_process(
     )
     process.stop()
     print(f"--- operator log ({process.log_path}) ---\n{process.log_tail(80)}")
+    if process.cgroup is not None:
+        print(f"operator's peak memory {process.cgroup.peak() / 2**20:.0f} MiB")
+        process.cgroup.remove()

@@ -7,6 +7,7 @@ reconcile each other's jobs.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -18,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
 from meshrun_operator import names
 from waiting import wait_for
 
@@ -39,8 +41,102 @@ FAST_FLAGS = [
 ]
 
 
+CHART_VALUES = Path(__file__).resolve().parents[2] / "helm" / "meshrun" / "values.yaml"
+
+
+def chart_memory_limit() -> int:
+    """The operator container's memory limit in the chart's values, in bytes."""
+    values = yaml.safe_load(CHART_VALUES.read_text())
+    limit = str(values["resources"]["limits"]["memory"])
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30}
+    return int(limit[:-2]) * units[limit[-2:]] if limit[-2:] in units else int(limit)
+
+
+class MemoryCgroup:
+    """A memory cgroup of ``limit`` bytes (swap included) below this process's own, as the
+    kubelet gives a container with a memory limit: cgroup v2 (memory.max, memory.swap.max) or
+    v1's memory controller (memory.limit_in_bytes, memory.memsw.limit_in_bytes). A process is
+    put in it before it execs (``enter``), so all it allocates is counted."""
+
+    def __init__(self, name: str, limit: int) -> None:
+        self.limit = limit
+        self.path, self.v2 = _memory_cgroup_root()
+        self.path = self.path / f"{name}-{os.getpid()}-{time.monotonic_ns()}"
+        self.path.mkdir()
+        if self.v2:
+            (self.path / "memory.max").write_text(str(limit))
+            swap = self.path / "memory.swap.max"
+            if swap.exists():
+                swap.write_text("0")
+        else:
+            (self.path / "memory.limit_in_bytes").write_text(str(limit))
+            swap = self.path / "memory.memsw.limit_in_bytes"
+            if swap.exists():
+                swap.write_text(str(limit))
+
+    def enter(self) -> None:
+        """Move the calling process into the cgroup (a preexec_fn: runs in the child)."""
+        (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def peak(self) -> int:
+        """The most memory the cgroup's processes held at once (bytes)."""
+        name = "memory.peak" if self.v2 else "memory.max_usage_in_bytes"
+        return int((self.path / name).read_text())
+
+    def oom_kills(self) -> int:
+        """Processes the kernel killed for the cgroup's limit."""
+        name = "memory.events" if self.v2 else "memory.oom_control"
+        for line in (self.path / name).read_text().splitlines():
+            key, _, value = line.partition(" ")
+            if key == "oom_kill":
+                return int(value)
+        return 0
+
+    def remove(self) -> None:
+        with contextlib.suppress(OSError):
+            self.path.rmdir()
+
+
+def _memory_cgroup_root() -> tuple[Path, bool]:
+    """This process's own memory cgroup folder and whether it is cgroup v2; AssertionError
+    saying what is missing where none can be written."""
+    own = {}
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, where = line.split(":", 2)
+        for controller in controllers.split(",") if controllers else [""]:
+            own[controller] = where
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        fields = line.split()
+        root, mount, kind = fields[3], fields[4], fields[fields.index("-") + 1]
+        options = fields[-1].split(",")
+
+        def inside(where: str, root: str = root, mount: str = mount) -> Path:
+            # the mount shows the hierarchy from ``root`` (a container's own cgroup) down
+            below = where[len(root) :] if root != "/" and where.startswith(root) else where
+            return Path(mount) / below.lstrip("/")
+
+        if kind == "cgroup" and "memory" in options and "memory" in own:
+            folder = inside(own["memory"])
+            v2 = False
+        elif kind == "cgroup2" and "" in own:
+            folder = inside(own[""])
+            controllers = folder / "cgroup.subtree_control"
+            if "memory" not in (controllers.read_text() if controllers.exists() else ""):
+                continue
+            v2 = True
+        else:
+            continue
+        if os.access(folder, os.W_OK):
+            return folder, v2
+    raise AssertionError(
+        "no memory cgroup this test may create (a writable cgroup v1 memory controller, or a "
+        "delegated cgroup v2 with the memory controller): run it as root, or with one delegated"
+    )
+
+
 class OperatorProcess:
-    """``python -m meshrun operator --namespace NS`` with its log in a file."""
+    """``python -m meshrun operator --namespace NS`` with its log in a file; with
+    ``memory_limit`` (bytes) it runs in a memory cgroup of that size, as in its pod."""
 
     def __init__(
         self,
@@ -50,6 +146,7 @@ class OperatorProcess:
         extra: list[str] | None = None,
         flags: list[str] | None = None,
         name: str = "operator",
+        memory_limit: int | None = None,
     ) -> None:
         self.kubeconfig, self.namespace = kubeconfig, namespace
         self.log_path = log_dir / f"{name}-{namespace}.log"
@@ -58,6 +155,8 @@ class OperatorProcess:
         """The flags before ``extra``: FAST_FLAGS unless a test needs others."""
         self.metrics_port, self.health_port = free_port(), free_port()
         self.proc: subprocess.Popen[bytes] | None = None
+        self.cgroup = MemoryCgroup("meshrun-operator", memory_limit) if memory_limit else None
+        """The memory cgroup it runs in, when it has a limit."""
 
     def start(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
@@ -80,6 +179,7 @@ class OperatorProcess:
             stdout=log,
             stderr=subprocess.STDOUT,
             env=env,
+            preexec_fn=self.cgroup.enter if self.cgroup is not None else None,
         )
         wait_for(
             self.healthy,

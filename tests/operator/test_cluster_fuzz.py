@@ -4,11 +4,13 @@ Hypothesis generates jobs a careless or hostile author could write: wrong types,
 NaN and 1e308, unicode names, nesting past the 1,000 levels Python's JSON decoder takes, paths of
 the operator's own filesystem, pod templates of every malformed shape and of a megabyte, gangs
 past the operator's --max-pods-per-job, and names of Services, NetworkPolicies and pods that
-someone else already owns. Each is sent to the API server as it is. Whatever the API server
-accepts, the operator must judge without falling over: at the end the operator process is the
-one that started (no restart, no traceback), every accepted job either says Invalid naming the
-field, says NameConflict, or is running (pods or a phase that is not an error), and nothing the
-test created beside the jobs has been changed or deleted.
+someone else already owns. Each is sent to the API server as it is. The operator runs in a
+memory cgroup of the chart's memory limit (values.yaml), as the kubelet would run it. Whatever
+the API server accepts, the operator must judge without falling over: at the end the operator
+process is the one that started (not killed for memory, no restart, no traceback), every
+accepted job either says Invalid naming the field, says NameConflict, or is running (pods or a
+phase that is not an error), and nothing the test created beside the jobs has been changed or
+deleted.
 """
 
 from __future__ import annotations
@@ -379,7 +381,7 @@ def verdict(job: dict[str, Any]) -> str | None:
 
 
 def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
-    cluster: Cluster, operator_process: OperatorProcess, api_client: Any
+    cluster: Cluster, operator_at_chart_limit: OperatorProcess, api_client: Any
 ) -> None:
     from kubernetes import client
 
@@ -387,7 +389,8 @@ def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
         cluster.apply(obj)
     before = snapshot(cluster)
     assert len(before) == len(TAKEN_NAMES)
-    operator = operator_process
+    operator = operator_at_chart_limit  # in a memory cgroup of the chart's limit
+    assert operator.cgroup is not None
     pid = operator.proc.pid if operator.proc else None
     custom = client.CustomObjectsApi(api_client)
     sent: list[tuple[str, bool]] = []  # name, accepted
@@ -478,6 +481,7 @@ def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
         ).stdout.strip(), f"{name} has pods"
     for name in {BYSTANDER_SERVICE, BYSTANDER_POLICY, BYSTANDER_POD_JOB} & set(results):
         assert results[name] in ("conflict", "invalid"), f"{name} took a name someone owns"
+    assert operator.cgroup.oom_kills() == 0, f"killed past {operator.cgroup.limit} bytes"
     assert operator.proc is not None and operator.proc.poll() is None, operator.log_tail()
     assert operator.proc.pid == pid
     log = operator.log_path.read_text(errors="replace")
@@ -491,6 +495,8 @@ def test_hostile_specs_never_break_the_operator_or_touch_what_it_does_not_own(
     )
     assert not impostor["metadata"].get("ownerReferences")
     print(
+        f"operator's peak {operator.cgroup.peak() / 2**20:.0f} MiB of its "
+        f"{operator.cgroup.limit / 2**20:.0f} MiB limit; "
         f"sent {len(sent)} specs ({len(deep_sent)} past 1,000 levels, {sum(deep_sent)} of them "
         f"accepted and pruned), {len(accepted)} accepted, {len(huge)} past the pod cap; "
         "verdicts: "

@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from meshrun_operator import names
+from namespaces import TEST_RUN_LABEL, run_label
 from operator_harness import (
     Cluster,
     OperatorProcess,
@@ -19,7 +21,7 @@ from operator_harness import (
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
 from waiting import wait_for
 
-from meshrun.api.crd import PLURAL
+from meshrun.api.crd import GROUP, KIND, PLURAL, VERSION
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(240)]
 
@@ -136,29 +138,79 @@ def test_a_deleted_headless_service_and_policy_come_back_while_the_pods_keep_run
     assert_cleaned_up(cluster, "rdv")
 
 
+def test_an_edited_service_and_policy_are_set_back_while_the_pods_keep_running(
+    cluster: Cluster, operator_process: OperatorProcess
+) -> None:
+    """Someone points the job's Service and NetworkPolicy at other pods and strips the job's
+    uid label from them and from a pod: the operator patches each back (the same objects) and
+    says so, the gang runs on."""
+    cluster.apply(job_manifest("drift"))
+    pods = cluster.wait_running_pods("drift", 2)
+    cluster.wait_phase("drift", "Running")
+    running = sorted(p["metadata"]["uid"] for p in pods)
+    uid_label = names.LABEL_JOB_UID
+    edits = {
+        "service": {"spec": {"selector": {"app": "db", uid_label: None}}},
+        "networkpolicy": {"spec": {"podSelector": {"matchLabels": {uid_label: None}}}},
+    }
+    for kind, edit in edits.items():
+        first = get(cluster, kind, "drift")
+        assert first is not None
+        edit["metadata"] = {"labels": {uid_label: None}}
+        cluster.kubectl(
+            "patch", kind, "drift", "-n", cluster.ns, "--type=merge", "-p", json.dumps(edit)
+        )
+
+        def back(kind: str = kind, first: dict[str, Any] = first) -> dict[str, Any] | None:
+            found = get(cluster, kind, "drift")
+            labels = (found or {}).get("metadata", {}).get("labels") or {}
+            return found if found and uid_label in labels else None
+
+        again = wait_for(back, 20, f"the job's {kind} set back")
+        assert again["metadata"]["uid"] == first["metadata"]["uid"]  # patched, not replaced
+        assert again["metadata"]["labels"] == first["metadata"]["labels"]
+        assert again["spec"] == first["spec"]  # the selector whole again: no key kept
+    # A pod of the gang without its uid label is out of the Service: labelled again.
+    patch = json.dumps({"metadata": {"labels": {uid_label: None}}})
+    cluster.kubectl("patch", "pod", "drift-0", "-n", cluster.ns, "--type=merge", "-p", patch)
+
+    def labelled() -> bool:
+        pod = get(cluster, "pod", "drift-0") or {}
+        return uid_label in (pod.get("metadata", {}).get("labels") or {})
+
+    wait_for(labelled, 20, "pod drift-0 labelled again")
+    assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("drift")) == running
+    status = cluster.status("drift")
+    assert status["phase"] == "Running" and status["restarts"] == 0
+    repaired = [e for e in cluster.events("drift") if e["reason"] == "ChildRepaired"]
+    assert len(repaired) >= 3, repaired
+    assert "Traceback" not in operator_process.log_path.read_text()
+
+
 def test_a_privileged_template_under_baseline_is_invalid_with_the_field_named(
     cluster: Cluster, operator_process: OperatorProcess
 ) -> None:
     privileged = {"spec": {"containers": [{"name": "trainer",
                                            "securityContext": {"privileged": True}}]}}  # fmt: skip
     cluster.apply(job_manifest("root", podTemplate=privileged))
-    cluster.apply(job_manifest("shapeless", podTemplate={"spec": "x"}))
-    for job, field in (
-        ("root", "spec.podTemplate.spec.containers[0].securityContext.privileged"),
-        ("shapeless", "spec.podTemplate.spec"),
-    ):
-        status = cluster.wait_phase(job, "Failed")
-        invalid = cluster.condition(job, "Invalid")
-        assert invalid["status"] == "True" and invalid["message"].startswith(f"{field}: ")
-        assert status["invalidSpec"]["field"] == field
-        assert cluster.pods(job) == []
-    assert (
-        "privileged containers are not allowed" in cluster.condition("root", "Invalid")["message"]
+    # A template that is not a PodTemplateSpec never reaches the operator: the CRD's schema
+    # refuses it, naming the field.
+    shapeless = job_manifest("shapeless", podTemplate={"spec": "x"})
+    refused = cluster.kubectl(
+        "apply", "-n", cluster.ns, "-f", "-", input=json.dumps(shapeless), check=False
     )
-    assert "job pod policy is baseline" in cluster.condition("root", "Invalid")["message"]
-    # Refused once: one InvalidSpec Event each, and no reconcile error in the log.
-    for job in ("root", "shapeless"):
-        assert len([e for e in cluster.events(job) if e["reason"] == "InvalidSpec"]) == 1
+    assert refused.returncode != 0
+    assert "spec.podTemplate.spec" in refused.stderr and "must be of type object" in refused.stderr
+    field = "spec.podTemplate.spec.containers[0].securityContext.privileged"
+    status = cluster.wait_phase("root", "Failed")
+    invalid = cluster.condition("root", "Invalid")
+    assert invalid["status"] == "True" and invalid["message"].startswith(f"{field}: ")
+    assert status["invalidSpec"]["field"] == field
+    assert cluster.pods("root") == []
+    assert "privileged containers are not allowed" in invalid["message"]
+    assert "job pod policy is baseline" in invalid["message"]
+    # Refused once: one InvalidSpec Event, and no reconcile error in the log.
+    assert len([e for e in cluster.events("root") if e["reason"] == "InvalidSpec"]) == 1
     log = operator_process.log_path.read_text()
     assert "Traceback" not in log and "failed; retrying" not in log
 
@@ -214,3 +266,77 @@ def test_a_restarts_reason_survives_an_operator_that_could_not_write_its_status(
     finally:
         cluster.kubectl("delete", PLURAL, "oom", "-n", namespace, "--wait=true")
         second.stop()
+
+
+def test_a_pod_in_another_namespace_that_names_a_jobs_uid_neither_fails_nor_restarts_it(
+    cluster: Cluster, kubeconfig: str, tmp_path: Path
+) -> None:
+    """One operator serves two teams' namespaces. In the other namespace, pods copied from the
+    victim's pod 0, with its labels and an ownerReference naming the victim's uid (one under a
+    kind of someone else's group, one as the victim's own kind and name), exit 3 and are then
+    deleted: the victim runs on untouched (no restart, no failure, the same pods)."""
+    evil = f"{cluster.ns[:50]}-evil"
+    cluster.kubectl("create", "namespace", evil)
+    cluster.kubectl("label", "namespace", evil, f"{TEST_RUN_LABEL}={run_label()}")
+    wait_for(
+        lambda: cluster.kubectl("get", "sa", "default", "-n", evil, check=False).returncode == 0,
+        30,
+        f"serviceaccount default in {evil}",
+    )
+    operator = OperatorProcess(kubeconfig, cluster.ns, tmp_path, extra=["--namespace", evil])
+    operator.start()
+    try:
+        cluster.apply(job_manifest("victim"))
+        pods = cluster.wait_running_pods("victim", 2)
+        cluster.wait_phase("victim", "Running")
+        uid = cluster.job("victim")["metadata"]["uid"]
+        running = sorted(p["metadata"]["uid"] for p in pods)
+        original = get(cluster, "pod", "victim-0")
+        assert original is not None
+        owners = [
+            {"apiVersion": "example.invalid/v1", "kind": "Nope", "name": "victim", "uid": uid},
+            {"apiVersion": f"{GROUP}/{VERSION}", "kind": KIND, "name": "victim", "uid": uid},
+        ]
+        for n, owner in enumerate(owners):
+            spec = {k: v for k, v in original["spec"].items() if k != "nodeName"}
+            planted = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {
+                    "name": f"victim-{n}",
+                    "namespace": evil,
+                    "labels": original["metadata"]["labels"],
+                    "annotations": {"sim.meshrun.dev/outcome": "Failed",
+                                    "sim.meshrun.dev/exit-code": "3"},
+                    "ownerReferences": [{**owner, "controller": True}],
+                },
+                "spec": spec,
+            }  # fmt: skip
+            cluster.kubectl("create", "-f", "-", input=json.dumps(planted))
+
+        failed: set[str] = set()
+
+        def ended() -> bool:
+            out = cluster.kubectl("get", "pods", "-n", evil, "-o", "json", check=False).stdout
+            items = json.loads(out or '{"items": []}')["items"]
+            failed.update(
+                p["metadata"]["name"] for p in items if p.get("status", {}).get("phase") == "Failed"
+            )
+            left = {p["metadata"]["name"] for p in items}
+            # Each failed, or (the one naming the job's own kind, whose owner the garbage
+            # collector finds missing in this namespace) deleted by the garbage collector.
+            return "victim-0" in failed and left <= failed
+
+        wait_for(ended, 60, "the planted pods failed with exit 3")
+        cluster.kubectl("delete", "pods", "--all", "-n", evil, "--wait=true", "--timeout=60s")
+        wait_seconds(5)  # ten resync passes of the victim
+        status = cluster.status("victim")
+        assert status["phase"] == "Running", status
+        assert status["restarts"] == 0 and status.get("disruptions", 0) == 0, status
+        assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("victim")) == running
+        assert "Traceback" not in operator.log_path.read_text()
+    finally:
+        cluster.kubectl("delete", PLURAL, "--all", "-n", cluster.ns, "--timeout=20s", check=False)
+        operator.stop()
+        print(f"--- operator log ---\n{operator.log_tail(60)}")
+        cluster.kubectl("delete", "namespace", evil, "--wait=false", check=False)

@@ -41,7 +41,9 @@ class CreatingApi(OneJobApi):
         self.sent.append(f"{obj['kind']} {obj['metadata']['name']}")
         return obj["kind"] not in self.taken
 
-    async def create_all(self, objs: list[dict[str, Any]]) -> list[bool | Refused]:
+    async def create_all(
+        self, objs: list[dict[str, Any]], unsent: Any = None
+    ) -> list[bool | Refused]:
         results: list[bool | Refused] = []
         for obj in objs:
             name = obj["metadata"]["name"]

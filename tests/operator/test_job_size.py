@@ -1,24 +1,35 @@
 """One job's size: the operator's cap on the pods of one job (--max-pods-per-job), pods created
-in batches that double, as the Job controller's slow start, and a Workload built from one pod
-per stage (no cluster)."""
+in batches that double, as the Job controller's slow start, a Workload built from one pod per
+stage, and a gang's creates and deletes when the API server stops or fails (no cluster; real
+HTTP servers)."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
+import aiohttp
 import pytest
+from aiohttp import web
 from meshrun_operator.children.builders import build_pod
 from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.answers import Refused
+from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.kube import Kube
+from meshrun_operator.client.login import Login
+from meshrun_operator.client.rest import Rest
 from meshrun_operator.kueue import QueueRef
 from meshrun_operator.lifecycle.evaluation import Admission, evaluate
 from meshrun_operator.main import admission, parse_args
 from meshrun_operator.runtime import kueue_link
+from meshrun_operator.runtime.actions import _create_children
+from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.kueue_link import KueueLink
-from operator_factories import make_job
+from operator_factories import make_job, observe
+from operator_lifecycle_helpers import run
+from test_login import kubeconfig, serving
 
 pytestmark = pytest.mark.unit
 
@@ -67,9 +78,11 @@ class Recorder(Kube):
         self.batches: list[int] = []
         self.ticks = 0
 
-    async def create(self, obj: Mapping[str, Any]) -> bool:
+    async def create(self, obj: Mapping[str, Any], sent: Callable[[], None] | None = None) -> bool:
         name = obj["metadata"]["name"]
         self.sent.append(name)
+        if sent is not None:
+            sent()
         self.in_flight += 1
         if self.in_flight == 1:
             self.batches.append(0)
@@ -118,6 +131,53 @@ def test_other_work_runs_between_batches() -> None:
     assert {1, 3, 7, 15} <= set(seen)
 
 
+def test_creates_that_never_reached_a_stopped_api_server_are_not_in_flight(
+    tmp_path: Path,
+) -> None:
+    """The API server stops after the gang's first pod: the pods whose connection was refused,
+    and those never sent, are not expected from the watch (the next pass creates them at once
+    instead of waiting out the expectations' timeout); the one it answered is."""
+    job = make_job(name="train", resources={"numNodes": 4, "numProcPerNode": 4},
+                   training={"steps": 10, "globalBatchSize": 32, "microBatchSize": 2})  # fmt: skip
+    ev = evaluate(job["spec"], "train")
+    _, decision = run(job, observe(), 0)
+    assert decision.create_pods == (0, 1, 2, 3)
+    created: list[str] = []
+    listening: list[Any] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        body = await request.json()
+        if body["kind"] == "Pod":
+            created.append(body["metadata"]["name"])
+            listening[0].close()  # the API server goes away after this answer
+            return web.json_response(body, status=201, headers={"Connection": "close"})
+        return web.json_response(body, status=201)
+
+    async def scenario() -> OperatorContext:
+        app = web.Application()
+        app.router.add_route("*", "/{tail:.*}", handler)
+        runner = web.AppRunner(app)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        listening.append(site._server)
+        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
+        rest = Rest(Login(str(config)), ApiTimeout.of(5))
+        ctx = OperatorContext(kube=Kube(rest))
+        try:
+            with pytest.raises(aiohttp.ClientConnectorError):
+                await _create_children(ctx, JobRef("train", "ns", "uid-1"), ev, decision)
+        finally:
+            await rest.close()
+            await runner.cleanup()
+        return ctx
+
+    ctx = asyncio.run(scenario())
+    assert created == ["train-0"]
+    assert set(ctx.expectations.creates["uid-1"]) == {"train-0"}
+
+
 class WorkloadKube:
     """Records the Workload created; no LocalQueue (no flavor tolerations)."""
 
@@ -155,3 +215,35 @@ def test_a_large_gangs_workload_is_built_from_one_pod_per_stage(
     sets = workload["spec"]["podSets"]
     assert [s["count"] for s in sets] == [64, 64, 64, 64]
     assert built == [0, 64, 128, 192]  # four pods built, not 256
+
+
+def test_a_failed_pod_delete_is_raised_once_every_delete_has_ended(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deleting a gang, one delete refused and one slow: the error comes once every delete has
+    its answer (none left running unheard), the second failure is logged."""
+    ended: list[str] = []
+
+    async def handler(request: web.Request) -> web.Response:
+        name = request.path.rsplit("/", 1)[-1]
+        if name == "p-slow":
+            await asyncio.sleep(0.3)
+        ended.append(name)
+        if name.startswith("p-bad"):
+            return web.json_response({"kind": "Status", "message": "etcd down"}, status=500)
+        return web.json_response({"kind": "Status", "status": "Success"})
+
+    async def scenario() -> None:
+        async with serving(handler) as port:
+            config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
+            rest = Rest(Login(str(config)), ApiTimeout.of(5))
+            names = ["p-bad", "p-slow", "p-bad2", "p-ok"]
+            try:
+                with pytest.raises(ApiError, match="etcd down"):
+                    await Kube(rest).delete_pods("ns", names, False, {n: f"uid-{n}" for n in names})
+                assert sorted(ended) == sorted(names), "a delete was still running"
+            finally:
+                await rest.close()
+
+    asyncio.run(scenario())
+    assert any("pod ns/p-bad2 not deleted" in r.getMessage() for r in caplog.records)

@@ -397,3 +397,49 @@ def test_the_aiohttp_floor_has_the_decompression_bomb_fix() -> None:
     version = tuple(int(part) for part in floor.removeprefix("aiohttp>=").split("."))
     assert version >= (3, 13, 3), floor
     assert tuple(int(p) for p in aiohttp.__version__.split(".")[:3]) >= version
+
+
+def test_a_hung_credential_program_is_one_process_however_often_the_login_is_tried(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A credential program that does not return: each try gives up after LOGIN_SECONDS, and
+    the next waits for the same run instead of starting another program on another thread;
+    once the program answers, its token is used."""
+    monkeypatch.setattr(login_module, "LOGIN_SECONDS", 0.3)
+    program = tmp_path / "hang.py"
+    program.write_text(
+        "import json, os, sys, time\n"
+        "folder = sys.argv[1]\n"
+        "with open(os.path.join(folder, 'runs'), 'a') as runs: runs.write('run\\n')\n"
+        "while not os.path.exists(os.path.join(folder, 'release')): time.sleep(0.05)\n"
+        "print(json.dumps({'apiVersion': 'client.authentication.k8s.io/v1', "
+        "'kind': 'ExecCredential', 'status': {'token': 'late'}}))\n"
+    )
+    user = {
+        "exec": {
+            "apiVersion": "client.authentication.k8s.io/v1",
+            "command": sys.executable,
+            "args": [str(program), str(tmp_path)],
+        }
+    }
+    login = Login(str(kubeconfig(tmp_path, user)))
+
+    async def scenario() -> None:
+        for _ in range(5):
+            with pytest.raises(TimeoutError):
+                await login.current()
+        assert runs(tmp_path) == 1, "a credential program was started again while one runs"
+        (tmp_path / "release").touch()
+        for _ in range(100):  # tries go on until the one run answers
+            try:
+                info = await login.current()
+                break
+            except TimeoutError:
+                continue
+        assert info.token == "late"
+        assert runs(tmp_path) == 1 and login.logins == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        (tmp_path / "release").touch()

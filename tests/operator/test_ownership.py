@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from meshrun_operator import names
+from meshrun_operator.children.drift import drifted, mark, spec_selector
 from meshrun_operator.children.netpolicy import PolicyOptions
 from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.client.answers import Holder
@@ -21,6 +22,7 @@ from meshrun_operator.runtime.actions import (
     CreationRefused,
     StillTerminating,
     _create_children,
+    execute,
     restore,
 )
 from meshrun_operator.runtime.context import OperatorContext
@@ -220,10 +222,11 @@ def test_every_delete_is_preconditioned_on_what_was_judged() -> None:
 class ChildKube:
     """Creates answer ``exists`` (409: False) or create; a name held is held by ``holder``."""
 
-    def __init__(self, exists: bool, holder: Holder | None = None) -> None:
+    def __init__(self, exists: bool, holder: Holder | dict[str, Holder] | None = None) -> None:
         self.exists, self.holder_found = exists, holder
         self.created: list[str] = []
         self.deleted: list[str] = []
+        self.repaired: list[tuple[str, Any]] = []
 
     async def create(self, obj: dict[str, Any]) -> bool:
         self.created.append(obj["kind"])
@@ -232,12 +235,20 @@ class ChildKube:
     async def holder(
         self, kind: str, namespace: str, name: str, api_version: str | None = None
     ) -> Holder | None:
+        if isinstance(self.holder_found, dict):  # one of each kind
+            return self.holder_found[kind]
         return self.holder_found
 
     async def delete_child(
         self, kind: str, namespace: str, holder: Holder, name: str, api_version: str | None = None
     ) -> None:
         self.deleted.append(kind)
+
+    async def repair_child(
+        self, kind: str, namespace: str, name: str, ops: Any, api_version: str | None = None
+    ) -> bool:
+        self.repaired.append((kind, ops))
+        return True
 
 
 def restored(kube: ChildKube) -> list[str]:
@@ -252,10 +263,9 @@ def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() ->
     gone = ChildKube(exists=False)
     assert restored(gone) == ["ChildRestored", "ChildRestored"]
     assert gone.created == ["Service", "NetworkPolicy"]
-    # The watch lagged: the job's own are there (409, and the holder is the job).
-    held = Holder("uid-1", -1, False, KIND, MESHRUN, controller_api_version=API_VERSION)
-    ours = ChildKube(exists=True, holder=held)
-    assert restored(ours) == [] and ours.deleted == []
+    # The watch lagged: the job's own are there (409, and the holder is the job), as made.
+    ours = ChildKube(exists=True, holder={k: own_child(k) for k in ("Service", "NetworkPolicy")})
+    assert restored(ours) == [] and ours.deleted == [] and ours.repaired == []
     # Someone else's took the name: nothing deleted, a NameConflict for the job to say.
     theirs = ChildKube(exists=True, holder=Holder(None, -1, False, labels={"app": "db"}))
     with pytest.raises(CreationRefused) as refused:
@@ -268,6 +278,76 @@ def test_restoring_creates_what_is_gone_and_says_so_only_when_it_created_it() ->
     with pytest.raises(StillTerminating):
         restored(orphan)
     assert orphan.deleted == ["Service"]
+
+
+def own_child(kind: str, labels: dict[str, str] | None = None, selector: Any = None) -> Holder:
+    """The job's own Service or NetworkPolicy as the operator made it, or with ``labels`` or
+    ``selector`` instead of its own."""
+    made = {**names.job_labels("job", "uid-1"), names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    wanted = names.job_labels("job", "uid-1")
+    field = "selector" if kind == "Service" else "podSelector"
+    if selector is None:
+        selector = wanted if kind == "Service" else {"matchLabels": wanted}
+    return Holder("uid-1", -1, False, KIND, labels if labels is not None else made,
+                  uid="s-1", resource_version="41", controller_api_version=API_VERSION,
+                  spec={field: selector})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("edit", "what"),
+    [
+        ({"labels": {names.LABEL_JOB: "job", "app": "x"}}, ("labels",)),  # the uid label gone
+        ({"selector": {names.LABEL_JOB: "job", "app": "db"}}, ("selector",)),
+        ({"labels": {}, "selector": {}}, ("labels", "selector")),
+    ],
+)
+def test_the_jobs_own_child_with_edited_labels_or_selector_is_set_back_and_said(
+    edit: dict[str, Any], what: tuple[str, ...]
+) -> None:
+    """A Service or NetworkPolicy whose labels or selector were edited is no longer found by
+    the job or no longer covers its pods: the restore that finds the name held by the job's own
+    patches them back, under the resourceVersion judged, and the job says so."""
+    for kind in ("Service", "NetworkPolicy"):
+        selector = edit.get("selector")
+        if selector is not None and kind == "NetworkPolicy":
+            selector = {"matchLabels": selector}
+        holder = own_child(kind, edit.get("labels"), selector)
+        kube = ChildKube(exists=True, holder=holder)
+        notes = restored_one(kube, kind)
+        assert notes == ["ChildRepaired"], kind
+        assert kube.deleted == [] and [k for k, _ in kube.repaired] == [kind]
+        ops = kube.repaired[0][1]
+        assert ops[0] == {"op": "replace", "path": "/metadata/resourceVersion", "value": "41"}
+        labels = next(op["value"] for op in ops if op["path"] == "/metadata/labels")
+        assert labels[names.LABEL_JOB_UID] == "uid-1" and labels[names.LABEL_JOB] == "job"
+        field = "/spec/selector" if kind == "Service" else "/spec/podSelector"
+        put = next(op["value"] for op in ops if op["path"] == field)
+        wanted = names.job_labels("job", "uid-1")
+        assert put == (wanted if kind == "Service" else {"matchLabels": wanted})
+        assert drifted(kind, "job", "uid-1", labels, put) == ()
+        assert (
+            drifted(kind, "job", "uid-1", holder.labels, spec_selector(kind, holder.spec)) == what
+        )
+
+
+def restored_one(kube: ChildKube, kind: str) -> list[str]:
+    ctx = OperatorContext(kube=kube, network_policy=PolicyOptions())  # type: ignore[arg-type]
+    ev = evaluate(make_job()["spec"], "job")
+    notes = asyncio.run(restore(ctx, JobRef("job", "ns", "uid-1"), ev, (kind,)))
+    return [n.reason for n in notes]
+
+
+def test_a_child_whose_labels_or_selector_were_edited_counts_as_missing() -> None:
+    """The children's index marks an edited child, so the job restores it at the next pass."""
+    meta = {
+        "labels": {**names.job_labels("job", "uid-1"), names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    }
+    intact = mark("Service", "job", meta, "uid-1", {"selector": names.job_labels("job", "uid-1")})
+    edited = mark("Service", "job", meta, "uid-1", {"selector": {names.LABEL_JOB: "job"}})
+    assert intact.intact and not edited.intact
+    for marks, missing in (([intact], ()), ([edited], ("Service",)), ([], ("Service",))):
+        ctx = OperatorContext(kube=None, children={"Service": {("ns", "job"): marks}})  # type: ignore[arg-type]
+        assert ctx.missing_children("ns", "job", "uid-1") == missing
 
 
 def controller(api_version: str = API_VERSION, kind: str = KIND, name: str = "job",
@@ -383,7 +463,7 @@ class GangKube(ChildKube):
         self.created.append(obj["kind"])
         return obj["kind"] not in ("PodGroup", "Workload")
 
-    async def create_all(self, objs: list[dict[str, Any]]) -> list[bool]:
+    async def create_all(self, objs: list[dict[str, Any]], unsent: Any = None) -> list[bool]:
         self.pods += [o["metadata"]["name"] for o in objs]
         return [True for _ in objs]
 
@@ -428,3 +508,35 @@ def test_a_workload_of_the_name_that_is_not_the_jobs_holds_the_job() -> None:
     assert "Workload" in held.value.hold.message and "Deployment uid-9" in held.value.hold.message
     # The job's own (its controller reference): waited for, no hold.
     asyncio.run(create_workload(GangKube(OWN), KueueLink(), JOB, ev, QueueRef("team-a")))  # type: ignore[arg-type]
+
+
+class LabellingKube:
+    """Records the pods labelled again."""
+
+    def __init__(self) -> None:
+        self.labelled: list[tuple[str, str, dict[str, str]]] = []
+
+    async def label_pod(self, namespace: str, name: str, uid: str, labels: Any) -> bool:
+        self.labelled.append((name, uid, dict(labels)))
+        return True
+
+
+def test_a_pod_whose_job_uid_label_was_removed_is_labelled_again() -> None:
+    """Without its job-uid label a pod of the gang is out of the job's Service (no DNS name
+    for the rendezvous): it gets its labels back, the gang untouched."""
+    body = pod_object(owner=controller())
+    assert pod_view(body).labelled is False  # the factory's pod has no job-uid label
+    body["metadata"]["labels"][names.LABEL_JOB_UID] = "uid-1"
+    assert pod_view(body).labelled is True
+    stripped = replace(make_pod(0, owner_uid="uid-1", uid="p0"), labelled=False)
+    pods = (stripped, make_pod(1, owner_uid="uid-1", uid="p1"))
+    job = running_job()
+    decision = decide(job, observe(*pods), at(5), TIMING)
+    assert decision.create_pods == () and decision.delete_pods == ()
+    kube = LabellingKube()
+    ctx = OperatorContext(kube=kube)  # type: ignore[arg-type]
+    ev = evaluate(job["spec"], "job")
+    notes = asyncio.run(execute(ctx, JobRef("job", "ns", "uid-1"), ev, decision, observe(*pods)))
+    own = {**names.job_labels("job", "uid-1"), names.LABEL_MANAGED_BY: names.MANAGED_BY}
+    assert kube.labelled == [("job-0", "p0", own)]
+    assert [n.reason for n in notes] == ["ChildRepaired"]

@@ -15,11 +15,13 @@ from typing import Any
 import aiohttp
 import pytest
 from aiohttp import web
+from meshrun_operator.children.owner import JobRef
 from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.client.login import Login
 from meshrun_operator.client.rest import Rest
 from meshrun_operator.jobstatus import Phase
+from meshrun_operator.runtime import reconcile as reconcile_module
 from meshrun_operator.runtime import resync
 from meshrun_operator.runtime.context import OperatorContext
 from meshrun_operator.runtime.resync import Failing, Resyncer, job_is_gone
@@ -409,3 +411,38 @@ def test_the_jobs_of_a_namespace_being_deleted_are_dropped_at_the_first_refusal(
             assert not loop.failing  # not an error to retry either way
 
     asyncio.run(scenario())
+
+
+def test_a_new_spec_is_planned_off_the_event_loop_and_a_known_one_is_not_planned_again() -> None:
+    """Planning an ``auto`` job runs on a thread: other work on the event loop goes on
+    meanwhile (an author who edits the spec in a loop slows no one else's jobs)."""
+    body = make_job(strategy={"type": "auto"}, resources={"numNodes": 16, "numProcPerNode": 8},
+                    model={"preset": "7b"},
+                    training={"steps": 10, "globalBatchSize": 512})  # fmt: skip
+    del body["spec"]["training"]["microBatchSize"]  # auto chooses it
+    ctx = OperatorContext(kube=None)  # type: ignore[arg-type]
+    job = JobRef("job", "ns", "uid-1")
+
+    async def scenario() -> tuple[int, Any, Any]:
+        ticks, done = 0, False
+
+        async def ticker() -> None:
+            nonlocal ticks
+            while not done:
+                ticks += 1
+                await asyncio.sleep(0)
+
+        task = asyncio.create_task(ticker())
+        await asyncio.sleep(0)
+        before = ticks
+        first = await reconcile_module.evaluation(ctx, job, body["spec"], 1, None)
+        during = ticks - before
+        again = await reconcile_module.evaluation(ctx, job, body["spec"], 1, None)
+        done = True
+        await task
+        return during, first, again
+
+    during, first, again = asyncio.run(scenario())
+    assert first.error is None and first.plan is not None, first.error
+    assert during >= 2, "the event loop stood still while the spec was planned"
+    assert again is first  # the same generation: not planned again

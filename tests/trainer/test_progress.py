@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 from meshrun_trainer.components.eventlog import EventLog
@@ -114,3 +115,41 @@ def test_an_unwritable_event_folder_does_not_stop_training(
     log.step(_record(2))
     log.close()
     assert capsys.readouterr().err.count("TensorBoard event files disabled") == 1
+
+
+def test_the_operator_reads_progress_again_on_one_kept_connection() -> None:
+    """The operator's reader asks pod 0 every few seconds: on one connection the trainer keeps
+    open (HTTP/1.1), not a new one per read."""
+    import asyncio
+
+    from meshrun_operator.seen.progress import ProgressReader
+    from meshrun_operator.seen.views import PodView
+
+    env = layout_env({"preset": "tiny"}, {"steps": 5, "globalBatchSize": 8}, name="j1")
+    job = read_job(edit_document(env, pod={"metricsPort": 0}))
+    reporter = Reporter(job)
+    server = ProgressServer(0, reporter.metrics, reporter.progress)
+    accepted: list[object] = []
+    get_request = server.httpd.get_request
+
+    def counted() -> Any:
+        request = get_request()
+        accepted.append(request[1])
+        return request
+
+    server.httpd.get_request = counted  # type: ignore[method-assign]
+    reader = ProgressReader(True, timeout=5, port=server.port)
+    pod = PodView(name="j1-0", index=0, attempt=0, phase="Running", pod_ip="127.0.0.1")
+
+    async def reads() -> list[Any]:
+        try:
+            return [await reader.read(pod) for _ in range(5)]
+        finally:
+            await reader.close()
+
+    try:
+        answers = asyncio.run(reads())
+    finally:
+        server.close()
+    assert all(a is not None and a["totalSteps"] == 5 for a in answers), answers
+    assert len(accepted) == 1, f"{len(accepted)} connections for 5 reads"

@@ -170,3 +170,53 @@ def test_an_enum_member_pickled_through_getattr_loads_and_no_other_getattr_does(
         data = pickle.dumps(Payload(getattr, target, name))
         with pytest.raises(UnsafeCheckpoint, match="not a member of DCP's own enums"):
             MetadataUnpickler(io.BytesIO(data), "m").load()
+
+
+def _rewrite_entries(metadata_path: Path, **changes: Any) -> None:
+    """Rewrite every data entry of a real checkpoint's .metadata with ``changes``."""
+    metadata = pickle.loads(metadata_path.read_bytes())
+    for info in metadata.storage_data.values():
+        for field, value in changes.items():
+            setattr(info, field, value)
+    metadata_path.write_bytes(pickle.dumps(metadata))
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"relative_path": "/dev/zero", "length": 1 << 40},
+        {"relative_path": "../outside.distcp"},
+        {"relative_path": "sub/__0_0.distcp"},
+        {"offset": -1},
+    ],
+    ids=["absolute", "parent", "subfolder", "negative"],
+)
+def test_data_entries_outside_the_checkpoints_folder_are_refused_before_a_read(
+    tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    """An entry naming /dev/zero with a terabyte's length would fill memory, one naming a
+    file elsewhere would read it: both are refused with the entry named."""
+    metadata = _checkpoint(tmp_path / "ckpt")
+    _rewrite_entries(metadata, **changes)
+    with pytest.raises(UnsafeCheckpoint, match=r"ckpt: (model|optim)\."):
+        _load(tmp_path / "ckpt")
+
+
+def test_a_stream_transform_the_trainer_never_writes_is_refused(tmp_path: Path) -> None:
+    """DCP decompresses an entry marked zstd whatever its size: the trainer writes no
+    transforms, so an entry with one is not its checkpoint."""
+    metadata = _checkpoint(tmp_path / "ckpt")
+    _rewrite_entries(metadata, transform_descriptors=["stream.zstd/1"])
+    with pytest.raises(UnsafeCheckpoint, match=r"\['stream.zstd/1'\].*writes no transforms"):
+        _load(tmp_path / "ckpt")
+
+
+def test_a_data_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    directory = tmp_path / "ckpt"
+    _checkpoint(directory)
+    data = sorted(directory.glob("*.distcp"))
+    assert data
+    data[0].unlink()
+    os.mkfifo(data[0])  # a read would wait for a writer forever
+    with pytest.raises(UnsafeCheckpoint, match="not a regular file"):
+        _load(directory)

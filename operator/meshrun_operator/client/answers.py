@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 
 class ChildRejected(Exception):
@@ -62,3 +63,5 @@ class Holder:
     it was judged)."""
     controller_api_version: str | None = None
     """apiVersion of its controlling owner (group/version)."""
+    spec: Mapping[str, Any] = field(default_factory=dict)
+    """Its spec (its selector is judged for drift: children/drift.py)."""

@@ -28,7 +28,7 @@ from meshrun_operator.client.errors import (
     NotLeader,
     says_namespace_gone,
 )
-from meshrun_operator.client.rest import MERGE_PATCH, Rest
+from meshrun_operator.client.rest import JSON_PATCH, MERGE_PATCH, Rest
 from meshrun_operator.clock import format_time
 from meshrun_operator.kinds import EVENT, KINDS, POD, Served
 
@@ -98,9 +98,20 @@ class Kube:
         """How long a write started now may take: until this operator's lease would end (None:
         no lease, only the request timeouts)."""
 
-    async def call(self, verb: str, resource: str, method: str, path: str, **options: Any) -> Any:
+    async def call(
+        self,
+        verb: str,
+        resource: str,
+        method: str,
+        path: str,
+        *,
+        sent: Callable[[], None] | None = None,
+        **options: Any,
+    ) -> Any:
         """One request, counted when sent; NotLeader for a write while another operator leads,
         NamespaceGone when the API server says the request's namespace is being deleted or gone.
+        ``sent`` is called once the request holds a connection and is about to be written: a
+        request that raised before it never reached the API server.
 
         A write is checked twice: before it waits for anything, and once it holds a connection
         (after the login and the wait for a free connection), right before it is sent; and it
@@ -118,6 +129,8 @@ class Kube:
                     f"{verb} {resource} not sent: the lease ended while it waited to be sent"
                 )
             metrics.API_REQUESTS.labels(verb=verb, resource=resource).inc()
+            if sent is not None:
+                sent()
 
         try:
             return await self.rest.request(
@@ -137,14 +150,15 @@ class Kube:
                 raise NamespaceGone(where.group(1), error.message) from error
             raise
 
-    async def create(self, obj: Mapping[str, Any]) -> bool:
-        """Create ``obj``; False when it already exists. ChildRejected when it is invalid."""
+    async def create(self, obj: Mapping[str, Any], sent: Callable[[], None] | None = None) -> bool:
+        """Create ``obj``; False when it already exists. ChildRejected when it is invalid.
+        ``sent``: as :meth:`call`'s."""
         resource, path = kind_path(obj)
         kind, meta = obj["kind"], obj["metadata"]
         name = meta.get("name") or meta.get("generateName", "")
         try:
             # The answer is not needed: it is drained, not parsed (a pod's is hundreds of objects).
-            await self.call("create", resource, "POST", path, body=obj, read=False)
+            await self.call("create", resource, "POST", path, body=obj, read=False, sent=sent)
         except ApiError as error:
             if error.status == 409:
                 return False
@@ -155,21 +169,42 @@ class Kube:
             raise
         return True
 
-    async def create_all(self, objs: Iterable[Mapping[str, Any]]) -> list[bool | Refused]:
+    async def create_all(
+        self,
+        objs: Iterable[Mapping[str, Any]],
+        unsent: Callable[[Mapping[str, Any]], None] | None = None,
+    ) -> list[bool | Refused]:
         """Create many objects in batches that double (1, 2, 4, ...), each batch's creates
         concurrent: True (created), False (the name exists) or the Refused of each. As the Job
         controller's slow start does, a batch with a refusal (a quota, a webhook, an API server
         shedding load) is the last: the objects never sent answer with that refusal, so a
         refused gang costs one request, not one per pod. Between batches the event loop runs
-        other work. Any other error is raised once its batch finished."""
+        other work. Any other error is raised once its batch finished, after ``unsent`` was
+        called with each object that certainly never reached the API server: its create failed
+        before it held a connection (a refused connection: the API server is down), or it was
+        in no batch yet. A create that was written and got no answer may have been applied, and
+        is not called with."""
         pending = list(objs)
         results: list[bool | Refused] = []
         size = SLOW_START_BATCH
+
+        async def one(obj: Mapping[str, Any]) -> bool:
+            went: list[bool] = []
+            try:
+                return await self.create(obj, sent=lambda: went.append(True))
+            except BaseException:
+                if not went and unsent is not None:
+                    unsent(obj)
+                raise
+
         while len(results) < len(pending):
             batch = pending[len(results) : len(results) + size]
-            answers = await asyncio.gather(*(self.create(o) for o in batch), return_exceptions=True)
+            answers = await asyncio.gather(*(one(o) for o in batch), return_exceptions=True)
             for answer in answers:
                 if isinstance(answer, BaseException) and not isinstance(answer, Refused):
+                    for never in pending[len(results) + len(batch) :]:
+                        if unsent is not None:
+                            unsent(never)
                     raise answer
             results += [a if isinstance(a, Refused) else bool(a) for a in answers]
             refused = next((a for a in answers if isinstance(a, Refused)), None)
@@ -209,7 +244,48 @@ class Kube:
             labels={str(k): str(v) for k, v in labels.items()},
             uid=str(meta.get("uid") or ""),
             resource_version=str(meta.get("resourceVersion") or ""),
+            spec=found.get("spec") if isinstance(found.get("spec"), dict) else {},
         )
+
+    async def label_pod(
+        self, namespace: str, name: str, uid: str, labels: Mapping[str, str]
+    ) -> bool:
+        """Set ``labels`` on the pod of ``uid`` (a merge patch: its other labels kept); False
+        when it is gone or is another pod of the name now (404, 409)."""
+        path = child_path(POD.kind, namespace, name)
+        body = {"metadata": {"uid": uid, "labels": dict(labels)}}
+        try:
+            await self.call(
+                "patch", POD.plural, "PATCH", path, body=body, content_type=MERGE_PATCH,
+                read=False,
+            )  # fmt: skip
+        except ApiError as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
+
+    async def repair_child(
+        self,
+        kind: str,
+        namespace: str,
+        name: str,
+        ops: list[dict[str, Any]],
+        api_version: str | None = None,
+    ) -> bool:
+        """Apply the JSON patch ``ops`` (children/drift.py) to the child: True when applied,
+        False when it changed or went away meanwhile (409, 404: judged again next time)."""
+        path = child_path(kind, namespace, name, api_version)
+        try:
+            await self.call(
+                "patch", KINDS[kind].plural, "PATCH", path, body=ops,
+                content_type=JSON_PATCH, read=False,
+            )  # fmt: skip
+        except ApiError as error:
+            if error.status in (404, 409):
+                return False
+            raise
+        return True
 
     async def _delete_if(
         self, resource: str, path: str, preconditions: Mapping[str, str], **options: Any
@@ -250,7 +326,8 @@ class Kube:
         """Delete pods concurrently; grace period 0 when ``force`` (their node is gone). With
         the pod's uid in ``uids`` the delete is preconditioned on it, so a newer pod that took
         the name meanwhile is never deleted in its place (409: nothing to do); a pod whose uid
-        is not known is not deleted."""
+        is not known is not deleted. Every delete ends before this does; the first error is
+        then raised and the others logged, one line each."""
 
         async def one(name: str) -> None:
             uid = (uids or {}).get(name)
@@ -264,7 +341,13 @@ class Kube:
             path = child_path(POD.kind, namespace, name)
             await self._delete_if(POD.plural, path, {"uid": uid}, **options)
 
-        await asyncio.gather(*(one(p) for p in pods))
+        names = list(pods)
+        answers = await asyncio.gather(*(one(p) for p in names), return_exceptions=True)
+        failed = [(n, a) for n, a in zip(names, answers, strict=True) if a is not None]
+        for name, error in failed[1:]:
+            logger.warning("pod %s/%s not deleted: %s", namespace, name, error)
+        if failed:
+            raise failed[0][1]
 
     async def patch_status(
         self, namespace: str, name: str, resource_version: str, status: Mapping[str, Any]

@@ -28,7 +28,10 @@ from meshrun_operator.client.credentials import (
 __all__ = ["Login", "LoginError", "from_kubeconfig", "login", "own_namespace"]
 
 LOGIN_SECONDS = 60.0
-"""How long one login may take (a credential program that hangs costs this, not the operator)."""
+"""How long a request waits for a login (a credential program that hangs costs this, not the
+operator). A login that has not ended by then goes on: the next request waits for that one
+instead of starting another, so a credential program that never returns is one thread and one
+process, however often the operator tries."""
 
 STAT_SECONDS = 1.0
 """Token and kubeconfig files are looked at (stat) at most this often."""
@@ -57,6 +60,8 @@ class Login:
         self._lock: asyncio.Lock | None = None
         self._lock_loop: asyncio.AbstractEventLoop | None = None
         self._given_to_kopf: Credentials | None = None
+        self._running: asyncio.Future[Issued] | None = None
+        """The login on a thread that has not ended yet (its credential program still runs)."""
         self.logins = 0
         """Logins done so far."""
 
@@ -87,7 +92,17 @@ class Login:
         return self._lock
 
     async def _login(self) -> Credentials:
-        self._issued = await asyncio.wait_for(asyncio.to_thread(self._issue), LOGIN_SECONDS)
+        running = self._running
+        if (
+            running is None
+            or running.done()
+            or running.get_loop() is not asyncio.get_running_loop()
+        ):
+            if running is not None and running.done() and not running.cancelled():
+                running.exception()  # its end was nobody's to hear: not logged as unheard
+            running = self._running = asyncio.ensure_future(asyncio.to_thread(self._issue))
+        # Shielded: a request that stops waiting leaves the login running, for the next to join.
+        self._issued = await asyncio.wait_for(asyncio.shield(running), LOGIN_SECONDS)
         self.logins += 1
         self._checked_at = time.monotonic()
         return self._issued.info

@@ -36,6 +36,7 @@ logger = logging.getLogger("meshrun.operator")
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
 
 BEFORE_SEND: contextvars.ContextVar[Callable[[], None] | None] = contextvars.ContextVar(
     "meshrun_before_send", default=None

@@ -150,18 +150,33 @@ class Evaluations:
         labels: Mapping[str, Any] | None = None,
     ) -> Evaluation:
         """The job's evaluated spec (evaluated now if its generation or queue label is new)."""
+        known = self.known(uid, raw_spec, name, generation, labels)
+        if known is not None:
+            return known
+        ev = evaluate(raw_spec, name, self.admission, labels)
+        key = (name, generation, (labels or {}).get(KUEUE_QUEUE_LABEL))
+        self.by_uid[uid] = (key, ev)
+        return ev
+
+    def known(
+        self,
+        uid: str,
+        raw_spec: Mapping[str, Any],
+        name: str,
+        generation: object,
+        labels: Mapping[str, Any] | None = None,
+    ) -> Evaluation | None:
+        """The job's evaluated spec when this generation (and queue label) was evaluated
+        already, else None (:meth:`of` evaluates it)."""
         key = (name, generation, (labels or {}).get(KUEUE_QUEUE_LABEL))
         cached = self.by_uid.get(uid)
-        same = cached is not None and cached[0] == key
         if (
             cached is not None
-            and same
+            and cached[0] == key
             and (generation is not None or cached[1].raw_spec == raw_spec)
         ):
             return cached[1]
-        ev = evaluate(raw_spec, name, self.admission, labels)
-        self.by_uid[uid] = (key, ev)
-        return ev
+        return None
 
     def reject(self, uid: str, error: SpecError) -> None:
         """The API server rejected a child built from the job's spec: the spec is invalid (its

@@ -16,10 +16,17 @@ from meshrun.api.spec import Egress
 from meshrun.envcontract import RENDEZVOUS_PORT, pod_env
 from meshrun_operator import metrics, names
 from meshrun_operator.children.builders import build_pod, build_podgroup, build_service
+from meshrun_operator.children.drift import (
+    SELECTOR_FIELD,
+    drifted,
+    own_labels,
+    repair_patch,
+    spec_selector,
+)
 from meshrun_operator.children.netpolicy import PolicyOptions, build_network_policy
 from meshrun_operator.children.owner import Claim, JobRef, claim
 from meshrun_operator.children.podtemplate import CHECKPOINT_MOUNT
-from meshrun_operator.client.answers import Refused
+from meshrun_operator.client.answers import Holder, Refused
 from meshrun_operator.client.errors import ApiError
 from meshrun_operator.jobstatus import EventType, Reason
 from meshrun_operator.kinds import NETWORK_POLICY, POD, POD_GROUP, SERVICE
@@ -61,6 +68,8 @@ async def execute(
     notes: list[Event] = []
     link, kueue = ctx.kueue, decision.kueue  # link: None when run with --no-kueue
     uids = {p.name: p.uid for p in (*observed.pods, *observed.foreign)} if observed else {}
+    if observed is not None:
+        notes += await _label_pods_again(ctx, job, observed, decision)
     for pods, force in ((decision.delete_pods, False), (decision.force_delete_pods, True)):
         if pods:
             ctx.expectations.expect_deletes(job.uid, (uids.get(p, "") for p in pods))
@@ -80,15 +89,35 @@ async def execute(
     return notes
 
 
+async def _label_pods_again(
+    ctx: OperatorContext, job: JobRef, observed: Observed, decision: Decision
+) -> list[Event]:
+    """The job's pods whose job-uid or managed-by label someone removed or changed get them
+    again (the Service selects the gang by them), unless they are on their way out."""
+    going = {*decision.delete_pods, *decision.force_delete_pods}
+    notes = []
+    for pod in observed.pods:
+        if pod.labelled or pod.deleting or pod.name in going:
+            continue
+        if await ctx.kube.label_pod(
+            job.namespace, pod.name, pod.uid, own_labels(job.name, job.uid)
+        ):
+            message = Reason.CHILD_REPAIRED.message(kind=POD.kind, name=pod.name, what="labels")
+            notes.append(Event(EventType.WARNING, Reason.CHILD_REPAIRED, message))
+    return notes
+
+
 async def _create_children(
     ctx: OperatorContext, job: JobRef, ev: Evaluation, decision: Decision
 ) -> list[Event]:
     assert ev.spec is not None and ev.plan is not None
     notes: list[Event] = []
     attempt = decision.state.attempt
-    await _create_service(ctx, job)
+    notes += _repairs_said(SERVICE.kind, await _create_service(ctx, job))
     if ctx.network_policy is not None:
-        await _create_network_policy(ctx, job, ctx.network_policy, ev.spec.networking.egress)
+        egress = ev.spec.networking.egress
+        made = await _create_network_policy(ctx, job, ctx.network_policy, egress)
+        notes += _repairs_said(NETWORK_POLICY.kind, made)
     podgroup = build_podgroup(job, ev.spec)
     if podgroup is not None:
         try:
@@ -130,7 +159,11 @@ async def _create_children(
         pods = await admit(ctx.kube, ctx.kueue, admitted, ev, pods)
     names_sent = [pod["metadata"]["name"] for pod in pods]
     ctx.expectations.expect_creates(job.uid, attempt, names_sent)
-    results = await ctx.kube.create_all(pods)
+    # A create that never reached the API server (it was down) is not in flight: the next pass
+    # sends it again instead of waiting out the expectation.
+    results = await ctx.kube.create_all(
+        pods, unsent=lambda pod: ctx.expectations.not_created(job.uid, pod["metadata"]["name"])
+    )
     metrics.PODS_CREATED.inc(sum(1 for r in results if r is True))
     ctx.attempts[job.uid] = Running(attempt, decision.state.attempt_generation, ev)
     refused: list[tuple[int, Refused | Conflict]] = []
@@ -162,35 +195,48 @@ async def restore(
     ctx: OperatorContext, job: JobRef, ev: Evaluation, kinds: Sequence[str]
 ) -> list[Event]:
     """Create again the children of a running gang that someone deleted (its Service: the
-    pods' DNS names; its NetworkPolicy: who may reach them); the pods are left alone."""
+    pods' DNS names; its NetworkPolicy: who may reach them), or set back the labels and
+    selector of one someone edited; the pods are left alone."""
     notes = []
     for kind in kinds:
         created = await RESTORERS[kind](ctx, job, ev)
-        if created is None or not created.made:  # not made here, or the job's own was there
+        if created is None:  # not made by this operator
             continue
-        message = Reason.CHILD_RESTORED.message(kind=kind, name=created.name)
-        notes.append(Event(EventType.WARNING, Reason.CHILD_RESTORED, message))
+        if created.made:
+            message = Reason.CHILD_RESTORED.message(kind=kind, name=created.name)
+            notes.append(Event(EventType.WARNING, Reason.CHILD_RESTORED, message))
+        notes += _repairs_said(kind, created)
     return notes
+
+
+def _repairs_said(kind: str, made: Made) -> list[Event]:
+    """The Warning that the job's own ``kind`` child was edited and set back, if it was."""
+    if not made.repaired:
+        return []
+    what = " and ".join(made.repaired)
+    message = Reason.CHILD_REPAIRED.message(kind=kind, name=made.name, what=what)
+    return [Event(EventType.WARNING, Reason.CHILD_REPAIRED, message)]
 
 
 @dataclass(frozen=True)
 class Made:
-    """What a child's create did: ``made`` (False: the job's own held the name already)."""
+    """What a child's create did: ``made`` (False: the job's own held the name already) and
+    what of the job's own was set back (``repaired``: labels, selector)."""
 
     name: str
     made: bool
+    repaired: tuple[str, ...] = ()
 
 
 async def _restore_service(ctx: OperatorContext, job: JobRef, ev: Evaluation) -> Made:
-    return Made(names.service_name(job.name), await _create_service(ctx, job))
+    return await _create_service(ctx, job)
 
 
 async def _restore_network_policy(ctx: OperatorContext, job: JobRef, ev: Evaluation) -> Made | None:
     if ctx.network_policy is None or ev.spec is None:
         return None
     egress = ev.spec.networking.egress
-    created = await _create_network_policy(ctx, job, ctx.network_policy, egress)
-    return Made(names.network_policy_name(job.name), created)
+    return await _create_network_policy(ctx, job, ctx.network_policy, egress)
 
 
 RESTORERS: dict[str, Callable[[OperatorContext, JobRef, Evaluation], Awaitable[Made | None]]] = {
@@ -200,22 +246,23 @@ RESTORERS: dict[str, Callable[[OperatorContext, JobRef, Evaluation], Awaitable[M
 """How each child whose drift is judged (kinds.py: restored) is created again."""
 
 
-async def _create_service(ctx: OperatorContext, job: JobRef) -> bool:
+async def _create_service(ctx: OperatorContext, job: JobRef) -> Made:
     """The headless Service, or the wait until a Service of another owner gives its name up;
-    True when it was created now (False: the job's own was there)."""
+    whether it was created now or the job's own was there (and what of it was set back)."""
+    name = names.service_name(job.name)
     try:
         created = await ctx.kube.create(build_service(job))
     except Refused as refused:
         refusal = Refusal((), refused.reason, refused.message, retry_after=refused.retry_after)
         raise CreationRefused(refusal) from refused
-    if not created:
-        await _child_taken(ctx, job, SERVICE.kind, names.service_name(job.name))
-    return created
+    if created:
+        return Made(name, True)
+    return Made(name, False, await _child_taken(ctx, job, SERVICE.kind, name))
 
 
 async def _create_network_policy(
     ctx: OperatorContext, job: JobRef, options: PolicyOptions, egress: Egress
-) -> bool:
+) -> Made:
     """The job's NetworkPolicy (netpolicy.py). Refused (no RBAC for it, a webhook), the job
     waits with the reason rather than run open to every pod. A name still held by an earlier
     job's policy is waited for like its Service (its egress rules may differ), and a policy of
@@ -228,9 +275,9 @@ async def _create_network_policy(
     except Refused as refused:
         refusal = Refusal((), refused.reason, refused.message, what, refused.retry_after)
         raise CreationRefused(refusal) from refused
-    if not created:
-        await _child_taken(ctx, job, NETWORK_POLICY.kind, name)
-    return created
+    if created:
+        return Made(name, True)
+    return Made(name, False, await _child_taken(ctx, job, NETWORK_POLICY.kind, name))
 
 
 @dataclass(frozen=True)
@@ -242,13 +289,22 @@ class Conflict:
 
 async def _child_taken(
     ctx: OperatorContext, job: JobRef, kind: str, name: str, api_version: str | None = None
-) -> None:
+) -> tuple[str, ...]:
     """The Service, NetworkPolicy or PodGroup (of ``api_version``) create found the name taken:
-    raise unless it is the job's."""
-    conflict = await _name_taken(ctx, job, kind, name, None, api_version)
+    raise unless it is the job's. The job's own Service or NetworkPolicy whose labels or
+    selector someone edited is set back (children/drift.py); what was, is returned."""
+    holder = await ctx.kube.holder(kind, job.namespace, name, api_version)
+    conflict = await _judge_holder(ctx, job, kind, name, None, holder, api_version)
     if conflict is not None:
         refusal = Refusal((), Reason.NAME_CONFLICT, conflict.message, f"{kind} {name}")
         raise CreationRefused(refusal)
+    assert holder is not None
+    changed = drifted(kind, job.name, job.uid, holder.labels, spec_selector(kind, holder.spec))
+    if kind not in SELECTOR_FIELD or not changed:
+        return ()
+    ops = repair_patch(kind, job.name, job.uid, holder.labels, holder.resource_version)
+    repaired = await ctx.kube.repair_child(kind, job.namespace, name, ops, api_version)
+    return changed if repaired else ()
 
 
 async def _name_taken(
@@ -265,6 +321,19 @@ async def _name_taken(
     job's child waited for, both with StillTerminating. The status write is skipped by the
     exception, so the attempt is not recorded as started."""
     holder = await ctx.kube.holder(kind, job.namespace, name, api_version)
+    return await _judge_holder(ctx, job, kind, name, attempt, holder, api_version)
+
+
+async def _judge_holder(
+    ctx: OperatorContext,
+    job: JobRef,
+    kind: str,
+    name: str,
+    attempt: int | None,
+    holder: Holder | None,
+    api_version: str | None = None,
+) -> Conflict | None:
+    """:func:`_name_taken`'s judgement of ``holder`` (None: the name was given up)."""
     if holder is None:
         if kind == POD.kind:
             ctx.expectations.not_created(job.uid, name)

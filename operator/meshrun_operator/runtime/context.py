@@ -82,11 +82,12 @@ class OperatorContext:
         self.expectations = Expectations(self.timing.expectations_timeout_seconds)
 
     def missing_children(self, namespace: str, name: str, uid: str) -> tuple[str, ...]:
-        """Kinds of the job's watched children of which the watch shows none of the job's."""
+        """Kinds of the job's watched children of which the watch shows none of the job's as
+        the operator made it (deleted, or its labels or selector edited: children/drift.py)."""
         missing = []
         for kind, index in self.children.items():
-            owners = index.get((namespace, name), ()) if index is not None else ()
-            if uid not in owners:
+            marks = index.get((namespace, name), ()) if index is not None else ()
+            if not any(m.owner == uid and m.intact for m in marks):
                 missing.append(kind)
         return tuple(missing)
 

@@ -18,6 +18,7 @@ import kopf
 from meshrun.api.crd import GROUP, PLURAL, VERSION
 from meshrun_operator import kinds, metrics, names
 from meshrun_operator.background import Liveness, Stalled
+from meshrun_operator.children import drift
 from meshrun_operator.children.placer import Placer
 from meshrun_operator.kinds import KINDS, POD
 from meshrun_operator.plaindata import kept
@@ -109,10 +110,13 @@ def _child_handlers(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
 
     @kopf.index(*resource, id=kind.index, labels={names.LABEL_JOB: kopf.PRESENT}, registry=registry)
     async def children(
-        namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, **_: Any
-    ) -> dict[tuple[str, str], str]:
-        # (namespace, job name) -> the uid of the job that controls it: whose child it is.
-        return {(str(namespace), str(labels[names.LABEL_JOB])): job_controller(meta) or ""}
+        namespace: str | None, labels: kopf.Labels, meta: kopf.Meta, spec: kopf.Spec, **_: Any
+    ) -> dict[tuple[str, str], drift.Mark]:
+        # (namespace, job name) -> the uid of the job that controls it (whose child it is), and
+        # whether its labels and selector are still the operator's (drift.py).
+        job = str(labels[names.LABEL_JOB])
+        owner = job_controller(meta) or ""
+        return {(str(namespace), job): drift.mark(kind.kind, job, meta, owner, spec)}
 
     @kopf.on.event(
         *resource,
@@ -121,10 +125,20 @@ def _child_handlers(registry: kopf.OperatorRegistry, kind: kinds.Kind) -> None:
         registry=registry,
     )
     async def child_changed(
-        memo: OperatorMemo, meta: kopf.Meta, type: str | None, **_: Any
+        memo: OperatorMemo,
+        meta: kopf.Meta,
+        labels: kopf.Labels,
+        spec: kopf.Spec,
+        type: str | None,
+        **_: Any,
     ) -> None:
         if type == "DELETED":
             memo.resync.poke_owner(owning_job(meta))
+            return
+        owner = owning_job(meta)
+        job = str(labels.get(names.LABEL_JOB, ""))
+        if owner is not None and not drift.mark(kind.kind, job, meta, owner[2], spec).intact:
+            memo.resync.poke_owner(owner)  # its labels or selector edited: set back now
 
 
 def _login_handler(registry: kopf.OperatorRegistry) -> None:

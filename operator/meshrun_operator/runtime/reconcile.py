@@ -31,7 +31,7 @@ from meshrun_operator.client.answers import ChildRejected
 from meshrun_operator.client.kube import StaleJob
 from meshrun_operator.jobstatus import EventType, Reason
 from meshrun_operator.lifecycle.decide import Decision, decide
-from meshrun_operator.lifecycle.evaluation import POD_TEMPLATE
+from meshrun_operator.lifecycle.evaluation import POD_TEMPLATE, Evaluation
 from meshrun_operator.lifecycle.phases import Event
 from meshrun_operator.lifecycle.state import JobState
 from meshrun_operator.lifecycle.writes import at_once
@@ -46,6 +46,25 @@ from meshrun_operator.seen.children import observe
 class Requeue(Exception):
     """The pass's effects met an answer the next pass decides on (recorded for it): this pass
     wrote no status, and the job is reconciled again at once."""
+
+
+async def evaluation(
+    ctx: OperatorContext,
+    job: JobRef,
+    raw_spec: Mapping[str, Any],
+    generation: object,
+    labels: Mapping[str, Any] | None,
+) -> Evaluation:
+    """The job's evaluated spec: a known generation at once; a new one read, checked and
+    planned on a thread (an ``auto`` search takes a tenth of a second or more, and a spec can
+    be edited as often as its author likes), so the event loop serves the other jobs
+    meanwhile."""
+    known = ctx.evaluations.known(job.uid, raw_spec, job.name, generation, labels)
+    if known is not None:
+        return known
+    return await asyncio.to_thread(
+        ctx.evaluations.of, job.uid, raw_spec, job.name, generation, labels
+    )
 
 
 async def reconcile(
@@ -127,7 +146,7 @@ async def _act(
     observed = observe_kueue(ctx.kueue, ctx.node_labels, job_body, observed)
     raw_spec, generation = job_body.get("spec") or {}, job_body["metadata"].get("generation")
     labels = job_body["metadata"].get("labels")
-    ev = ctx.evaluations.of(job.uid, raw_spec, job.name, generation, labels)
+    ev = await evaluation(ctx, job, raw_spec, generation, labels)
     if ctx.placer is not None and ev.spec is not None and ev.spec.elastic is not None:
         observed = replace(observed, capacity=ctx.placer.capacity(job.uid, ev.spec))
     running = ctx.attempts.get(job.uid)

@@ -23,6 +23,9 @@ from meshrun_operator.jobstatus import PodPhase
 from meshrun_operator.seen.boundedjson import MAX_CHARS, read_object
 from meshrun_operator.seen.views import PodView, progress_fields
 
+KEEPALIVE_SECONDS = 30.0
+"""How long a connection to a pod is kept without a request (reads come every few seconds)."""
+
 PROGRESS_MAX_BYTES = MAX_CHARS
 """The trainer's report is a few hundred bytes; anything this large is not one."""
 
@@ -64,10 +67,13 @@ class ProgressReader:
 
     def _client(self) -> aiohttp.ClientSession:
         if self._session is None or self._session.closed:
-            # No keep-alive: one short request per pod now and then; environment proxies are
-            # not for pod IPs.
+            # Kept alive: each running job's pod 0 is asked every few seconds, on the same
+            # connection (the trainer serves HTTP/1.1) rather than a new one each time; one
+            # per pod at most. Environment proxies are not for pod IPs.
             self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(force_close=True, limit=0),
+                connector=aiohttp.TCPConnector(
+                    limit=0, limit_per_host=1, keepalive_timeout=KEEPALIVE_SECONDS
+                ),
                 timeout=aiohttp.ClientTimeout(total=self.timeout),
                 trust_env=False,
             )

@@ -84,6 +84,10 @@ class PodView:
     """It carries the ``app.kubernetes.io/managed-by: meshrun-operator`` label (with the
     job-name label it was indexed by): a pod of the job's name without it is not meshrun's and
     is never deleted or waited for."""
+    labelled: bool = True
+    """It carries its controller's job-uid label (LABEL_JOB_UID) and the managed-by label: a
+    pod of the job's without them has left the job's Service (no DNS name for the gang) and is
+    labelled again."""
 
 
 def parse_progress(text: str | None) -> dict[str, Any] | None:
@@ -247,6 +251,10 @@ def pod_view(body: Mapping[str, Any]) -> PodView:
         exit_codes=_exit_codes(status),
         accelerators=_accelerators(body.get("spec") or {}),
         managed=labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY,
+        labelled=(
+            labels.get(names.LABEL_MANAGED_BY) == names.MANAGED_BY
+            and labels.get(names.LABEL_JOB_UID) == owner_uid
+        ),
     )
 
 

@@ -80,6 +80,10 @@ class Metrics:
         self.total.set(job.spec.training.steps)
 
 
+IDLE_SECONDS = 60.0
+"""How long the progress server keeps a connection nobody sends on."""
+
+
 class ProgressServer:
     """Serves /metrics (Prometheus text) and /progress (JSON) from a daemon thread."""
 
@@ -88,6 +92,12 @@ class ProgressServer:
         self.lock = lock
 
         class Handler(BaseHTTPRequestHandler):
+            # HTTP/1.1: the operator keeps its connection and asks again on it every few
+            # seconds, instead of a new connection each time; one idle past ``timeout`` is
+            # closed (a client that holds connections open holds no thread for long).
+            protocol_version = "HTTP/1.1"
+            timeout = IDLE_SECONDS
+
             def do_GET(self) -> None:
                 if self.path.startswith("/metrics"):
                     body, kind = generate_latest(registry), CONTENT_TYPE_LATEST

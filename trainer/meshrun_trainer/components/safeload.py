@@ -14,11 +14,19 @@ the memory-format enum of ``torch.distributed.checkpoint.metadata`` (its members
 themselves, or as ``getattr(enum, name)`` by some Pythons), the filesystem's
 ``_StorageInfo``, ``torch.Size``, torch dtypes, layouts (through
 ``torch.serialization._get_layout``) and the ``pathlib`` path it was saved to.
+
+Where the data is: each entry of the metadata names a file of the checkpoint's own folder (DCP
+writes ``__RANK_N.distcp``), a byte range, and no stream transforms (the trainer writes none:
+DCP's zstd extension would decompress whatever the file holds). An entry naming a path outside
+the folder (absolute, ``..``, a subfolder), a negative range or a transform is refused, and
+each data file is opened only when it is a regular file (never a FIFO or a device, which would
+hang the read or feed it without end).
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import enum
 import io
@@ -26,7 +34,8 @@ import os
 import pathlib
 import pickle
 import re
-from typing import IO, Any
+from collections.abc import Iterator
+from typing import IO, Any, cast
 
 import torch
 import torch.distributed.checkpoint.filesystem as dcp_filesystem
@@ -38,7 +47,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import ReadItem
 
 from meshrun.api.errors import SpecError
-from meshrun.files.bounded import read_bounded
+from meshrun.files.bounded import open_regular, read_bounded
 
 
 class UnsafeCheckpoint(pickle.UnpicklingError):
@@ -137,6 +146,56 @@ def read_metadata_file(path: str | os.PathLike[str]) -> Metadata:
     return metadata
 
 
+def check_storage(metadata: Metadata, directory: str) -> None:
+    """Refuse (UnsafeCheckpoint) an entry of ``metadata.storage_data`` that names anything but
+    a byte range of a file in the checkpoint's own folder, read as written."""
+    storage = metadata.storage_data
+    if not isinstance(storage, dict):
+        raise UnsafeCheckpoint(f"{directory}: the metadata's storage_data is not a mapping")
+    for index, info in storage.items():
+        fqn = getattr(index, "fqn", index)
+        if not isinstance(info, dcp_filesystem._StorageInfo):
+            raise UnsafeCheckpoint(f"{directory}: {fqn} is stored as a {type(info).__name__}")
+        name = info.relative_path
+        if (
+            not isinstance(name, str)
+            or name in ("", ".", "..")
+            or "/" in name
+            or os.sep in name
+            or "\0" in name
+        ):
+            raise UnsafeCheckpoint(
+                f"{directory}: {fqn} is stored at {name!r}, not a file of the checkpoint's own "
+                "folder (DCP writes every file beside its .metadata)"
+            )
+        for field in ("offset", "length"):
+            value = getattr(info, field)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise UnsafeCheckpoint(f"{directory}: {fqn} has the {field} {value!r}")
+        if info.transform_descriptors:
+            raise UnsafeCheckpoint(
+                f"{directory}: {fqn} is stored through {list(info.transform_descriptors)!r}: "
+                "the trainer writes no transforms (a compressed stream could expand without "
+                "bound), so this checkpoint was not written by it"
+            )
+
+
+class RegularFiles(dcp_filesystem.FileSystem):
+    """DCP's file system, reading only regular files (a FIFO or a device is refused before a
+    byte is read, as the job's other files are)."""
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Iterator[io.IOBase]:
+        if mode != "rb":
+            raise UnsafeCheckpoint(f"{path}: the checkpoint is opened for reading only")
+        try:
+            stream = open_regular(os.fspath(path), "checkpoint")
+        except SpecError as error:
+            raise UnsafeCheckpoint(error.rule) from None
+        with stream:
+            yield cast(io.IOBase, stream)
+
+
 class SafeReader(FileSystemReader):
     """torch's FileSystemReader, with the metadata read by :func:`read_metadata_file`.
 
@@ -148,6 +207,21 @@ class SafeReader(FileSystemReader):
 
     refused: UnsafeCheckpoint | None = None
 
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        super().__init__(path)
+        self.fs = RegularFiles()
+
+    def set_up_storage_reader(
+        self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
+    ) -> None:
+        # Every rank: the others get the metadata from the coordinator, not from read_metadata.
+        try:
+            check_storage(metadata, str(self.path))
+        except UnsafeCheckpoint as error:
+            self.refused = self.refused or error
+            raise
+        super().set_up_storage_reader(metadata, is_coordinator, *args, **kwargs)
+
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if self.refused is not None:  # DCP's fallback to a rank's own metadata: not after this
             raise self.refused
@@ -157,6 +231,7 @@ class SafeReader(FileSystemReader):
             return read[str(path)]
         try:
             metadata = read_metadata_file(path)
+            check_storage(metadata, str(self.path))
         except UnsafeCheckpoint as error:
             self.refused = self.refused or error
             raise

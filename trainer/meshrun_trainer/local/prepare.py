@@ -13,7 +13,13 @@ from pathlib import Path
 
 from meshrun.api.errors import SpecError
 from meshrun.api.spec import Data
-from meshrun.files.data import FORMATS, cache_path, check_data_files, check_tokenizer
+from meshrun.files.data import (
+    FORMATS,
+    cache_path,
+    cache_trusted,
+    check_data_files,
+    check_tokenizer,
+)
 from meshrun.files.hf import read_config
 from meshrun_trainer.components.data.tokens import tokenize
 
@@ -40,7 +46,7 @@ def prepare(paths: list[str], model: Path, format: str, field: str, quiet: bool)
         data = Data(format=format, path=path, text_field=field, validation=None, eval_every_steps=0)  # type: ignore[arg-type]
         check_data_files(data)
         out = cache_path(format, path, field, model / "tokenizer.json", vocab)  # type: ignore[arg-type]
-        if not out.is_file():
+        if not cache_trusted(out, format, path):  # type: ignore[arg-type]
             tokenize(format, path, field, model, out, vocab, quiet=quiet)  # type: ignore[arg-type]
         done.append(out)
     return done

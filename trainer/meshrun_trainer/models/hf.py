@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,10 @@ from torch.distributed.checkpoint.state_dict_saver import save as dcp_save
 from torch.distributed.tensor import DTensor
 from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
+from meshrun.api.errors import SpecError
 from meshrun.api.presets import ModelShape
 from meshrun.files.bounded import read_text_bounded
-from meshrun.files.hf import FIELD, SUPPORTED, TOKENIZER_FILES, moe_names
+from meshrun.files.hf import FIELD, SUPPORTED, TOKENIZER_FILES, moe_names, side_file
 
 _BLOCK = {
     "attention.wq": "self_attn.q_proj",
@@ -230,8 +232,15 @@ def export(
         if source is not None:
             config = json.loads(read_text_bounded(source / "config.json", FIELD))
             for name in TOKENIZER_FILES:
-                if (source / name).is_file():
-                    shutil.copy2(source / name, tmp / name)
+                try:
+                    data = side_file(source, name)
+                except SpecError as error:
+                    # The weights are the export; a side file it may not publish is said, not
+                    # fatal at the end of a run.
+                    print(f"export: {error}", file=sys.stderr, flush=True)
+                    continue
+                if data is not None:
+                    (tmp / name).write_bytes(data)
         text = json.dumps(hf_config(shape, config, dtype), indent=2) + "\n"
         (tmp / "config.json").write_text(text, encoding="utf-8")
         _publish(tmp, final)

@@ -6,8 +6,10 @@ concatenated in file order: the stream the validation loss is defined on and the
 windows are cut from (meshrun_trainer.components.data.windows). The result is cached as raw
 ``uint16`` (or ``uint32`` for vocabularies past 65,535) in ``.meshrun-cache/`` beside the data,
 named by a key over the tokenizer, the text field and the files' sizes and times, so a restart or
-another rank memory-maps it instead of tokenizing again. ``tokens`` datasets are memory-mapped as
-they are.
+another rank memory-maps it instead of tokenizing again. A cache is read only when its owner could
+have written the data itself (meshrun.files.data.cache_trusted); a job that does not own the
+data keeps its cache in a folder of its own in the temp dir. ``tokens`` datasets are
+memory-mapped as they are.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from meshrun.files.bounded import (
     open_regular_text,
     read_text_bounded,
 )
-from meshrun.files.data import Format, data_files, token_width
+from meshrun.files.data import Format, data_files, own_cache_dir, token_width
 from meshrun.files.hf import FIELD
 
 if TYPE_CHECKING:
@@ -127,7 +129,10 @@ def tokenize(
     tokenizer = Tokenizer.from_file(str(model_folder / "tokenizer.json"))
     eos = eos_id(model_folder, tokenizer)
     dtype = np.uint16 if out.suffix == ".u16" else np.uint32
-    out.parent.mkdir(parents=True, exist_ok=True)
+    if out.parent == own_cache_dir():
+        out.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    else:
+        out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f"{out.name}.{os.getpid()}.tmp")
     total_bytes = sum(f.stat().st_size for f in data_files(format, path))
     started, count, docs = time.perf_counter(), 0, 0
@@ -140,6 +145,7 @@ def tokenize(
     )
     console = Console(stderr=True)
     with open(tmp, "wb") as handle, Progress(*columns, console=console, disable=quiet) as bar:
+        os.fchmod(handle.fileno(), 0o644)  # writable by its owner alone, whatever the umask
         task = bar.add_task("tokenize", total=total_bytes, tokens=0)
         for batch in documents(format, path, field):
             encoded = tokenizer.encode_batch(batch, add_special_tokens=False)

@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from meshrun.api.errors import SpecError
 from meshrun.api.spec import Data
-from meshrun.files.data import cache_path, check_dataset_size
+from meshrun.files.data import cache_path, cache_trusted, check_dataset_size
 from meshrun_trainer.components.data.tokens import load_tokens, tokenize
 
 
@@ -94,10 +94,16 @@ def dataset_tokens(
     rank = dist.get_rank() if distributed else 0
     for turn in ("first", "per-pod"):
         writer = rank == 0 if turn == "first" else os.environ.get("LOCAL_RANK", "0") == "0"
-        if writer and not out.is_file():
+        if writer and not cache_trusted(out, spec.format, path):
             tokenize(spec.format, path, spec.text_field, model_folder, out, vocab, quiet)
         if distributed:
             dist.barrier()
+    if not cache_trusted(out, spec.format, path):
+        raise SpecError(
+            "spec.training.data.path",
+            f"{out}: the tokens cached for {path} were replaced by someone who cannot write the "
+            "data (a link, another owner, or writable by others): not trained on",
+        )
     return load_tokens(out, vocab)
 
 
