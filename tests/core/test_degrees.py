@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import pytest
@@ -141,7 +140,7 @@ def test_status_summary_matches_to_dict() -> None:
     assert summary["worldSize"] == 8 and summary["gpus"] == 0
 
 
-def test_sixteen_thousand_gpus_plan_quickly() -> None:
+def test_sixteen_thousand_gpus_plan_with_every_rank_placed() -> None:
     spec = make_spec(
         resources={"numNodes": 2048, "numProcPerNode": 8, "accelerator": "nvidia.com/gpu"},
         strategy={
@@ -153,9 +152,7 @@ def test_sixteen_thousand_gpus_plan_quickly() -> None:
         model={"preset": "70b"},
         training={"globalBatchSize": 4096},
     )
-    start = time.perf_counter()
-    data = plan_job(spec, "big").to_dict()
-    elapsed = time.perf_counter() - start
+    data = plan_job(spec, "big").to_dict()  # its speed: bench/planner.py
     assert len(data["ranks"]) == 16384 and len(data["pods"]) == 2048
     assert data["ranks"][-1] == {
         "rank": 16383,
@@ -166,8 +163,6 @@ def test_sixteen_thousand_gpus_plan_quickly() -> None:
         "cp": 0,
         "tp": 7,
     }
-    # bench/planner.py measures ~10 ms; the bound leaves room for a loaded CI machine.
-    assert elapsed < 1.0
 
 
 def test_default_degrees_respect_the_model() -> None:

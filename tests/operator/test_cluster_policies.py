@@ -145,9 +145,10 @@ def test_gang_timeout_releases_a_partial_gang(
 def test_a_pod_template_the_api_server_refuses_becomes_invalid(
     cluster: Cluster, operator_process: OperatorProcess
 ) -> None:
-    # The CRD keeps podTemplate open (any PodTemplateSpec); the pod itself is what is refused.
+    # The CRD's schema types the template (a quantity's form, not its sign): a negative limit
+    # passes it, and the pod itself is what is refused.
     template = {
-        "spec": {"containers": [{"name": "trainer", "resources": {"limits": {"cpu": "lots"}}}]}
+        "spec": {"containers": [{"name": "trainer", "resources": {"limits": {"cpu": "-1"}}}]}
     }
     cluster.apply(job_manifest("badpod", podTemplate=template))
     cluster.wait_phase("badpod", "Failed")

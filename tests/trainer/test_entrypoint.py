@@ -88,7 +88,7 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
 
 
 def test_bad_configuration_exits_2_naming_the_field(tmp_path: Path) -> None:
-    proc, log = trainer(tmp_path, plan={"layout": {"tp": 3}}, WORLD_SIZE="3")
+    proc, log = trainer(tmp_path, plan={"layout": {"degrees": {"tp": 3}}}, WORLD_SIZE="3")
     assert proc.returncode == 2
     # torchrun exits 1 whatever its worker's code: the termination message says "permanent".
     message = json.loads(log.read_text())
