@@ -30,6 +30,7 @@ if __name__ == "__main__":
     ensure_torchrun(WORLD)
 
 import torch.distributed as dist  # noqa: E402
+import trainer_throughput as throughput  # noqa: E402  (the dense bench's model and batch)
 from meshrun_trainer.config.read import read_job  # noqa: E402
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device  # noqa: E402
 from meshrun_trainer.loop.train import train  # noqa: E402
@@ -37,21 +38,10 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 STEPS = 5
 MODEL = {
-    "layers": 4,
-    "hidden": 256,
-    "heads": 4,
-    "vocab": 1024,
-    "seqLen": 64,
-    "ffnHidden": 768,
+    **throughput.MODEL,
     "moe": {"experts": 8, "expertsPerToken": 2, "expertFfnHidden": 384},
 }
-TRAINING = {
-    "globalBatchSize": 16,
-    "steps": STEPS,
-    "precision": "fp32",
-    "learningRate": 1e-3,
-    "dataset": "synthetic",
-}
+TRAINING = {**throughput.TRAINING, "steps": STEPS}
 LAYOUTS: dict[str, dict[str, Any]] = {
     "dp4 ep1": {"dp": 4},
     "dp4 ep2": {"dp": 4, "ep": 2},

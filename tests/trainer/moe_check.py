@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
+import layout_check  # the dense layouts' training settings (same folder)
 import torch
 import torch.distributed as dist
 from meshrun_trainer.components import checkpoint
@@ -34,19 +35,10 @@ from torch.distributed.tensor import DTensor
 
 from meshrun.jobdoc import JobDocument
 
-STEPS = 3
+STEPS = layout_check.STEPS
 SOFTMAX = {"experts": 4, "expertsPerToken": 2, "sharedExperts": 1, "firstDenseLayers": 1}
 SIGMOID = {**SOFTMAX, "router": "sigmoid", "biasBalancing": True, "auxLossCoefficient": 0.001}
-TRAINING = {
-    "steps": STEPS,
-    "globalBatchSize": 8,
-    "learningRate": 0.01,
-    "seed": 7,
-    "precision": "fp32",
-    "maxGradNorm": 1.0,
-    "dataset": "synthetic",
-    "checkpoint": {"everySteps": 1},
-}
+TRAINING = {**layout_check.TRAINING, "checkpoint": {"everySteps": 1}}
 RUNS: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
     "ep4-ddp4": (SOFTMAX, {"dp": 4, "ep": 4}),
     "ep2-zero3-dp4-acc2": (SOFTMAX, {"dp": 4, "ep": 2, "zero_stage": 3, "grad_accumulation": 2}),
