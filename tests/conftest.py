@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import scheduling
 from namespaces import TEST_RUN_LABEL, delete_abandoned_namespaces, run_label
+from waiting import wait_established
 
 ROOT = Path(__file__).resolve().parent.parent
 CLUSTER_BIN = ROOT / ".cluster" / "bin"
@@ -111,7 +112,7 @@ def crds_installed(kubectl: Kubectl) -> list[str]:
         items = obj.get("items", [obj])
         names += [item["metadata"]["name"] for item in items]
     for name in names:
-        kubectl("wait", "--for=condition=Established", f"crd/{name}", "--timeout=60s")
+        wait_established(kubectl, name)
     return names
 
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 from namespaces import TEST_RUN_LABEL, delete_abandoned_namespaces, run_label
-from waiting import wait_for
+from waiting import wait_established, wait_for
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
 
@@ -114,9 +114,7 @@ CRD = {
 
 def test_crd_schema_rejects_invalid_object(kubectl: Any, namespace: str) -> None:
     kubectl("apply", "--server-side", "-f", "-", input=json.dumps(CRD))
-    kubectl(
-        "wait", "--for=condition=Established", "crd/widgets.envtest.meshrun.dev", "--timeout=60s"
-    )
+    wait_established(kubectl, "widgets.envtest.meshrun.dev")
     bad = {
         "apiVersion": "envtest.meshrun.dev/v1",
         "kind": "Widget",

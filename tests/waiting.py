@@ -68,3 +68,21 @@ def wait_for(
         time.sleep(min(pause, max(0.0, deadline - time.monotonic())))
         if interval is None:
             pause = min(pause * BACKOFF, LONGEST_PAUSE)
+
+
+def wait_established(kubectl: Callable[..., object], crd: str, timeout: float = 60) -> None:
+    """Wait until the API server serves the CustomResourceDefinition named ``crd``.
+
+    ``kubectl wait --for=condition=Established`` fails at once, whatever its timeout, when it
+    reads a CRD whose status has no conditions yet (".status.conditions accessor error: <nil>"),
+    as it can just after the apply; so poll the condition here. ``kubectl`` is a test's runner:
+    called with kubectl's arguments and ``check=False``, it returns the completed process.
+    """
+    name = crd.removeprefix("crd/")
+    path = '{.status.conditions[?(@.type=="Established")].status}'
+
+    def established() -> bool:
+        proc = kubectl("get", f"crd/{name}", "-o", f"jsonpath={path}", check=False)
+        return getattr(proc, "returncode", 1) == 0 and getattr(proc, "stdout", "") == "True"
+
+    wait_for(established, timeout, f"the CRD {name} to be established")

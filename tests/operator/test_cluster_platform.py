@@ -15,7 +15,7 @@ from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
 from test_cluster_policies import COSCHEDULING_CRD
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
-from waiting import wait_for
+from waiting import wait_established, wait_for
 
 from meshrun.api.crd import PLURAL
 
@@ -202,7 +202,7 @@ def test_a_podgroup_someone_else_made_with_the_jobs_name_is_not_taken_for_its_ow
 ) -> None:
     cluster.apply(COSCHEDULING_CRD)
     crd = "crd/podgroups.scheduling.x-k8s.io"
-    cluster.kubectl("wait", "--for=condition=Established", "--timeout=60s", crd)
+    wait_established(cluster.kubectl, crd)
     # A gang of one: the coscheduling plugin would bind each pod alone, a partial gang.
     planted = {
         "apiVersion": "scheduling.x-k8s.io/v1alpha1",

@@ -7,7 +7,7 @@ import json
 import pytest
 from meshrun_operator import names
 from operator_harness import Cluster, OperatorProcess, job_manifest, wait_seconds
-from waiting import wait_for
+from waiting import wait_established, wait_for
 
 from meshrun.api.crd import PLURAL
 
@@ -214,9 +214,7 @@ def test_scheduler_plugins_get_a_podgroup_of_the_whole_gang(
     # A stand-in for the coscheduling plugin's CRD (kubernetes-sigs/scheduler-plugins): enough
     # for the API server to store PodGroups; no scheduler acts on them here.
     cluster.apply(COSCHEDULING_CRD)
-    cluster.kubectl(
-        "wait", "--for=condition=Established", "--timeout=60s", "crd/podgroups.scheduling.x-k8s.io"
-    )
+    wait_established(cluster.kubectl, "podgroups.scheduling.x-k8s.io")
     scheduling = {"schedulerName": "scheduler-plugins-scheduler", "gangTimeoutSeconds": 120}
     cluster.apply(job_manifest("cosched", scheduling=scheduling))
     group = wait_for(

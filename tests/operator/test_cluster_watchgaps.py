@@ -24,7 +24,7 @@ import pytest
 from api_proxy import ApiProxy
 from operator_harness import Cluster, Kubectl, OperatorProcess, job_manifest, wait_seconds
 from test_cluster_stalls import assert_cleaned_up, one_pod_per_index
-from waiting import wait_for
+from waiting import wait_established, wait_for
 
 from meshrun.api.crd import GROUP, PLURAL
 
@@ -92,7 +92,7 @@ def gap_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GapCluster
             return proc
 
         kubectl("apply", "--server-side", "-f", str(CRD))
-        kubectl("wait", "--for=condition=Established", f"crd/{PLURAL}.{GROUP}")
+        wait_established(kubectl, f"{PLURAL}.{GROUP}")
         yield GapCluster(kubeconfig, kubectl, etcd)
     finally:
         subprocess.run([script, "down"], env=env, capture_output=True, timeout=300)
