@@ -234,75 +234,12 @@ def estimate_memory(
     spec: JobSpec, layout: Layout, stages: list[Stage], checkpointing: str = "none"
 ) -> MemoryEstimate:
     """The estimate for the pipeline rank with the largest total."""
-    model, t, n, cp = spec.shape, layout.tp, fsdp_shards(layout), layout.cp
-    weight_b, grad_b, optim_b = bytes_per_parameter(spec.training.precision)
     layers_on = layers_per_rank(stages, layout.pp)
-    micro_batch = layout.micro_batch_size
-    dense = compute_spec(spec)  # a mixture of experts as the MLP its busiest rank runs
-    per_layer_act = layer_activation_bytes(dense, t, micro_batch, checkpointing, cp)
-    # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
-    recompute = (
-        layer_activation_bytes(dense, t, micro_batch, cp=cp) if checkpointing == "full" else 0
-    )
-    tokens = model.seq_len // cp * micro_batch
-    per_element = element_bytes(spec.training.precision)
-    if checkpointing == "selective" and cp > 1:
-        # One layer's recomputation gathers the whole sequence's keys and values again and
-        # expands them to every query head for attention's backward.
-        recompute = 2 * model.heads * model.head_dim // t * model.seq_len * micro_batch
-        recompute *= per_element
-    # The (vocabulary-sharded) logits, which the loss keeps for backward with one fp32 number a
-    # row; the final norm's input and normalized input (sequence-sharded) and its gathered
-    # output.
-    local_vocab = model.vocab // t
-    head_act = tokens * (
-        per_element * local_vocab + per_element * (2 * model.hidden // t + model.hidden)
-    )
-    # Backward starts with the logits' gradient, built one slice of rows at a time in fp32
-    # scratch; they are gone before full recomputation rebuilds the last layer, so the larger
-    # counts.
-    head_grads = (
-        tokens * per_element * local_vocab
-        + 4 * min(tokens, loss_slice_rows(local_vocab)) * local_vocab
-    )
-    fsdp = sharded_by_fsdp(layout)
-    gathered_stage = layout.pp > 1  # ZeRO-3 does not reshard between micro-batches
-    block = model.layer_parameters() - routed_parameters(model)  # FSDP2 leaves experts out
-    unit = -(-max(block, model.vocab * model.hidden + model.hidden) // t)
-    gathered = 0
-    if fsdp and layout.zero_stage >= 3 and not gathered_stage:
-        # Backward of one unit: its weights and the next unit's (prefetched), its unsharded
-        # gradient, and the previous unit's reduce-scatter input (fp32), kept until this
-        # unit's reduce-scatter starts.
-        gathered = unit * (2 * weight_b + grad_b + REDUCE_BYTES)
-    elif fsdp and not gathered_stage:
-        gathered = unit * (grad_b + REDUCE_BYTES)  # every unit's weights are counted whole
-    elif fsdp:
-        gathered = unit * REDUCE_BYTES  # the gradients accumulate whole until the last backward
-    # On CUDA AdamW is fused (no temporaries). On CPUs it updates one parameter at a time and
-    # makes two temporaries of it (the square root of the second moment, then its quotient by
-    # the bias correction): two of the largest (local) parameter, in fp32. The step's working
-    # set is freed before the optimizer step, but on CPUs its pages stay in malloc's heaps
-    # while a temporary of 1 MiB or more gets a mapping of its own
-    # (meshrun_trainer.distributed.hostmemory), so there the temporaries count in full.
-    step_temporaries = 0
-    on_cpu = spec.resources.accelerator == CPU
-    if on_cpu:
-        largest = -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
-        step_temporaries = 2 * 4 * (-(-largest // n) if fsdp else largest)
-    # Gradients arriving while the accumulated ones are held (micro-batches under
-    # accumulation or pipelining): autograd adds each new gradient into the one kept, so the
-    # largest local one exists twice for a moment. FSDP2 reduces into its own shards (counted
-    # in ``gathered``). Under TP, DTensor computes the vocabulary-sharded embedding's gradient
-    # whole on every rank before the trainer reshards it, at any accumulation, as the last
-    # step of a micro-batch's backward.
-    accumulating = (layout.grad_accumulation > 1 or layout.micro_batches > 1) and not fsdp
-    arriving = grad_b * -(-max(model.vocab, model.ffn_hidden) * model.hidden // t)
-    whole_embedding = grad_b * model.vocab * model.hidden if t > 1 else 0
-    # Routed experts are counted apart: spread over the EP group, never sharded by ZeRO.
-    layer_parameters = model.layer_parameters() - routed_parameters(model)
-    moe_on = moe_layers_per_rank(model, stages, layout.pp)
-    accelerator_bytes = spec.resources.accelerator_bytes
+    moe_on = moe_layers_per_rank(spec.shape, stages, layout.pp)
+    kept = ActivationTerms.of(spec, layout, checkpointing)
+    gathered = fsdp_working_set(spec, layout)
+    temporaries = step_temporaries(spec, layout)
+    arriving = arriving_gradient(spec, layout)
     best: tuple[int, int, int, int, int] | None = None
     seen: set[tuple[int, bool, bool]] = set()
     for rank in range(layout.pp):
@@ -311,45 +248,174 @@ def estimate_memory(
         if shape_of_rank in seen:
             continue
         seen.add(shape_of_rank)
-        count = layers_on[rank] * layer_parameters
+        params, grads, optim = model_states(spec, layout, rank, layers_on[rank], moe_on[rank])
+        activations = kept.on_rank(layout, rank, layers_on[rank], moe_on[rank])
+        grads += arriving
         if rank == 0:
-            count += model.vocab * model.hidden
-        if rank == layout.pp - 1:
-            # A tied head shares the embedding's weight on one stage; a last stage of its own
-            # keeps a copy (synchronised with the first stage's).
-            shared = model.tie_embeddings and rank == 0
-            count += (0 if shared else model.vocab * model.hidden) + model.hidden
-        local = -(-count // t)
-        if fsdp:
-            params, grads, optim = fsdp_states(local, n, layout, spec.training.precision)
-        else:
-            params, grads, optim = local * weight_b, local * grad_b, local * optim_b
-            if layout.zero_stage >= 1:
-                optim = -(-optim // layout.data_shards)  # ZeroRedundancyOptimizer
-        experts = expert_parameters(model, moe_on[rank], layout.ep)
-        params, grads, optim = params + experts * weight_b, grads + experts * grad_b, optim
-        optim += experts * optim_b
-        if accumulating:
-            grads += arriving
-        held = (
-            per_layer_act * layers_on[rank]
-            + dispatch_bytes(model, tokens, per_element) * (moe_on[rank])
-        )
-        activations = int(held * in_flight(layout, rank)) + recompute
-        if rank == layout.pp - 1:
-            activations += head_act + max(head_grads - recompute, 0)
-        if rank == 0:
-            # The embedding's backward ends a micro-batch's: that one's activations are freed
-            # by then (the other micro-batches in flight still held), and on an accelerator
-            # the caching allocator gives their blocks to the gradient. On CPUs it cannot:
-            # they were small tensors, whose pages malloc keeps in its heaps, and a gradient
-            # of 1 MiB or more gets a mapping of its own (meshrun_trainer.distributed.hostmemory).
-            freed = 0 if on_cpu else int(activations / in_flight(layout, rank))
-            grads += max(0, whole_embedding - freed)
-        optim += step_temporaries
-        parts = (params, grads, optim, activations, gathered)
+            grads += embedding_gradient(spec, layout, activations)
+        parts = (params, grads, optim + temporaries, activations, gathered)
         if best is None or sum(parts) > sum(best):
             best = parts
     assert best is not None
     params, grads, optim, activations, gathered = best
+    accelerator_bytes = spec.resources.accelerator_bytes
     return MemoryEstimate(params, grads, optim, activations, accelerator_bytes, gathered)
+
+
+@dataclass(frozen=True)
+class ActivationTerms:
+    """What a rank keeps for backward, before counting its layers and micro-batches."""
+
+    per_layer: int
+    """One layer's activations for one micro-batch."""
+    recompute: int
+    """The working set of one layer's recomputation under checkpointing (0 without)."""
+    dispatch: int
+    """One MoE layer's token dispatch buffers for one micro-batch."""
+    head: int
+    """The last stage's logits and final norm's tensors."""
+    head_grads: int
+    """The logits' gradient and one slice of the loss's fp32 scratch, as backward starts."""
+
+    @classmethod
+    def of(cls, spec: JobSpec, layout: Layout, checkpointing: str) -> ActivationTerms:
+        model, t, cp, micro_batch = spec.shape, layout.tp, layout.cp, layout.micro_batch_size
+        dense = compute_spec(spec)  # a mixture of experts as the MLP its busiest rank runs
+        per_element = element_bytes(spec.training.precision)
+        recompute = 0
+        if checkpointing == "full":
+            # Full recomputation rebuilds one layer's whole set at a time, for one micro-batch.
+            recompute = layer_activation_bytes(dense, t, micro_batch, cp=cp)
+        elif checkpointing == "selective" and cp > 1:
+            # One layer's recomputation gathers the whole sequence's keys and values again and
+            # expands them to every query head for attention's backward.
+            recompute = 2 * model.heads * model.head_dim // t * model.seq_len * micro_batch
+            recompute *= per_element
+        tokens = model.seq_len // cp * micro_batch
+        # The (vocabulary-sharded) logits, which the loss keeps for backward with one fp32
+        # number a row; the final norm's input and normalized input (sequence-sharded) and its
+        # gathered output.
+        local_vocab = model.vocab // t
+        head = tokens * (
+            per_element * local_vocab + per_element * (2 * model.hidden // t + model.hidden)
+        )
+        # Backward starts with the logits' gradient, built one slice of rows at a time in fp32
+        # scratch; they are gone before full recomputation rebuilds the last layer, so the
+        # larger counts.
+        head_grads = (
+            tokens * per_element * local_vocab
+            + 4 * min(tokens, loss_slice_rows(local_vocab)) * local_vocab
+        )
+        return cls(
+            per_layer=layer_activation_bytes(dense, t, micro_batch, checkpointing, cp),
+            recompute=recompute,
+            dispatch=dispatch_bytes(model, tokens, per_element),
+            head=head,
+            head_grads=head_grads,
+        )
+
+    def on_rank(self, layout: Layout, rank: int, layers: int, moe_layers: int) -> int:
+        """Bytes pipeline rank ``rank`` keeps at its peak, holding ``layers`` layers (of them
+        ``moe_layers`` mixtures of experts)."""
+        held = self.per_layer * layers + self.dispatch * moe_layers
+        activations = int(held * in_flight(layout, rank)) + self.recompute
+        if rank == layout.pp - 1:
+            activations += self.head + max(self.head_grads - self.recompute, 0)
+        return activations
+
+
+def model_states(
+    spec: JobSpec, layout: Layout, rank: int, layers: int, moe_layers: int
+) -> tuple[int, int, int]:
+    """(params, grads, optimizer) bytes pipeline rank ``rank`` holds for its ``layers`` layers
+    (``moe_layers`` of them mixtures of experts), its embedding or head, and its experts."""
+    model, precision = spec.shape, spec.training.precision
+    weight_b, grad_b, optim_b = bytes_per_parameter(precision)
+    # Routed experts are counted apart: spread over the EP group, never sharded by ZeRO.
+    count = layers * (model.layer_parameters() - routed_parameters(model))
+    if rank == 0:
+        count += model.vocab * model.hidden
+    if rank == layout.pp - 1:
+        # A tied head shares the embedding's weight on one stage; a last stage of its own keeps
+        # a copy (synchronised with the first stage's).
+        shared = model.tie_embeddings and rank == 0
+        count += (0 if shared else model.vocab * model.hidden) + model.hidden
+    local = -(-count // layout.tp)
+    if sharded_by_fsdp(layout):
+        params, grads, optim = fsdp_states(local, fsdp_shards(layout), layout, precision)
+    else:
+        params, grads, optim = local * weight_b, local * grad_b, local * optim_b
+        if layout.zero_stage >= 1:
+            optim = -(-optim // layout.data_shards)  # ZeroRedundancyOptimizer
+    experts = expert_parameters(model, moe_layers, layout.ep)
+    return params + experts * weight_b, grads + experts * grad_b, optim + experts * optim_b
+
+
+def fsdp_working_set(spec: JobSpec, layout: Layout) -> int:
+    """FSDP2's bytes beyond the shards (:attr:`MemoryEstimate.gathered`), 0 outside FSDP2."""
+    if not sharded_by_fsdp(layout):
+        return 0
+    model = spec.shape
+    weight_b, grad_b, _ = bytes_per_parameter(spec.training.precision)
+    block = model.layer_parameters() - routed_parameters(model)  # FSDP2 leaves experts out
+    unit = -(-max(block, model.vocab * model.hidden + model.hidden) // layout.tp)
+    if layout.pp > 1:  # ZeRO-3 does not reshard between micro-batches
+        return unit * REDUCE_BYTES  # the gradients accumulate whole until the last backward
+    if layout.zero_stage >= 3:
+        # Backward of one unit: its weights and the next unit's (prefetched), its unsharded
+        # gradient, and the previous unit's reduce-scatter input (fp32), kept until this unit's
+        # reduce-scatter starts.
+        return unit * (2 * weight_b + grad_b + REDUCE_BYTES)
+    return unit * (grad_b + REDUCE_BYTES)  # every unit's weights are counted whole
+
+
+def step_temporaries(spec: JobSpec, layout: Layout) -> int:
+    """The optimizer step's temporaries beside its state.
+
+    On CUDA AdamW is fused (no temporaries). On CPUs it updates one parameter at a time and
+    makes two temporaries of it (the square root of the second moment, then its quotient by
+    the bias correction): two of the largest (local) parameter, in fp32. The step's working set
+    is freed before the optimizer step, but on CPUs its pages stay in malloc's heaps while a
+    temporary of 1 MiB or more gets a mapping of its own
+    (meshrun_trainer.distributed.hostmemory), so there the temporaries count in full.
+    """
+    if spec.resources.accelerator != CPU:
+        return 0
+    model = spec.shape
+    largest = -(-max(model.vocab, model.ffn_hidden) * model.hidden // layout.tp)
+    shards = fsdp_shards(layout)
+    return 2 * 4 * (-(-largest // shards) if shards > 1 else largest)
+
+
+def arriving_gradient(spec: JobSpec, layout: Layout) -> int:
+    """A gradient arriving while the accumulated ones are held (micro-batches under
+    accumulation or pipelining): autograd adds each new gradient into the one kept, so the
+    largest local one exists twice for a moment. FSDP2 reduces into its own shards (counted in
+    :func:`fsdp_working_set`), so there it is 0."""
+    accumulating = layout.grad_accumulation > 1 or layout.micro_batches > 1
+    if not accumulating or sharded_by_fsdp(layout):
+        return 0
+    model = spec.shape
+    grad_b = bytes_per_parameter(spec.training.precision)[1]
+    return grad_b * -(-max(model.vocab, model.ffn_hidden) * model.hidden // layout.tp)
+
+
+def embedding_gradient(spec: JobSpec, layout: Layout, activations: int) -> int:
+    """What the first stage's embedding gradient adds beside the rest, its ``activations``
+    held at their peak.
+
+    Under TP, DTensor computes the vocabulary-sharded embedding's gradient whole on every rank
+    before the trainer reshards it, at any accumulation, as the last step of a micro-batch's
+    backward. That one micro-batch's activations are freed by then (the other micro-batches in
+    flight still held), and on an accelerator the caching allocator gives their blocks to the
+    gradient. On CPUs it cannot: they were small tensors, whose pages malloc keeps in its
+    heaps, and a gradient of 1 MiB or more gets a mapping of its own
+    (meshrun_trainer.distributed.hostmemory).
+    """
+    if layout.tp == 1:
+        return 0
+    model = spec.shape
+    whole = bytes_per_parameter(spec.training.precision)[1] * model.vocab * model.hidden
+    on_cpu = spec.resources.accelerator == CPU
+    freed = 0 if on_cpu else int(activations / in_flight(layout, 0))
+    return max(0, whole - freed)

@@ -10,6 +10,7 @@ per GPU (:mod:`meshrun.planner.steptime`).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from itertools import product
 
 from meshrun.api.errors import SpecError
@@ -39,6 +40,9 @@ matrices of a rank's share run far from peak and the all-gathers' latency domina
 VIRTUAL_CHOICES = (2, 4)
 """Virtual stages the search tries for interleaved 1F1B (more cut the bubble further but add
 point-to-point traffic; Megatron's runs use 2 to 8)."""
+
+Splits = dict[tuple[int, int], list[Stage]]
+"""Layer ranges per (pipeline depth, virtual stages), computed once per search."""
 
 
 def schedules(spec: JobSpec, pp: int) -> list[tuple[str, int]]:
@@ -95,7 +99,7 @@ def enumerate_layouts(spec: JobSpec) -> tuple[list[Choice], Choice | None]:
     """(every layout that fits, fastest first; the smallest estimate when none fits)."""
     fitting: list[Choice] = []
     smallest: Choice | None = None
-    splits: dict[tuple[int, int], list[Stage]] = {}
+    splits: Splits = {}
     for size in micro_batch_sizes(spec):
         if spec.training.global_batch_size % size:
             continue
@@ -108,63 +112,82 @@ def enumerate_layouts(spec: JobSpec) -> tuple[list[Choice], Choice | None]:
 
 
 def _layouts_of(
-    spec: JobSpec, micro_batch_size: int, splits: dict[tuple[int, int], list[Stage]]
+    spec: JobSpec, micro_batch_size: int, splits: Splits
 ) -> tuple[list[Choice], Choice | None]:
     """The layouts of one micro-batch size: those that fit, and the smallest that does not."""
-    res, world = spec.resources, spec.resources.world_size
-    modes = checkpointing_modes(spec)
     fitting: list[Choice] = []
     smallest: Choice | None = None
     works: WorkCache = {}
-    for tp, cp in ((t, c) for t in divisors(res.num_proc_per_node) for c in context_degrees(spec)):
+    for degrees in _degree_candidates(spec):
+        stage_ranks = degrees.dp * degrees.cp * degrees.tp  # expert parallelism is drawn from them
+        for schedule, ep in product(schedules(spec, degrees.pp), expert_degrees(spec, stage_ranks)):
+            tried = _sharding_and_recompute(spec, degrees, schedule, ep, micro_batch_size, splits)
+            for layout, stages, memory, mode in tried:
+                if memory.fits:
+                    fitting.append(_choice(spec, layout, stages, memory, mode, works))
+                elif smallest is None or memory.total < smallest.memory.total:
+                    smallest = _choice(spec, layout, stages, memory, mode, None)
+    return fitting, smallest
+
+
+def _degree_candidates(spec: JobSpec) -> Iterator[Degrees]:
+    """Every (dp, cp, pp, tp) of the world: TP inside a pod and splitting the model, CP from
+    :func:`context_degrees`, PP up to a layer a stage."""
+    world = spec.resources.world_size
+    for tp, cp in product(divisors(spec.resources.num_proc_per_node), context_degrees(spec)):
         if tp_unsplit(spec.shape, tp) is not None or world % (tp * cp):
             continue
         for pp in divisors(world // (tp * cp), spec.shape.layers):
-            dp = world // (tp * cp * pp)
-            degrees = Degrees(dp=dp, cp=cp, pp=pp, tp=tp)
-            # ZeRO-1 moves no more than DDP (a reduce-scatter and an all-gather for the
-            # all-reduce) and steps 1/dp of the optimizer: it comes first, DDP (more memory,
-            # no faster) last. ZeRO-3 under pipelining keeps stages gathered: ZeRO-2's memory.
-            shards = dp * cp  # ZeRO shards over the ranks holding the same parameters
-            zeros: tuple[int, ...] = (
-                ((1, 2) if pp > 1 else (1, 2, 3)) + (0,) if shards > 1 else (0,)
+            yield Degrees(dp=world // (tp * cp * pp), cp=cp, pp=pp, tp=tp)
+
+
+def _zero_stages(degrees: Degrees) -> tuple[int, ...]:
+    """The ZeRO stages to try, in order. ZeRO-1 moves no more than DDP (a reduce-scatter and an
+    all-gather for the all-reduce) and steps 1/dp of the optimizer: it comes first, DDP (more
+    memory, no faster) last. ZeRO-3 under pipelining keeps stages gathered: ZeRO-2's memory.
+    ZeRO shards over the dp x cp ranks holding the same parameters."""
+    if degrees.dp * degrees.cp == 1:
+        return (0,)
+    return ((1, 2) if degrees.pp > 1 else (1, 2, 3)) + (0,)
+
+
+def _sharding_and_recompute(
+    spec: JobSpec,
+    degrees: Degrees,
+    schedule: tuple[str, int],
+    ep: int | None,
+    micro_batch_size: int,
+    splits: Splits,
+) -> Iterator[tuple[Layout, list[Stage], MemoryEstimate, str]]:
+    """(layout, stages, memory, checkpointing) of the ZeRO stages and checkpointing modes worth
+    estimating for one set of degrees, schedule and EP degree.
+
+    A higher ZeRO stage moves as much or more and recomputing more only costs, so once a stage
+    fits with a mode and room to spare, later stages only count with less recompute. Without
+    room to spare (memory pressure slows the step) more sharding or recomputation may still be
+    faster, so they are tried too.
+    """
+    modes = checkpointing_modes(spec)
+    allowed = len(modes)
+    for zero in _zero_stages(degrees):
+        try:
+            layout = complete_layout(
+                spec, degrees, zero, schedule, micro_batch_size=micro_batch_size, ep=ep
             )
-            stage_ranks = dp * cp * tp  # expert parallelism is drawn from them
-            for schedule, ep in product(schedules(spec, pp), expert_degrees(spec, stage_ranks)):
-                # A higher ZeRO stage moves as much or more and recomputing more only costs, so
-                # once a stage fits with a mode and room to spare, later stages only count with
-                # less recompute. Without room to spare (memory pressure slows the step) more
-                # sharding or recomputation may still be faster, so they are tried too.
-                allowed = len(modes)
-                for zero in zeros:
-                    try:
-                        layout = complete_layout(
-                            spec,
-                            degrees,
-                            zero,
-                            schedule,
-                            micro_batch_size=micro_batch_size,
-                            ep=ep,
-                        )
-                    except SpecError:
-                        break  # the degrees or schedule break a rule for every stage
-                    key = (pp, layout.virtual_stages)
-                    stages = splits.get(key) or splits.setdefault(
-                        key, stage_split(spec.shape, pp, layout.virtual_stages)
-                    )
-                    for index, mode in enumerate(modes[:allowed]):
-                        memory = estimate_memory(spec, layout, stages, mode)
-                        if not memory.fits:
-                            if smallest is None or memory.total < smallest.memory.total:
-                                smallest = _choice(spec, layout, stages, memory, mode, None)
-                            continue
-                        fitting.append(_choice(spec, layout, stages, memory, mode, works))
-                        if not pressure_slowdown(memory):
-                            allowed = index
-                            break
-                    if allowed == 0:
-                        break
-    return fitting, smallest
+        except SpecError:
+            return  # the degrees or schedule break a rule for every stage
+        key = (degrees.pp, layout.virtual_stages)
+        stages = splits.get(key) or splits.setdefault(
+            key, stage_split(spec.shape, degrees.pp, layout.virtual_stages)
+        )
+        for index, mode in enumerate(modes[:allowed]):
+            memory = estimate_memory(spec, layout, stages, mode)
+            yield layout, stages, memory, mode
+            if memory.fits and not pressure_slowdown(memory):
+                allowed = index
+                break
+        if allowed == 0:
+            return
 
 
 def _choice(
