@@ -83,7 +83,7 @@ def test_single_process_without_torchrun(tmp_path: Path) -> None:
     assert message["status"] == "Succeeded" and message["steps"] == 3
     assert message["layout"]["dataParallel"] == "none"
     # the plan's micro-batch size, which auto chose: the spec leaves it unset
-    assert message["layout"]["micro_batch_size"] == 8
+    assert message["layout"]["microBatchSize"] == 8
     assert len(message["peakMemoryBytes"]) == 1
 
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import torch.distributed as dist
 
 from meshrun.api.errors import SpecError
+from meshrun.api.read import write_section
 from meshrun.envcontract import (
     EXIT_CHECKPOINT_REFUSED,
     EXIT_CONFIG_ERROR,
@@ -39,8 +39,8 @@ def summarize(job: JobDocument, result: TrainResult, peaks: list[int]) -> dict[s
     timed = records[1:] or records  # the first step pays one-off warm-up costs
     tokens = job.spec.tokens_per_step
     tokens_per_s = tokens * len(timed) / sum(r.step_time_s for r in timed) if timed else 0.0
-    layout: dict[str, Any] = dataclasses.asdict(job.plan.layout)
-    layout["stage_layers"] = [list(layers) for layers in job.plan.stage_layers]
+    layout: dict[str, Any] = write_section(job.plan.layout)  # as the plan writes it
+    layout["stageLayers"] = [list(layers) for layers in job.plan.stage_layers]
     layout["dataParallel"] = data_parallel_kind(job.plan.layout).value
     return {
         "status": "Succeeded",
