@@ -254,16 +254,7 @@ class Kube:
         when it is gone or is another pod of the name now (404, 409)."""
         path = child_path(POD.kind, namespace, name)
         body = {"metadata": {"uid": uid, "labels": dict(labels)}}
-        try:
-            await self.call(
-                "patch", POD.plural, "PATCH", path, body=body, content_type=MERGE_PATCH,
-                read=False,
-            )  # fmt: skip
-        except ApiError as error:
-            if error.status in (404, 409):
-                return False
-            raise
-        return True
+        return await self._patch_if_there(POD.plural, path, body, MERGE_PATCH)
 
     async def repair_child(
         self,
@@ -276,10 +267,17 @@ class Kube:
         """Apply the JSON patch ``ops`` (children/drift.py) to the child: True when applied,
         False when it changed or went away meanwhile (409, 404: judged again next time)."""
         path = child_path(kind, namespace, name, api_version)
+        return await self._patch_if_there(KINDS[kind].plural, path, ops, JSON_PATCH)
+
+    async def _patch_if_there(
+        self, resource: str, path: str, body: object, content_type: str
+    ) -> bool:
+        """Patch the object at ``path``: False when it is gone (404) or the patch's
+        precondition no longer holds (409), left to the next pass to judge again."""
         try:
             await self.call(
-                "patch", KINDS[kind].plural, "PATCH", path, body=ops,
-                content_type=JSON_PATCH, read=False,
+                "patch", resource, "PATCH", path, body=body, content_type=content_type,
+                read=False,
             )  # fmt: skip
         except ApiError as error:
             if error.status in (404, 409):
