@@ -159,6 +159,22 @@ class OperatorProcess:
         """The memory cgroup it runs in, when it has a limit."""
 
     def start(self) -> OperatorProcess:
+        """Start it and wait for /healthz. A port :func:`free_port` picked can be taken before
+        the operator binds it (another test's process, or an outgoing connection's ephemeral
+        port): then it is started again on other ports."""
+        for _ in range(3):
+            before = self.log_path.stat().st_size if self.log_path.exists() else 0
+            try:
+                return self._start_once()
+            except AssertionError:
+                with self.log_path.open("rb") as log:
+                    log.seek(before)
+                    if b"address already in use" not in log.read():
+                        raise
+                self.metrics_port, self.health_port = free_port(), free_port()
+        return self._start_once()
+
+    def _start_once(self) -> OperatorProcess:
         env = {**os.environ, "KUBECONFIG": self.kubeconfig, "PYTHONUNBUFFERED": "1"}
         log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
@@ -181,13 +197,16 @@ class OperatorProcess:
             env=env,
             preexec_fn=self.cgroup.enter if self.cgroup is not None else None,
         )
+        exited = lambda: self.proc is not None and self.proc.poll() is not None  # noqa: E731
         wait_for(
-            self.healthy,
+            lambda: exited() or self.healthy(),
             60,
             f"operator /healthz on port {self.health_port}",
             interval=0.3,
             describe=self.log_tail,
         )
+        if exited():
+            raise AssertionError(f"operator exited {self.proc.returncode}:\n{self.log_tail()}")
         return self
 
     def healthy(self) -> bool:

@@ -120,19 +120,22 @@ POD = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "namespace":
 def test_a_write_that_waited_for_a_connection_past_the_lease_is_never_sent(
     tmp_path: Path, bound: str
 ) -> None:
-    timing = LeaseTiming(duration=1.0, renew_deadline=0.4, retry=0.1)
+    timing = LeaseTiming(duration=2.0, renew_deadline=0.8, retry=0.1)
     leases = MemoryLeases()
     leader = candidate(leases, "a", timing)
     seen: list[str] = []
 
     async def scenario() -> None:
-        await attempt(leases, leader)  # leads, then freezes: no renewal follows
-        async with api_server(seen, hold_seconds=0.8) as port:
+        # the GET holds the only connection past the renew deadline
+        async with api_server(seen, hold_seconds=2 * timing.renew_deadline) as port:
             config = kubeconfig(tmp_path, {"token": "t"}, f"http://127.0.0.1:{port}")
             kube = Kube(Rest(Login(str(config)), ApiTimeout.of(5), connections=1))
             kube.may_write = leader.leading
             if bound == "the deadline":
                 kube.write_seconds = leader.write_seconds
+            # leads, then freezes (no renewal follows): taken last, so that setting up the
+            # server and client on a loaded machine does not spend its lead
+            await attempt(leases, leader)
             try:
                 busy = asyncio.create_task(kube.call("get", "pods", "GET", "/api/v1/pods"))
                 await asyncio.sleep(0.05)  # the GET holds the only connection
