@@ -68,10 +68,16 @@ def open_regular_text(path: str | Path, field: str) -> TextIO:
 def read_bounded(path: str | Path, field: str, cap: int = JSON_CAP) -> bytes:
     """The bytes of the regular file ``path``, refused (SpecError naming ``field``) past ``cap``."""
     with open_regular(path, field) as handle:
-        size = os.fstat(handle.fileno()).st_size
-        if size > cap:
-            raise SpecError(field, f"{path} is {size} bytes, more than the {cap} allowed")
-        data = handle.read(cap + 1)
+        return read_open_bounded(handle, path, field, cap)
+
+
+def read_open_bounded(handle: BinaryIO, path: str | Path, field: str, cap: int) -> bytes:
+    """The rest of the open file ``handle`` (of ``path``), refused (SpecError naming ``field``)
+    past ``cap``: by its size first, then by what was read (a file growing meanwhile)."""
+    size = os.fstat(handle.fileno()).st_size
+    if size > cap:
+        raise SpecError(field, f"{path} is {size} bytes, more than the {cap} allowed")
+    data = handle.read(cap + 1)
     if len(data) > cap:
         raise SpecError(field, f"{path} holds more than the {cap} bytes allowed")
     return data

@@ -27,6 +27,7 @@ from meshrun.files.bounded import (
     in_kernel_filesystem,
     is_regular,
     open_regular,
+    read_open_bounded,
     read_text_bounded,
 )
 
@@ -74,13 +75,7 @@ def side_file(folder: Path, name: str) -> bytes | None:
     with open_regular(real, FIELD) as handle:
         if not os.path.samestat(os.fstat(handle.fileno()), os.stat(path)):
             raise SpecError(FIELD, f"{path} changed while it was being copied")
-        size = os.fstat(handle.fileno()).st_size
-        if size > TOKENIZER_CAP:
-            raise SpecError(FIELD, f"{path} is {size} bytes, more than the {TOKENIZER_CAP} allowed")
-        data = handle.read(TOKENIZER_CAP + 1)
-    if len(data) > TOKENIZER_CAP:
-        raise SpecError(FIELD, f"{path} holds more than the {TOKENIZER_CAP} bytes allowed")
-    return data
+        return read_open_bounded(handle, path, FIELD, TOKENIZER_CAP)
 
 
 @dataclass(frozen=True)
