@@ -85,8 +85,13 @@ def test_the_platform_policy_refuses_naming_the_field_and_makes_no_pod(
             said = "--max-pods-per-job" if name == "huge" else "platform policy"
             assert said in invalid["message"], (name, invalid["message"])
             assert status["restarts"] == 0 and status.get("placement", []) == []
-            warnings = [e for e in cluster.events(name) if e["reason"] == "InvalidSpec"]
-            assert warnings and field in warnings[0]["message"], (name, warnings)
+            # the event is posted beside the status, not before it: awaited too
+            warnings = wait_for(
+                lambda name=name: [e for e in cluster.events(name) if e["reason"] == "InvalidSpec"],
+                30,
+                f"{name}'s InvalidSpec event",
+            )
+            assert field in warnings[0]["message"], (name, warnings)
         # Nothing was made and nothing is lost: no pod, no Service, the jobs as they were sent.
         for name, changes, _ in REFUSED:
             assert cluster.pods(name) == [], name

@@ -7,6 +7,7 @@ import asyncio
 import json
 import logging
 import time
+from collections.abc import Callable
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
@@ -136,23 +137,31 @@ def test_a_burst_of_pod_events_is_one_reconcile_and_a_new_job_is_not_kept_waitin
 
     monkeypatch.setattr(resync, "reconcile", reconcile)
 
+    batch = 1.0  # far longer than the burst takes, even on a loaded machine
+
+    async def until(condition: Callable[[], bool], seconds: float) -> None:
+        deadline = asyncio.get_running_loop().time() + seconds
+        while not condition() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.005)
+
     async def scenario() -> None:
         ctx = OperatorContext(kube=None, resync_seconds=60)  # type: ignore[arg-type]
-        loop = Resyncer(ctx, None, None, batch_seconds=0.2)
+        loop = Resyncer(ctx, None, None, batch_seconds=batch)
         loop.jobs = {"launching": job("launching"), "new": job("new")}
         task = asyncio.create_task(loop.run())
-        await asyncio.sleep(0.05)
-        done.clear()  # the first pass looks at every job
+        await until(lambda: len(done) >= 2, 5)  # the first pass looks at every job
+        done.clear()
         start = asyncio.get_running_loop().time()
         for _ in range(50):  # a launch: its pods change many times a second
             loop.poke("launching", batch=True)
             await asyncio.sleep(0.001)
+        burst = asyncio.get_running_loop().time() - start
         loop.poke("new")  # a new job (or a new spec) is acted on at once
-        await asyncio.sleep(0.01)
-        assert [uid for uid, _ in done] == ["new"]
-        await asyncio.sleep(0.3)
+        await until(lambda: bool(done), batch / 2)
+        assert [uid for uid, _ in done] == ["new"], f"after a burst of {burst:.3f} s"
+        await until(lambda: len(done) >= 2, 3 * batch)
         assert [uid for uid, _ in done] == ["new", "launching"]
-        assert 0.15 <= done[1][1] - start <= 0.35
+        assert 0.75 * batch <= done[1][1] - start <= batch + 1.0
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
