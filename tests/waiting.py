@@ -11,6 +11,7 @@ tiers that run beside it on the suite's two CPUs.
 
 from __future__ import annotations
 
+import subprocess
 import time
 from collections.abc import Callable
 from typing import TypeVar
@@ -70,7 +71,9 @@ def wait_for(
             pause = min(pause * BACKOFF, LONGEST_PAUSE)
 
 
-def wait_established(kubectl: Callable[..., object], crd: str, timeout: float = 60) -> None:
+def wait_established(
+    kubectl: Callable[..., subprocess.CompletedProcess[str]], crd: str, timeout: float = 60
+) -> None:
     """Wait until the API server serves the CustomResourceDefinition named ``crd``.
 
     ``kubectl wait --for=condition=Established`` fails at once, whatever its timeout, when it
@@ -83,6 +86,6 @@ def wait_established(kubectl: Callable[..., object], crd: str, timeout: float = 
 
     def established() -> bool:
         proc = kubectl("get", f"crd/{name}", "-o", f"jsonpath={path}", check=False)
-        return getattr(proc, "returncode", 1) == 0 and getattr(proc, "stdout", "") == "True"
+        return proc.returncode == 0 and proc.stdout == "True"
 
     wait_for(established, timeout, f"the CRD {name} to be established")
