@@ -57,6 +57,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshrun.api.fsdpunits import block_unit_parameters
 from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import MLP_MATRICES, ModelShape
 from meshrun.api.spec import CPU, JobSpec
@@ -357,8 +358,8 @@ def fsdp_working_set(spec: JobSpec, layout: Layout) -> int:
         return 0
     model = spec.shape
     weight_b, grad_b, _ = bytes_per_parameter(spec.training.precision)
-    block = model.layer_parameters() - routed_parameters(model)  # FSDP2 leaves experts out
-    unit = -(-max(block, model.vocab * model.hidden + model.hidden) // layout.tp)
+    block = block_unit_parameters(model, layout)  # a block, or its largest matrix
+    unit = max(block, -(-(model.vocab * model.hidden + model.hidden) // layout.tp))
     if layout.pp > 1:  # ZeRO-3 does not reshard between micro-batches
         return unit * REDUCE_BYTES  # the gradients accumulate whole until the last backward
     if layout.zero_stage >= 3:

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from meshrun.api.fsdpunits import block_units
 from meshrun.api.hardware import AcceleratorProfile
 from meshrun.api.layout import Layout, Stage, layers_per_rank
 from meshrun.api.presets import MLP_MATRICES, ModelShape
@@ -350,7 +351,8 @@ class RankWork:
     parameters: int
     """Parameters the rank holds (before ZeRO sharding)."""
     units: int
-    """Blocks, embedding and head the rank holds: FSDP2's units, one collective each."""
+    """FSDP2's units the rank holds (its blocks, or their matrices and norms, the embedding
+    and the head), one collective each."""
 
 
 def rank_work(
@@ -455,12 +457,13 @@ def rank_work(
         parameters += shape.vocab * shape.hidden
     if last:
         parameters += shape.vocab * shape.hidden + shape.hidden
-    units = layers + int(first) + int(last)
+    units = layers * block_units(model, layout) + int(first) + int(last)
     return RankWork(forward, total - forward, parts, -(-parameters // t), units)
 
 
-WorkCache = dict[tuple[int, bool, bool, int, int, str], "RankWork"]
-"""A pipeline rank's work by (blocks, first, last, tp, cp, checkpointing), for one job."""
+WorkCache = dict[tuple[int, bool, bool, int, int, str, int, int], "RankWork"]
+"""A pipeline rank's work by (blocks, first, last, tp, cp, checkpointing, ep, FSDP2 units per
+block), for one job and micro-batch size."""
 
 
 def data_parallel_seconds(spec: JobSpec, layout: Layout, busiest: RankWork, passes: int) -> float:
@@ -534,7 +537,10 @@ def estimate_step(
     layers_on = layers_per_rank(stages, p)
     known: WorkCache = {} if cache is None else cache
     works = []
-    for key in {(layers_on[r], r == 0, r == p - 1, t, cp, checkpointing) for r in range(p)}:
+    units = block_units(shape, layout)
+    for key in {
+        (layers_on[r], r == 0, r == p - 1, t, cp, checkpointing, layout.ep, units) for r in range(p)
+    }:
         if key not in known:  # balanced stages repeat a few shapes: compute each once
             known[key] = rank_work(spec, layout, key[0], key[1], key[2], checkpointing)
         works.append(known[key])

@@ -195,3 +195,40 @@ def test_fits_compares_with_accelerator_memory() -> None:
     plan = plan_job(make_spec({"type": "ddp"}, nodes=1))
     assert plan.memory.accelerator_bytes == 80 * GIB
     assert plan.memory.total > 80 * GIB and not plan.memory.fits
+
+
+GPT_530B_SHAPE = {
+    "layers": 105,
+    "hidden": 20480,
+    "heads": 128,
+    "vocab": 51200,
+    "seqLen": 2048,
+    "ffnHidden": 81920,
+    "mlp": "gelu",
+}
+
+
+@pytest.mark.parametrize(
+    ("strategy", "split", "per_parameter"),
+    [
+        ({"type": "zero", "zeroStage": 3}, True, 10),  # 2w + g + 4 bytes
+        ({"type": "zero", "zeroStage": 2}, False, 6),  # every unit's weights stay whole anyway
+        ({"type": "hybrid", "zeroStage": 3, "tensorParallel": 8}, False, 10),  # 0.63G a rank
+        ({"type": "hybrid", "zeroStage": 3, "pipelineParallel": 5}, False, 4),  # kept gathered
+    ],
+)
+def test_zero3_gathers_a_block_past_a_billion_parameters_matrix_by_matrix(
+    strategy: dict[str, Any], split: bool, per_parameter: int
+) -> None:
+    """A 530B block (5.03G parameters) is gathered matrix by matrix under ZeRO-3 without
+    pipelining: FSDP2's working set is then the largest matrix's (hidden x 4 hidden, 1.68G),
+    and the ZeRO-3 run DeepSpeed made on 640 A100s fits."""
+    spec = make_spec(strategy, nodes=80, model=GPT_530B_SHAPE, batch=640)
+    spec["training"]["activationCheckpointing"] = "full"
+    plan = plan_job(spec)
+    largest = 20480 * 81920 + 81920
+    block = 4 * 20480**2 + 2 * 20480 * 81920 + 2 * 20480
+    unit = largest if split else -(-block // plan.layout.tp)
+    assert plan.memory.gathered == unit * per_parameter
+    if split:
+        assert plan.memory.fits

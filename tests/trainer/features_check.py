@@ -7,7 +7,8 @@ Usage (under torchrun, 4 ranks): features_check.py OUT.json -- rank 0 writes {ch
 - ``sync/<layout>``: what the gradients and parameters look like after a first accumulation
   micro-step and after the last one (no gradient sync or re-gather in between where it is not
   needed);
-- ``loss-parallel``: the placement of the logits under tensor parallelism.
+- ``loss-parallel``: the placement of the logits under tensor parallelism;
+- ``units/zero3-dp4``: FSDP2 units by block and split matrix by matrix.
 Launched by test_features.py; not a test module itself.
 """
 
@@ -33,6 +34,7 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
+from meshrun.api import fsdpunits
 from meshrun.jobdoc import JobDocument
 
 PIPE = {"pp": 2, "dp": 2, "schedule": "1f1b", "micro_batches": 2, "grad_accumulation": 2}
@@ -164,6 +166,22 @@ def check_loss_parallel() -> dict[str, Any]:
     return {"placements": placements, "shape": list(_local(logits).shape)}
 
 
+def check_units() -> dict[str, int]:
+    """FSDP2 units of ZeRO-3 over 4 ranks: by block, and with the bar for splitting blocks
+    lowered so the tiny preset's are split matrix by matrix."""
+    counts = {}
+    for name, bar in (("block", fsdpunits.MATRIX_UNIT_PARAMETERS), ("matrix", 0)):
+        saved, fsdpunits.MATRIX_UNIT_PARAMETERS = fsdpunits.MATRIX_UNIT_PARAMETERS, bar
+        try:
+            _, runner, _ = _setup({"dp": 4, "zero_stage": 3})
+        finally:
+            fsdpunits.MATRIX_UNIT_PARAMETERS = saved
+        counts[name] = sum(
+            isinstance(module, FSDPModule) for part in runner.parts for module in part.modules()
+        )
+    return counts
+
+
 def main(out: str) -> None:
     init_distributed(pick_device())
     facts: dict[str, Any] = {}
@@ -187,6 +205,7 @@ def main(out: str) -> None:
     ):
         facts[f"sync/{name}"] = check_sync(layout)
     facts["loss-parallel"] = check_loss_parallel()
+    facts["units/zero3-dp4"] = check_units()
     if dist.get_rank() == 0:
         with open(out, "w", encoding="utf-8") as handle:
             json.dump(facts, handle, indent=1)

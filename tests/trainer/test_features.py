@@ -8,6 +8,7 @@
   PP x HSDP); sharded ones (ZeRO-3) are reduce-scattered every micro-step; under pipelining a
   stage's parameters stay gathered until the optimizer step's last schedule run.
 - Loss parallel: under TP the logits stay sharded over the vocabulary.
+- Units: ZeRO-3 gathers a block whole, or (past the size that splits it) each matrix alone.
 """
 
 from __future__ import annotations
@@ -73,3 +74,13 @@ def test_accumulation_syncs_only_what_it_must(facts: dict[str, Any]) -> None:
 def test_tensor_parallel_logits_stay_vocabulary_sharded(facts: dict[str, Any]) -> None:
     assert facts["loss-parallel"]["placements"] == ["S(2)"]
     assert facts["loss-parallel"]["shape"][-1] == 256 // 2
+
+
+@pytest.mark.timeout(450)
+def test_zero3_splits_a_large_block_into_one_unit_per_matrix(facts: dict[str, Any]) -> None:
+    """Modules FSDP2 wraps: the blocks, the embedding, the final norm and the head (one unit of
+    two modules) and the root; split, each block adds its 4 attention and 3 SwiGLU matrices
+    (the tiny preset's; its losses are compared with one process in test_layouts)."""
+    layers = PRESETS["tiny"].layers
+    units = facts["units/zero3-dp4"]
+    assert units == {"block": layers + 4, "matrix": layers * (1 + 4 + 3) + 4}

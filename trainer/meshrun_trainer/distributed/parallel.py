@@ -50,6 +50,7 @@ from torch.distributed.tensor.parallel import (
 )
 from torch.nn.parallel import DistributedDataParallel
 
+from meshrun.api.fsdpunits import gathers_by_matrix
 from meshrun.api.layout import Layout
 from meshrun.jobdoc import JobDocument
 from meshrun_trainer.distributed.blocks import apply_activation_checkpointing, apply_compile
@@ -226,9 +227,21 @@ def shard_embedding_gradient(model: nn.Module) -> None:
         embedding.weight.register_hook(_placed_like(embedding.weight))  # type: ignore[no-untyped-call]
 
 
+def block_matrices(block: nn.Module) -> list[nn.Linear]:
+    """A dense block's attention and MLP matrices."""
+    return [
+        module
+        for part in (block.get_submodule("attention"), block.get_submodule("feed_forward"))
+        for module in part.children()
+        if isinstance(module, nn.Linear)
+    ]
+
+
 def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> None:
     """FSDP2 units: the input embedding, each transformer block, the final norm with the head,
     then the root (torchtitan's units; a tied embedding and head stay together in the root).
+    A block too large to gather whole under ZeRO-3 (meshrun.api.fsdpunits) is split: each of
+    its matrices is a unit, and the block's own unit keeps its norms.
 
     ZeRO-3 gathers a unit only while it computes, so its peak holds one unit (the embedding, a
     block or the head) gathered, not the embedding and the head together for the whole step.
@@ -262,8 +275,11 @@ def apply_fsdp(model: Transformer, layout: Layout, mesh: Mesh, bf16: bool) -> No
     separate = not model.shape.tie_embeddings
     if separate and model.tok_embeddings is not None:
         shard(model.tok_embeddings, reshard)
+    by_matrix = gathers_by_matrix(model.shape, layout)
     for block in model.layers.values():
-        shard(block, reshard)
+        for matrix in block_matrices(block) if by_matrix else ():
+            shard(matrix, reshard)
+        shard(block, reshard)  # its norms, or all of it
     head: list[nn.Module] = [m for m in (model.norm, model.output) if m is not None]
     if separate and head:
         shard(head, False)
