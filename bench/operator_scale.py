@@ -121,14 +121,20 @@ def profile(
         lines += ["", f"requests by verb and resource, {title} (per job, mean of launches):"]
         lines += requests_by_kind(launches, scenario)
     if meshrun is not None:
-        stats = Path(tempfile.mktemp(prefix="opbench-meshrun-", suffix=".samples.json"))
-        meshrun.start(profile=stats)
-        try:
-            x = launch(api, audit, meshrun, BIG, 1, 128, args.timeout, args.settle, 0, True)
-        finally:
-            meshrun.stop()
-        lines += ["", "meshrun's CPU in one extra 128-pod launch, sampled:"]
-        lines += cpu_profile(stats, x.cpu_s)
+        for scenario, jobs, pods in ((SMALL, args.jobs, 1), (BIG, 1, 128)):
+            stats = Path(tempfile.mktemp(prefix="opbench-meshrun-", suffix=".samples.json"))
+            meshrun.start(profile=stats)
+            try:
+                x = launch(
+                    api, audit, meshrun, scenario, jobs, pods, args.timeout, args.settle, 0, True
+                )
+            finally:
+                meshrun.stop()
+            lines += [
+                "",
+                f"meshrun's CPU in one extra launch of {jobs} {pods}-pod job(s), sampled:",
+            ]
+            lines += cpu_profile(stats, x.cpu_s)
         lines += planner_time(meshrun.job("big", 128)["spec"])
         lines += ["", "the scheduler's share (128 pods, no operator running):"]
         if len(x.pod_specs) == 128:

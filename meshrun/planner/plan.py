@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -84,7 +86,13 @@ class Plan:
         return written
 
     def status_summary(self) -> dict[str, Any]:
-        """``status.plan`` of the CRD: the summary the operator writes."""
+        """``status.plan`` of the CRD: the summary the operator writes (a copy of its own)."""
+        return copy.deepcopy(self._summary)
+
+    @functools.cached_property
+    def _summary(self) -> dict[str, Any]:
+        # Written once per plan: the operator writes it at every status write of a job, and
+        # a plan does not change (a tenth of the event loop's time in a launch of 200 jobs).
         written: dict[str, Any] = write_section(view_of(PlanStatus, self), nulls=True)
         return written
 

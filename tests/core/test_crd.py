@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -229,3 +231,28 @@ def test_micro_batch_size_has_no_default_and_every_rule_guards_it() -> None:
     for rule in reading:
         guarded = rule.count("has(self.training.microBatchSize)")
         assert rule.count("self.training.microBatchSize") == 2 * guarded, rule
+
+
+def test_threads_asking_at_once_parse_the_crd_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator evaluates new jobs on threads: the first of them parses the 270 KB CRD,
+    the others wait for it instead of each parsing it again."""
+    parses = []
+    real_load = yaml.load
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        parses.append(1)
+        time.sleep(0.2)  # long enough for every thread to arrive meanwhile
+        return real_load(*args, **kwargs)
+
+    monkeypatch.setattr(api.yaml, "load", counted)
+    api.crd.cache_clear()
+    api._parsed.cache_clear()
+    try:
+        with ThreadPoolExecutor(8) as pool:
+            answers = list(pool.map(lambda _: api.crd(), range(8)))
+    finally:
+        api.crd.cache_clear()
+        api._parsed.cache_clear()
+    assert len(parses) == 1
+    assert all(answer is answers[0] for answer in answers)
+    assert answers[0]["spec"]["names"]["kind"] == "ParallelTrainingJob"

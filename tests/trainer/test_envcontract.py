@@ -16,7 +16,7 @@ from meshrun.api import crd as crd_module
 from meshrun.api import spec as spec_module
 from meshrun.api.crd import load_jobs
 from meshrun.api.errors import SpecError
-from meshrun.api.read import read_spec
+from meshrun.api.read import read_spec, type_hints
 from meshrun.api.spec import JobSpec, Training
 from meshrun.envcontract import pod_env
 from meshrun.jobdoc import JOB_VARIABLE, check_document_size, read_document
@@ -144,7 +144,7 @@ class TrainingWithANewField(Training):
 
 
 def test_a_new_spec_field_reaches_the_trainer_with_no_other_edit(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     served = copy.deepcopy(crd_module.crd())
     version = next(v for v in served["spec"]["versions"] if v["name"] == crd_module.VERSION)
@@ -152,6 +152,9 @@ def test_a_new_spec_field_reaches_the_trainer_with_no_other_edit(
     training["properties"]["warmupJitter"] = {"type": "integer", "minimum": 0, "default": 3}
     monkeypatch.setattr(crd_module, "crd", lambda: served)
     monkeypatch.setattr(spec_module, "Training", TrainingWithANewField)
+    # The edited module is read as a new process would: its annotations resolved again.
+    type_hints.cache_clear()
+    request.addfinalizer(type_hints.cache_clear)
     job = load_jobs(EXAMPLES / "ddp.yaml")[0]
     for given, expected in (
         (job["spec"], 3),
