@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import functools
 import inspect
 import typing
 from collections.abc import Mapping
@@ -68,12 +67,18 @@ def crd_key_of(field: dataclasses.Field[Any]) -> str:
     return first + "".join(part.capitalize() for part in rest)
 
 
-@functools.cache
+HINTS: dict[type, dict[str, Any]] = {}
+"""Each dataclass's resolved annotations (:func:`type_hints`)."""
+
+
 def type_hints(cls: type) -> dict[str, Any]:
     """``cls``'s resolved annotations, once per class: resolving the string annotations again
     was a fifth of the operator's event-loop time in a launch of 200 jobs (each status write
     reads the plan's report through :func:`view_of`)."""
-    return typing.get_type_hints(cls)
+    hints = HINTS.get(cls)
+    if hints is None:
+        hints = HINTS[cls] = typing.get_type_hints(cls)
+    return hints
 
 
 def read_section(cls: type[T], data: Mapping[str, Any], **derived: Any) -> T:

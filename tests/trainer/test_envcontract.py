@@ -13,10 +13,11 @@ from meshrun_operator.lifecycle.evaluation import evaluate
 from meshrun_trainer.config.read import read_job
 
 from meshrun.api import crd as crd_module
+from meshrun.api import read as read_module
 from meshrun.api import spec as spec_module
 from meshrun.api.crd import load_jobs
 from meshrun.api.errors import SpecError
-from meshrun.api.read import read_spec, type_hints
+from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec, Training
 from meshrun.envcontract import pod_env
 from meshrun.jobdoc import JOB_VARIABLE, check_document_size, read_document
@@ -144,7 +145,7 @@ class TrainingWithANewField(Training):
 
 
 def test_a_new_spec_field_reaches_the_trainer_with_no_other_edit(
-    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     served = copy.deepcopy(crd_module.crd())
     version = next(v for v in served["spec"]["versions"] if v["name"] == crd_module.VERSION)
@@ -153,8 +154,7 @@ def test_a_new_spec_field_reaches_the_trainer_with_no_other_edit(
     monkeypatch.setattr(crd_module, "crd", lambda: served)
     monkeypatch.setattr(spec_module, "Training", TrainingWithANewField)
     # The edited module is read as a new process would: its annotations resolved again.
-    type_hints.cache_clear()
-    request.addfinalizer(type_hints.cache_clear)
+    monkeypatch.setattr(read_module, "HINTS", {})
     job = load_jobs(EXAMPLES / "ddp.yaml")[0]
     for given, expected in (
         (job["spec"], 3),
