@@ -100,7 +100,10 @@ class Cluster:
 
     def down(self) -> None:
         if self.keep:
-            print(f"cluster left running in {self.state} (hack/cluster.sh down with this folder)")
+            print(
+                f"cluster left running in {self.state} (stop it with MESHRUN_CLUSTER_DIR="
+                f"{self.state} MESHRUN_CLUSTER_NAME={NAME} hack/cluster.sh down)"
+            )
             return
         subprocess.run([str(CLUSTER_SH), "down"], env=self.env, capture_output=True, check=False)
         shutil.rmtree(self.state, ignore_errors=True)
