@@ -11,6 +11,7 @@ tiers that run beside it on the suite's two CPUs.
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import time
 from collections.abc import Callable
@@ -89,3 +90,15 @@ def wait_established(
         return proc.returncode == 0 and proc.stdout == "True"
 
     wait_for(established, timeout, f"the CRD {name} to be established")
+
+
+async def until(
+    check: Callable[[], object], what: str, seconds: float = 10, interval: float = 0.02
+) -> None:
+    """:func:`wait_for` for a test's own event loop: poll ``check`` every ``interval`` seconds
+    without blocking the loop under test, and fail naming ``what`` after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > deadline:
+            raise WaitTimeout(f"waited {seconds:g} s for {what}")
+        await asyncio.sleep(interval)

@@ -30,7 +30,6 @@ PLURAL = "paralleltrainingjobs"
 CRD_FILE = "meshrun.dev_paralleltrainingjobs.yaml"
 
 Schema = Mapping[str, Any]
-_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 NULL_IS_UNSET = frozenset({"podTemplate"})
 """Sections of ``spec`` (Kubernetes' own types) where a null reads as unset, as the API server
@@ -38,7 +37,9 @@ reads it: it drops a null it cannot store (its field not ``nullable``) before de
 meshrun's own fields a null is refused, so that a key left empty in YAML is named."""
 
 
+_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 _LOADING = threading.Lock()
+"""Taken by every call of :func:`crd`: the first parses, those arriving meanwhile wait."""
 
 
 @functools.cache
@@ -48,7 +49,6 @@ def _parsed() -> dict[str, Any]:
     return loaded
 
 
-@functools.cache
 def crd() -> dict[str, Any]:
     """The CRD object shipped in the package (a copy of crds/), parsed once per process.
 

@@ -245,13 +245,11 @@ def test_threads_asking_at_once_parse_the_crd_once(monkeypatch: pytest.MonkeyPat
         return real_load(*args, **kwargs)
 
     monkeypatch.setattr(api.yaml, "load", counted)
-    api.crd.cache_clear()
     api._parsed.cache_clear()
     try:
         with ThreadPoolExecutor(8) as pool:
             answers = list(pool.map(lambda _: api.crd(), range(8)))
     finally:
-        api.crd.cache_clear()
         api._parsed.cache_clear()
     assert len(parses) == 1
     assert all(answer is answers[0] for answer in answers)

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +25,7 @@ from meshrun_operator.seen import nodes as nodewatch
 from meshrun_operator.seen.nodes import NodeWatch
 from test_login import kubeconfig, serving
 from test_resync import job
+from waiting import until
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(60)]
 
@@ -37,13 +36,6 @@ def node(name: str, ready: bool = True) -> dict[str, Any]:
         "metadata": {"name": name, "resourceVersion": "7"},
         "status": {"conditions": [condition]},
     }
-
-
-async def until(check: Callable[[], bool], what: str, seconds: float = 10) -> None:
-    deadline = time.monotonic() + seconds
-    while not check():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        await asyncio.sleep(0.02)
 
 
 def test_the_node_watch_survives_every_kind_of_failure_and_recovers(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 import pytest
@@ -16,6 +16,7 @@ from meshrun_operator.client.rest import Rest
 from meshrun_operator.seen import nodes
 from meshrun_operator.seen.nodes import NodeInfo, NodeWatch
 from operator_harness import Kubectl
+from waiting import until
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
@@ -32,14 +33,6 @@ def ready_patch(ready: bool, transition: str) -> str:
         "lastTransitionTime": transition,
     }
     return json.dumps({"status": {"conditions": [condition]}})
-
-
-async def until(check: Callable[[], bool], what: str, seconds: float = 30) -> None:
-    deadline = asyncio.get_running_loop().time() + seconds
-    while not check():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"waited {seconds:.0f} s for {what}")
-        await asyncio.sleep(0.1)
 
 
 def test_the_node_watch_follows_readiness_labels_and_deletion(
@@ -87,15 +80,22 @@ def test_the_node_watch_follows_readiness_labels_and_deletion(
             assert changes == []
             # Readiness flips: the jobs are told, and the view has the time it flipped.
             kubectl("patch", "node", name, *status, ready_patch(False, "2026-02-03T04:05:06Z"))
-            await until(lambda: not watch[name][0].ready, "the node NotReady")
+            await until(
+                lambda: not watch[name][0].ready, "the node NotReady", seconds=30, interval=0.1
+            )
             assert watch[name][0].since == datetime(2026, 2, 3, 4, 5, 6, tzinfo=UTC)
             assert changes == [1.0]
             # A new label is kept (a rack is a domain of placement).
             kubectl("label", "node", name, f"{RACK}=rack-8", "--overwrite")
-            await until(lambda: watch.labels.get(name)[0][RACK] == "rack-8", "the new rack")
+            await until(
+                lambda: watch.labels.get(name)[0][RACK] == "rack-8",
+                "the new rack",
+                seconds=30,
+                interval=0.1,
+            )
             # Deleted: gone (counted as deleted by the jobs), and the jobs are told.
             kubectl("delete", "node", name, "--wait=true")
-            await until(lambda: name not in watch, "the node gone")
+            await until(lambda: name not in watch, "the node gone", seconds=30, interval=0.1)
             assert changes == [1.0, 1.0]
         finally:
             watch.stop()

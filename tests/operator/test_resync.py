@@ -30,6 +30,7 @@ from meshrun_operator.timing import Timing
 from operator_factories import make_job, make_pod
 from operator_lifecycle_helpers import TIMING, failed, running_job
 from test_login import kubeconfig, serving
+from waiting import until
 
 from meshrun.api.crd import GROUP, PLURAL
 
@@ -40,19 +41,10 @@ def job(uid: str) -> dict[str, Any]:
     return {"metadata": {"uid": uid, "name": uid, "namespace": "ns"}}
 
 
-async def after_a_pass(loop: Resyncer, timeout: float = 10) -> None:
+async def after_a_pass(loop: Resyncer) -> None:
     """Return as soon as the loop completes its next pass."""
-    before, deadline = loop.last_pass, time.monotonic() + timeout
-    while loop.last_pass == before:
-        assert time.monotonic() < deadline, "the resync loop completed no pass"
-        await asyncio.sleep(0.005)
-
-
-async def until_done(done: list[str], uid: str, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while uid not in done:
-        assert time.monotonic() < deadline, f"{uid} was not reconciled"
-        await asyncio.sleep(0.005)
+    before = loop.last_pass
+    await until(lambda: loop.last_pass != before, "a pass of the resync loop", interval=0.005)
 
 
 def test_a_hanging_reconcile_delays_no_other_job_and_health_reports_it_without_failing(
@@ -82,7 +74,7 @@ def test_a_hanging_reconcile_delays_no_other_job_and_health_reports_it_without_f
         health = loop.health(stall_seconds=0.25)
         assert health["stalledJobs"] == 1 and health["stalled"][0].startswith("ns/slow (slow): ")
         release.set()
-        await until_done(done, "slow")
+        await until(lambda: "slow" in done, "the slow job's reconcile", interval=0.005)
         await after_a_pass(loop)
         health = loop.health(stall_seconds=0.25)
         assert health["longestWaitSeconds"] < 0.25

@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from layout_check import MODEL, TRAINING
+from layout_check import MODEL, TRAINING, blocks_split
 from meshrun_trainer.components.data.synthetic import make_stream, replica_rows
 from meshrun_trainer.config.read import read_job
 from meshrun_trainer.distributed.mesh import build_mesh, init_distributed, pick_device
@@ -34,7 +34,6 @@ from torch import nn
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor
 
-from meshrun.api import fsdpunits
 from meshrun.jobdoc import JobDocument
 
 PIPE = {"pp": 2, "dp": 2, "schedule": "1f1b", "micro_batches": 2, "grad_accumulation": 2}
@@ -170,12 +169,9 @@ def check_units() -> dict[str, int]:
     """FSDP2 units of ZeRO-3 over 4 ranks: by block, and with the bar for splitting blocks
     lowered so the tiny preset's are split matrix by matrix."""
     counts = {}
-    for name, bar in (("block", fsdpunits.MATRIX_UNIT_PARAMETERS), ("matrix", 0)):
-        saved, fsdpunits.MATRIX_UNIT_PARAMETERS = fsdpunits.MATRIX_UNIT_PARAMETERS, bar
-        try:
+    for name, split in (("block", False), ("matrix", True)):
+        with blocks_split(split):
             _, runner, _ = _setup({"dp": 4, "zero_stage": 3})
-        finally:
-            fsdpunits.MATRIX_UNIT_PARAMETERS = saved
         counts[name] = sum(
             isinstance(module, FSDPModule) for part in runner.parts for module in part.modules()
         )
