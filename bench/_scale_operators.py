@@ -171,11 +171,17 @@ class Operator(ABC):
 class Meshrun(Operator):
     name, user = "meshrun", "meshrun-operator"
     group, version, plural = "meshrun.dev", "v1alpha1", "paralleltrainingjobs"
+    tree = ROOT
+    """The checkout whose CRD is installed and whose operator runs."""
 
     def install(self) -> None:
-        crd = ROOT / "crds" / "meshrun.dev_paralleltrainingjobs.yaml"
+        crd = self.tree / "crds" / "meshrun.dev_paralleltrainingjobs.yaml"
         self.cluster.kubectl("apply", "--server-side", "--force-conflicts", "-f", str(crd))
         established(self.cluster, "paralleltrainingjobs.meshrun.dev")
+
+    def start(self, profile: Path | None = None, timeout: float = 180) -> None:
+        self.install()  # its own CRD again: another meshrun revision may have run in between
+        super().start(profile, timeout)
 
     def command(self, profile: Path | None) -> tuple[list[str], dict[str, str]]:
         self.metrics = free_port()
@@ -215,6 +221,46 @@ class Meshrun(Operator):
 
     def running(self, job: dict[str, Any]) -> bool:
         return bool((job.get("status") or {}).get("phase") == "Running")
+
+
+class MeshrunAt(Meshrun):
+    """meshrun's operator at another commit (``--operators meshrun,meshrun@REV``): a git worktree
+    of this checkout at REV, its packages first on the operator's PYTHONPATH, its CRD installed
+    while it runs. The same jobs, flags and user as ``meshrun``, so the two alternate on one
+    cluster like any two operators (ABBA) and "not slower than before" is one run's figure."""
+
+    def __init__(self, cluster: Cluster, revision: str) -> None:
+        super().__init__(cluster)
+        self.name = f"meshrun@{revision}"
+        self.revision = revision
+        self.tree = Path(tempfile.gettempdir()) / f"opbench-meshrun-{revision}"
+        if not self.tree.exists():
+            subprocess.run(
+                ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(self.tree), revision],
+                check=True, capture_output=True,
+            )  # fmt: skip
+        code = "import meshrun, meshrun_operator as o; print(meshrun.__file__, o.__file__)"
+        where = subprocess.run(
+            [sys.executable, "-c", code],
+            env=dict(os.environ, **self.paths()), capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        outside = [f for f in where.stdout.split() if not Path(f).is_relative_to(self.tree)]
+        if outside:
+            raise SystemExit(f"{self.name}: imported from outside {self.tree}: {outside}")
+
+    def paths(self) -> dict[str, str]:
+        return {"PYTHONPATH": os.pathsep.join([str(self.tree), str(self.tree / "operator")])}
+
+    def command(self, profile: Path | None) -> tuple[list[str], dict[str, str]]:
+        argv, extra = super().command(profile)
+        return argv, {**extra, **self.paths()}
+
+    def remove(self) -> None:
+        """The worktree, once the bench is done with it."""
+        subprocess.run(
+            ["git", "-C", str(ROOT), "worktree", "remove", "--force", str(self.tree)],
+            check=False, capture_output=True,
+        )  # fmt: skip
 
 
 class TrainingOperator(Operator):

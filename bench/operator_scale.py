@@ -14,6 +14,11 @@ built from its Go module on first use (hack/build-tools.sh training-operator).
     python bench/operator_scale.py --nodes 100 --jobs 20   # quick look
     python bench/operator_scale.py --profile               # also where the time goes
     python bench/operator_scale.py --write-docs            # and the table into docs/benchmarks.md
+    python bench/operator_scale.py --operators meshrun,meshrun@c2006ac  # beside an earlier commit
+
+``meshrun@COMMIT`` runs meshrun's operator as it was at that commit (a git worktree, its own
+CRD installed while it runs) in the place of training-operator: "no slower than before" then
+comes from one run, ABBA, on one cluster, rather than from two runs minutes apart.
 """
 
 from __future__ import annotations
@@ -28,15 +33,37 @@ import time
 from pathlib import Path
 
 from _scale_audit import AuditLog
-from _scale_cluster import start_cluster
+from _scale_cluster import Cluster, start_cluster
 from _scale_launch import Launch, launch
-from _scale_operators import Meshrun, Operator, TrainingOperator
+from _scale_operators import Meshrun, MeshrunAt, Operator, TrainingOperator
 from _scale_probe import cpu_profile, planner_time, scheduler_share
 from _scale_profile import requests_by_kind, timeline
 from _scale_report import BIG, SMALL, Run, Setup, caption, table, write_docs
 from kubernetes import client
 
 OPERATORS = {"meshrun": Meshrun, "training-operator": TrainingOperator}
+EARLIER = "meshrun@"
+"""``meshrun@REV``: meshrun's operator at commit REV (``_scale_operators.MeshrunAt``)."""
+
+
+def make_operator(name: str, cluster: Cluster) -> Operator:
+    if name.startswith(EARLIER):
+        return MeshrunAt(cluster, name.removeprefix(EARLIER))
+    return OPERATORS[name](cluster)
+
+
+def user_of(name: str) -> str:
+    user: str = Meshrun.user if name.startswith(EARLIER) else OPERATORS[name].user
+    return user
+
+
+def is_commit(revision: str) -> bool:
+    found = subprocess.run(
+        ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--verify",
+         "--quiet", f"{revision}^{{commit}}"],
+        capture_output=True,
+    )  # fmt: skip
+    return bool(revision) and found.returncode == 0
 
 
 def parse_args() -> argparse.Namespace:
@@ -60,9 +87,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--write-docs", action="store_true", help="write docs/benchmarks.md")
     args = parser.parse_args()
     names = args.operators.split(",")
-    unknown = [n for n in names if n not in OPERATORS]
+    earlier = [n for n in names if n.startswith(EARLIER) and is_commit(n.removeprefix(EARLIER))]
+    unknown = [n for n in names if n not in OPERATORS and n not in earlier]
     if unknown or not names:
-        parser.error(f"--operators: unknown {unknown}; choose from {', '.join(OPERATORS)}")
+        choices = ", ".join([*OPERATORS, f"{EARLIER}COMMIT"])
+        parser.error(f"--operators: unknown {unknown}; choose from {choices}")
+    if args.write_docs and any(n.startswith(EARLIER) for n in names):
+        parser.error("--write-docs: the documented table compares meshrun with training-operator")
     if args.nodes < max(128, args.jobs):  # every pod takes a whole node's 8 GPUs
         parser.error(f"--nodes: {args.nodes} nodes cannot hold 128 pods or {args.jobs} jobs")
     return args
@@ -116,7 +147,7 @@ def profile(
         last = [x for run in runs if run.operator == name for x in run.launches]
         big = [x for x in last if x.scenario == BIG]
         if big:
-            lines += timeline(big[-1], OPERATORS[name].user)
+            lines += timeline(big[-1], user_of(name))
     for scenario, title in ((BIG, "the 128-pod job"), (SMALL, f"{args.jobs} 1-pod jobs")):
         lines += ["", f"requests by verb and resource, {title} (per job, mean of launches):"]
         lines += requests_by_kind(launches, scenario)
@@ -166,10 +197,11 @@ def main() -> int:
     setup.load = (os.getloadavg()[0], 0.0)
     setup.revision = revision()
     cluster = start_cluster(args.nodes, args.cluster_dir)
+    operators: list[Operator] = []
     try:
         api = cluster.api()
         audit = AuditLog(cluster.audit_log)
-        operators = [OPERATORS[n](cluster) for n in names]
+        operators += [make_operator(n, cluster) for n in names]
         for operator in operators:
             operator.install()
         runs: list[Run] = []
@@ -182,6 +214,8 @@ def main() -> int:
         extra = profile(args, runs, meshrun, api, audit) if args.profile else []
     finally:
         cluster.down()
+        for earlier in [o for o in operators if isinstance(o, MeshrunAt)]:
+            earlier.remove()
     setup.load = (setup.load[0], os.getloadavg()[0])
     lines = [*caption(setup, names), "", *table(runs, setup, names)]
     print("", *lines, *extra, sep="\n")
