@@ -9,6 +9,7 @@ everything runs; then ``idle`` more seconds count what running jobs cost when no
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 import uuid
@@ -129,7 +130,8 @@ def launch(
     keep_pods: bool = False,
 ) -> Launch:
     """Run one launch of ``jobs`` jobs of ``pods_per_job`` pods and clean up after it."""
-    ns = f"bench-{operator.name.split('-')[0]}-{uuid.uuid4().hex[:6]}"
+    short = re.sub(r"[^a-z0-9]+", "-", operator.name.split("-")[0])  # meshrun@REV: meshrun-REV
+    ns = f"bench-{short}-{uuid.uuid4().hex[:6]}"
     create_namespace(api, ns)
     custom, core = client.CustomObjectsApi(api), client.CoreV1Api(api)
     pods = Tally(jobs * pods_per_job, pod_running)

@@ -81,6 +81,9 @@ class Operator(ABC):
     version: str
     plural: str
 
+    cwd: Path | None = None
+    """Where the process starts (a ``python -m`` finds packages there first)."""
+
     def __init__(self, cluster: Cluster) -> None:
         self.cluster = cluster
         self.process: subprocess.Popen[bytes] | None = None
@@ -115,7 +118,9 @@ class Operator(ABC):
         env = dict(os.environ, KUBECONFIG=str(self.kubeconfig), **extra)
         self.log_offset = self.log_path.stat().st_size if self.log_path.exists() else 0
         with self.log_path.open("ab") as log:
-            self.process = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT)
+            self.process = subprocess.Popen(
+                argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.cwd
+            )
         deadline = time.monotonic() + timeout
         while not self.ready():
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -239,9 +244,10 @@ class MeshrunAt(Meshrun):
                 ["git", "-C", str(ROOT), "worktree", "add", "--detach", str(self.tree), revision],
                 check=True, capture_output=True,
             )  # fmt: skip
+        self.cwd = self.tree
         code = "import meshrun, meshrun_operator as o; print(meshrun.__file__, o.__file__)"
         where = subprocess.run(
-            [sys.executable, "-c", code],
+            [sys.executable, "-c", code], cwd=self.cwd,
             env=dict(os.environ, **self.paths()), capture_output=True, text=True, check=True,
         )  # fmt: skip
         outside = [f for f in where.stdout.split() if not Path(f).is_relative_to(self.tree)]
