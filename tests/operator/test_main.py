@@ -107,20 +107,29 @@ def test_no_essence_is_built_since_no_handler_diffs_one() -> None:
 def test_every_way_in_keeps_the_generated_kubernetes_client_out(entry: str) -> None:
     # kopf imports the kubernetes client when it is installed (it is, here): both ways into
     # the operator must keep its generated models out before kopf is imported, while the
-    # config loader the operator logs in with still imports.
+    # config loader the operator logs in with still imports. Nor does ``requests`` come in
+    # with the loader until an OIDC refresh makes an OAuth2Session, which is then the real one.
     probe = (
         "import sys\n"
         f"try:\n    {entry}\nexcept SystemExit:\n    pass\n"
         "assert 'kopf' in sys.modules, 'the operator was not reached'\n"
         "import kubernetes.config\n"
         "from kubernetes.client import Configuration\n"
+        "from kubernetes.config import kube_config\n"
         "print(Configuration.__module__, 'kubernetes.client.models' in sys.modules)\n"
+        "print('requests' in sys.modules)\n"
+        "session = kube_config.OAuth2Session(client_id='meshrun')\n"
+        "print(type(session).__module__, session.client_id, 'requests' in sys.modules)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe, "--no-such-flag"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "kubernetes.client.configuration False"
+    assert result.stdout.split("\n")[:3] == [
+        "kubernetes.client.configuration False",
+        "False",
+        "requests_oauthlib.oauth2_session meshrun True",
+    ]
 
 
 def _kopf_posts(settings: kopf.OperatorSettings) -> list[str]:
