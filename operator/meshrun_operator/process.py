@@ -45,9 +45,22 @@ class DeferredOAuth2Session:
     standin: types.ModuleType | None = None
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
+        return cls.real().OAuth2Session(*args, **kwargs)
+
+    @classmethod
+    def real(cls) -> types.ModuleType:
+        """The real package, imported in the stand-in's place on first use."""
         if cls.standin is not None and sys.modules.get(OAUTH_SESSIONS) is cls.standin:
-            del sys.modules[OAUTH_SESSIONS]  # the real package takes its place
-        return importlib.import_module(OAUTH_SESSIONS).OAuth2Session(*args, **kwargs)
+            del sys.modules[OAUTH_SESSIONS]
+        return importlib.import_module(OAUTH_SESSIONS)
+
+
+def _real_attribute(name: str) -> Any:
+    """Any other public name of the stand-in is the real package's (importing it then); the
+    import system's own probes (``__path__`` and the like) find nothing, as on any module."""
+    if name.startswith("__"):
+        raise AttributeError(name)
+    return getattr(DeferredOAuth2Session.real(), name)
 
 
 def bare_package(name: str, folder: Path) -> types.ModuleType:
@@ -83,6 +96,7 @@ def lean_kubernetes() -> None:
     if OAUTH_SESSIONS not in sys.modules and importlib.util.find_spec(OAUTH_SESSIONS):
         standin = types.ModuleType(OAUTH_SESSIONS)
         standin.OAuth2Session = DeferredOAuth2Session  # type: ignore[attr-defined]
+        standin.__getattr__ = _real_attribute  # type: ignore[method-assign]
         DeferredOAuth2Session.standin = sys.modules[OAUTH_SESSIONS] = standin
 
 

@@ -117,18 +117,21 @@ def test_every_way_in_keeps_the_generated_kubernetes_client_out(entry: str) -> N
         "from kubernetes.client import Configuration\n"
         "from kubernetes.config import kube_config\n"
         "print(Configuration.__module__, 'kubernetes.client.models' in sys.modules)\n"
+        "import requests_oauthlib as named\n"
         "print('requests' in sys.modules)\n"
         "session = kube_config.OAuth2Session(client_id='meshrun')\n"
         "print(type(session).__module__, session.client_id, 'requests' in sys.modules)\n"
+        "print(named.OAuth1Session.__module__)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe, "--no-such-flag"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:3] == [
+    assert result.stdout.split("\n")[:4] == [
         "kubernetes.client.configuration False",
         "False",
         "requests_oauthlib.oauth2_session meshrun True",
+        "requests_oauthlib.oauth1_session",
     ]
 
 
