@@ -237,7 +237,6 @@ class MeshrunAt(Meshrun):
     def __init__(self, cluster: Cluster, revision: str) -> None:
         super().__init__(cluster)
         self.name = f"meshrun@{revision}"
-        self.revision = revision
         self.tree = Path(tempfile.gettempdir()) / f"opbench-meshrun-{revision}"
         if not self.tree.exists():
             subprocess.run(
@@ -252,6 +251,7 @@ class MeshrunAt(Meshrun):
         )  # fmt: skip
         outside = [f for f in where.stdout.split() if not Path(f).is_relative_to(self.tree)]
         if outside:
+            self.remove()
             raise SystemExit(f"{self.name}: imported from outside {self.tree}: {outside}")
 
     def paths(self) -> dict[str, str]:

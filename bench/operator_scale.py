@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 
 from _scale_audit import AuditLog
-from _scale_cluster import Cluster, start_cluster
+from _scale_cluster import ROOT, Cluster, start_cluster
 from _scale_launch import Launch, launch
 from _scale_operators import Meshrun, MeshrunAt, Operator, TrainingOperator
 from _scale_probe import cpu_profile, planner_time, scheduler_share
@@ -53,14 +53,13 @@ def make_operator(name: str, cluster: Cluster) -> Operator:
 
 
 def user_of(name: str) -> str:
-    user: str = Meshrun.user if name.startswith(EARLIER) else OPERATORS[name].user
+    user: str = (MeshrunAt if name.startswith(EARLIER) else OPERATORS[name]).user
     return user
 
 
 def is_commit(revision: str) -> bool:
     found = subprocess.run(
-        ["git", "-C", str(Path(__file__).resolve().parent.parent), "rev-parse", "--verify",
-         "--quiet", f"{revision}^{{commit}}"],
+        ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"],
         capture_output=True,
     )  # fmt: skip
     return bool(revision) and found.returncode == 0
@@ -177,8 +176,7 @@ def profile(
 
 def revision() -> str:
     """The checkout's commit, and whether the operator or core had uncommitted changes."""
-    root = Path(__file__).resolve().parent.parent
-    git = ["git", "-C", str(root)]
+    git = ["git", "-C", str(ROOT)]
     head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
     dirty = subprocess.run(
         [*git, "status", "--porcelain", "--", "operator", "meshrun", "crds"],
