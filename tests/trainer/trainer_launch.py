@@ -66,5 +66,9 @@ def _gloo_rank(
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         body(rank, results)
+        # Every rank done with its collectives before any tears its groups down: a rank that
+        # exits while its peer's gloo threads still talk to it aborted that peer ("terminate
+        # called without an active exception") once in a loaded run.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
