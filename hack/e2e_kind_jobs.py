@@ -3,8 +3,9 @@
 The examples describe GPU clusters (up to 8 pods x 8 GPUs, 70b models, 1000 steps). On kind
 (no GPUs, a CI runner's few cores) each keeps its strategy and its shape of parallelism but runs
 the ``tiny`` preset on CPU processes for a few steps: at most MAX_NODES pods of MAX_PROCS
-processes, every explicit degree capped at 2 and the data-parallel degree recomputed so the
-degrees still multiply to the world size (the CRD's CEL rule). A mixture of experts keeps its
+processes (DATA_PARALLEL_PROCS for a data-parallel-only job), every explicit degree capped at 2
+and the data-parallel degree recomputed so the degrees still multiply to the world size (the
+CRD's CEL rule). A mixture of experts keeps its
 ``spec.model.moe`` on the tiny model, at most MAX_EXPERTS experts of tiny's width, and its
 expert-parallel degree where it still divides the experts and a pipeline stage's ranks (else
 the largest that does).
@@ -27,6 +28,10 @@ MAX_NODES = 2
 """Pods per job: kind runs them all on one or two Docker containers."""
 MAX_PROCS = 4
 """Processes per pod (gloo on CPU; a GitHub runner has 4 cores)."""
+DATA_PARALLEL_PROCS = 2
+"""Processes per pod of a job that is data-parallel only (``ddp``, ``zero``): two per pod keep
+what it checks (every collective within a pod and across pods, each ZeRO shard on a process of
+its own) with half the processes of four."""
 MAX_DEGREE = 2
 """Cap of the explicit tensor, pipeline and context degrees (tiny has 4 layers and 4 heads; its
 64-token sequences split into 2 x cp chunks)."""
@@ -59,11 +64,12 @@ def shrink(job: dict[str, Any], image: str) -> dict[str, Any]:
     spec["image"] = image
     resources = spec.setdefault("resources", {})
     nodes = min(int(resources.get("numNodes", 1)), MAX_NODES)
-    procs = min(int(resources.get("numProcPerNode", 1)), MAX_PROCS)
+    strategy = spec.setdefault("strategy", {})
+    cap = DATA_PARALLEL_PROCS if strategy.get("type") in ("ddp", "zero") else MAX_PROCS
+    procs = min(int(resources.get("numProcPerNode", 1)), cap)
     resources.update(numNodes=nodes, numProcPerNode=procs, accelerator="cpu")
     resources.pop("acceleratorMemoryGiB", None)
     resources.pop("acceleratorProduct", None)  # a GPU product; these pods run on CPUs
-    strategy = spec.setdefault("strategy", {})
     tp = min(int(strategy.get("tensorParallel", 1)), MAX_DEGREE, procs)
     pp = min(int(strategy.get("pipelineParallel", 1)), MAX_DEGREE)
     cp = min(int(strategy.get("contextParallel", 1)), MAX_DEGREE)

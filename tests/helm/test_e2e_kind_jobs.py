@@ -118,3 +118,22 @@ def test_shrinking_a_mixture_of_experts_keeps_it_and_an_expert_parallel_degree_t
     plan = plan_job(with_defaults(spec), "experts")
     assert plan.layout.text() == "dp4 x pp2 x tp1 (ep4)"
     assert job["spec"]["model"]["moe"]["experts"] == 64, "the input must not be modified"
+
+
+@pytest.mark.parametrize("kind", ["ddp", "zero"])
+def test_a_data_parallel_only_job_keeps_two_processes_per_pod_on_every_pod(kind: str) -> None:
+    job: dict[str, Any] = {
+        "kind": "ParallelTrainingJob",
+        "metadata": {"name": "wide"},
+        "spec": {
+            "resources": {"numNodes": 8, "numProcPerNode": 8},
+            "strategy": {"type": kind, **({"zeroStage": 3} if kind == "zero" else {})},
+        },
+    }
+    small = shrinker().shrink(job, IMAGE)["spec"]
+    assert small["resources"]["numNodes"] == 2 and small["resources"]["numProcPerNode"] == 2
+    plan = plan_job(with_defaults(small), "wide").to_dict()
+    assert plan["worldSize"] == plan["layout"]["dp"] == 4  # data-parallel within and across pods
+    # a layout that splits the model keeps four per pod
+    job["spec"]["strategy"] = {"type": "tensor", "tensorParallel": 8}
+    assert shrinker().shrink(job, IMAGE)["spec"]["resources"]["numProcPerNode"] == 4
