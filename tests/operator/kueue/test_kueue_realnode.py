@@ -39,7 +39,10 @@ API = "kueue.x-k8s.io/v1beta2"
 REAL = "meshrun.dev/real-node"
 FLAVOR = "real-node-cpu"
 QUEUE = "real-node-cpu"
-STEPS = 20  # a checkpoint every 5: the preemption lands well before the end
+STEPS = 400
+"""The victim: a checkpoint every 5 steps; a step of the tiny model on 2 pods x 1 process takes
+about 35 ms, so the preemption after step 5 lands well before the end (the 3D demo's 8
+processes would spend four times the CPU on the same assertions)."""
 DEMO = ROOT / "examples" / "demo-3d-cpu.yaml"
 
 
@@ -78,7 +81,8 @@ def _kueue_objects(namespace: str) -> list[dict[str, Any]]:
 
 
 def _job(name: str, priority: str, cpu: str, **spec: Any) -> dict[str, Any]:
-    """The demo job (3D on 2 pods x 4 CPU processes) in the queue, each pod requesting ``cpu``."""
+    """The demo job (the tiny model on CPU processes; ``spec``'s sections replace the demo's)
+    in the queue, each pod requesting ``cpu``."""
     job: dict[str, Any] = yaml.safe_load(DEMO.read_text())
     job["metadata"] = {"name": name, "labels": {"kueue.x-k8s.io/priority-class": priority}}
     resources = {"requests": {"cpu": cpu}}
@@ -169,7 +173,13 @@ def test_a_preempted_job_resumes_from_its_checkpoint_on_the_real_node(
 ) -> None:
     cluster, directory = real_queue
     claim = _checkpoint_claim(kubectl, cluster.ns, directory)
-    victim = _job("victim", "meshrun-low", "500m")
+    victim = _job(
+        "victim",
+        "meshrun-low",
+        "500m",
+        resources={"numNodes": 2, "numProcPerNode": 1, "accelerator": "cpu"},
+    )
+    victim["spec"]["strategy"] = {"type": "ddp"}
     training = copy.deepcopy(victim["spec"]["training"])
     training["steps"] = STEPS
     training["checkpoint"] = {**training.get("checkpoint", {}), "volume": claim, "everySteps": 5}
