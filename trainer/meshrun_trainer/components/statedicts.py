@@ -17,7 +17,8 @@ ZeRO-1 run reads back exactly the parameters it owns, from a checkpoint of any l
 from __future__ import annotations
 
 import contextlib
-from typing import TYPE_CHECKING, Any
+import sys
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import torch
 from torch import nn
@@ -30,12 +31,13 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.checkpoint.state_dict_loader import load as dcp_load
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from meshrun_trainer.components.safeload import SafePlanner, SafeReader, UnsafeCheckpoint
 from meshrun_trainer.models.materialize import canonical_name
 
 if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     from meshrun_trainer.runner import Runner
 
 
@@ -101,11 +103,19 @@ def load_zero1_state(
                 group[key] = flat[f"param_groups.{name}.{key}"]
 
 
+def _zero1(optimizer: torch.optim.Optimizer) -> TypeGuard[ZeroRedundancyOptimizer]:
+    """Whether ``optimizer`` is ZeRO-1's, without importing torch.distributed.optim where none
+    was made: its functional optimizers are compiled by TorchScript at import, a third of a
+    second of CPU in every process (meshrun_trainer.components.optim imports it on demand)."""
+    module = sys.modules.get("torch.distributed.optim.zero_redundancy_optimizer")
+    return module is not None and isinstance(optimizer, module.ZeroRedundancyOptimizer)
+
+
 def part_states(runner: Runner) -> list[tuple[dict[str, Any], dict[str, Any]]]:
     """(model, optimizer) state of each model part, to save or to load into."""
     states = []
     for part, opt in zip(runner.parts, runner.optimizers, strict=True):
-        if isinstance(opt, ZeroRedundancyOptimizer):
+        if _zero1(opt):
             optim = zero1_state(part, opt)
         else:
             optim = get_optimizer_state_dict(part, opt, options=FLAT)
@@ -135,7 +145,7 @@ def apply(
         model = {key: loaded["model"][key] for key in part_model}
         optim = {key: loaded["optim"][key] for key in part_optim}
         set_model_state_dict(part, model, options=STRICT)
-        if isinstance(opt, ZeroRedundancyOptimizer):
+        if _zero1(opt):
             load_zero1_state(part, opt, optim)
         else:
             set_optimizer_state_dict(part, opt, optim, options=STRICT)
