@@ -1,4 +1,5 @@
-"""The local runs that real-node tests compare their pods with: ``meshrun run JOB --local``.
+"""The local runs that real-node tests compare their pods with: ``meshrun run JOB --local``;
+and other uninterrupted runs that tests compare with (``kept_run``).
 
 A reference is trained once per distinct job and kept in a cache keyed by everything that decides
 its result: the job file's bytes, every source file of the core and the trainer, the versions of
@@ -16,6 +17,7 @@ import os
 import platform
 import subprocess
 import sys
+from collections.abc import Callable
 from functools import cache
 from importlib.metadata import version
 from pathlib import Path
@@ -43,6 +45,32 @@ def _code_and_machine() -> str:
     return digest.hexdigest()
 
 
+def _cache_on() -> bool:
+    return os.environ.get("MESHRUN_REFERENCE_CACHE", "1") != "0"
+
+
+def _keep(path: Path, text: str) -> None:
+    """Write ``path`` whole or not at all (tests on other workers may read it meanwhile)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def kept_run(name: str, material: object, produce: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    """``produce()``, a run's JSON result, computed once per ``material`` (everything the test
+    decides about the run, JSON-able: the job, the test's own source) and the code and machine
+    of every key; kept beside the references."""
+    text = json.dumps(material, sort_keys=True) + _code_and_machine()
+    path = CACHE / f"{name}-{hashlib.sha256(text.encode()).hexdigest()[:32]}.json"
+    if _cache_on() and path.is_file():
+        kept: dict[str, Any] = json.loads(path.read_text())
+        return kept
+    result = produce()
+    _keep(path, json.dumps(result))
+    return result
+
+
 def key(job_file: Path) -> str:
     return hashlib.sha256(job_file.read_bytes() + _code_and_machine().encode()).hexdigest()[:32]
 
@@ -56,7 +84,7 @@ class LocalReference:
         self.kept = CACHE / f"{key(job_file)}.json"
         self.summary_file = job_file.with_name(job_file.stem + "-summary.json")
         self.proc: subprocess.Popen[str] | None = None
-        if os.environ.get("MESHRUN_REFERENCE_CACHE", "1") != "0" and self.kept.is_file():
+        if _cache_on() and self.kept.is_file():
             return
         cmd = [sys.executable, "-m", "meshrun", "run", str(job_file), "--local", "--quiet"]
         cmd += ["--summary-json", str(self.summary_file)]
@@ -75,10 +103,7 @@ class LocalReference:
         out, _ = self.proc.communicate(timeout=self.timeout)
         assert self.proc.returncode == 0, f"meshrun run --local failed:\n{out}"
         text = self.summary_file.read_text()
-        self.kept.parent.mkdir(parents=True, exist_ok=True)
-        partial = self.kept.with_suffix(f".{os.getpid()}.partial")
-        partial.write_text(text)
-        partial.replace(self.kept)
+        _keep(self.kept, text)
         result: dict[str, Any] = json.loads(text)
         return result
 

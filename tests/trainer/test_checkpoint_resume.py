@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from references import kept_run
 from trainer_launch import cpu_env, free_port
 
 from meshrun.api.read import read_spec
@@ -42,22 +43,24 @@ STRATEGIES = {
 }
 
 
+def _spec(strategy: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "image": "meshrun/trainer:test",
+        "resources": {"numNodes": 1, "numProcPerNode": 2, "accelerator": "cpu"},
+        "strategy": strategy,
+        "model": {"preset": "tiny"},
+        "training": {
+            "steps": STEPS,
+            "globalBatchSize": 8,
+            "precision": "fp32",
+            "learningRate": 0.01,
+            "checkpoint": {"everySteps": EVERY},
+        },
+    }
+
+
 def _env(strategy: dict[str, Any], checkpoint_dir: Path) -> dict[str, str]:
-    spec = read_spec(
-        {
-            "image": "meshrun/trainer:test",
-            "resources": {"numNodes": 1, "numProcPerNode": 2, "accelerator": "cpu"},
-            "strategy": strategy,
-            "model": {"preset": "tiny"},
-            "training": {
-                "steps": STEPS,
-                "globalBatchSize": 8,
-                "precision": "fp32",
-                "learningRate": 0.01,
-                "checkpoint": {"everySteps": EVERY},
-            },
-        }
-    )
+    spec = read_spec(_spec(strategy))
     plan = plan_job(spec, "resume")
     env = pod_env(
         plan,
@@ -104,8 +107,18 @@ def _children(pid: int) -> list[int]:
 @pytest.mark.parametrize("strategy", sorted(STRATEGIES))
 def test_kill_one_rank_then_resume_is_bit_exact(strategy: str, tmp_path: Path) -> None:
     layout = STRATEGIES[strategy]
-    straight = _events(_start(_env(layout, tmp_path / "straight")))
-    straight_losses = {e["step"]: e["loss"] for e in straight if e["event"] == "step"}
+
+    def uninterrupted() -> dict[str, Any]:
+        straight = _events(_start(_env(layout, tmp_path / "straight")))
+        return {"losses": [[e["step"], e["loss"]] for e in straight if e["event"] == "step"]}
+
+    # The same job run without interruption, once per code (tests/references.py).
+    sources = [
+        Path(__file__).read_text(),
+        (Path(__file__).parent / "trainer_launch.py").read_text(),
+    ]
+    straight = kept_run("resume-straight", {"spec": _spec(layout), "tests": sources}, uninterrupted)
+    straight_losses = {step: loss for step, loss in straight["losses"]}
     assert sorted(straight_losses) == list(range(1, STEPS + 1))
 
     crashed_dir = tmp_path / "crashed"
