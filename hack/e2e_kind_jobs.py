@@ -5,10 +5,9 @@ The examples describe GPU clusters (up to 8 pods x 8 GPUs, 70b models, 1000 step
 the ``tiny`` preset on CPU processes for a few steps: at most MAX_NODES pods of MAX_PROCS
 processes (DATA_PARALLEL_PROCS for a data-parallel-only job), every explicit degree capped at 2
 and the data-parallel degree recomputed so the degrees still multiply to the world size (the
-CRD's CEL rule). A mixture of experts keeps its
-``spec.model.moe`` on the tiny model, at most MAX_EXPERTS experts of tiny's width, and its
-expert-parallel degree where it still divides the experts and a pipeline stage's ranks (else
-the largest that does).
+CRD's CEL rule). A mixture of experts keeps its ``spec.model.moe`` on the tiny model, at most
+MAX_EXPERTS experts of tiny's width, and its expert-parallel degree where it still divides the
+experts and a pipeline stage's ranks (else the largest that does).
 
     python hack/e2e_kind_jobs.py IMAGE examples/*.yaml > jobs.yaml
 """

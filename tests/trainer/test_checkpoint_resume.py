@@ -118,7 +118,7 @@ def test_kill_one_rank_then_resume_is_bit_exact(strategy: str, tmp_path: Path) -
         (Path(__file__).parent / "trainer_launch.py").read_text(),
     ]
     straight = kept_run("resume-straight", {"spec": _spec(layout), "tests": sources}, uninterrupted)
-    straight_losses = {step: loss for step, loss in straight["losses"]}
+    straight_losses = dict(straight["losses"])
     assert sorted(straight_losses) == list(range(1, STEPS + 1))
 
     crashed_dir = tmp_path / "crashed"

@@ -80,9 +80,9 @@ def _kueue_objects(namespace: str) -> list[dict[str, Any]]:
     ]
 
 
-def _job(name: str, priority: str, cpu: str, **spec: Any) -> dict[str, Any]:
-    """The demo job (the tiny model on CPU processes; ``spec``'s sections replace the demo's)
-    in the queue, each pod requesting ``cpu``."""
+def _job(name: str, priority: str, cpu: str, pods: int, procs: int) -> dict[str, Any]:
+    """The demo job's model and training as DDP on ``pods`` x ``procs`` CPU processes, in the
+    queue, each pod requesting ``cpu``."""
     job: dict[str, Any] = yaml.safe_load(DEMO.read_text())
     job["metadata"] = {"name": name, "labels": {"kueue.x-k8s.io/priority-class": priority}}
     resources = {"requests": {"cpu": cpu}}
@@ -90,8 +90,8 @@ def _job(name: str, priority: str, cpu: str, **spec: Any) -> dict[str, Any]:
         "spec": {"containers": [{"name": "trainer", "resources": resources}]}
     }
     job["spec"]["scheduling"] = {"queueName": QUEUE}
-    for key, value in spec.items():
-        job["spec"][key] = value
+    job["spec"]["resources"] = {"numNodes": pods, "numProcPerNode": procs, "accelerator": "cpu"}
+    job["spec"]["strategy"] = {"type": "ddp"}
     return job
 
 
@@ -173,13 +173,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint_on_the_real_node(
 ) -> None:
     cluster, directory = real_queue
     claim = _checkpoint_claim(kubectl, cluster.ns, directory)
-    victim = _job(
-        "victim",
-        "meshrun-low",
-        "500m",
-        resources={"numNodes": 2, "numProcPerNode": 1, "accelerator": "cpu"},
-    )
-    victim["spec"]["strategy"] = {"type": "ddp"}
+    victim = _job("victim", "meshrun-low", "500m", pods=2, procs=1)
     training = copy.deepcopy(victim["spec"]["training"])
     training["steps"] = STEPS
     training["checkpoint"] = {**training.get("checkpoint", {}), "volume": claim, "everySteps": 5}
@@ -194,13 +188,7 @@ def test_a_preempted_job_resumes_from_its_checkpoint_on_the_real_node(
         interval=1,
         describe=lambda: (cluster.status("victim").get("message"), sorted(os.listdir(directory))),
     )
-    urgent = _job(
-        "urgent",
-        "meshrun-high",
-        "1",
-        resources={"numNodes": 1, "numProcPerNode": 2, "accelerator": "cpu"},
-    )
-    urgent["spec"]["strategy"] = {"type": "ddp"}
+    urgent = _job("urgent", "meshrun-high", "1", pods=1, procs=2)
     urgent["spec"]["training"] = {**urgent["spec"]["training"], "steps": 2, "checkpoint": {}}
     cluster.apply(urgent)
     wait_for(
