@@ -3,6 +3,11 @@ and as autograd's own saved tensors add up."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+from unittest import mock
+
 import torch
 from meshrun_trainer.models.loss import cross_entropy
 from torch import nn
@@ -23,28 +28,53 @@ def held_after_forward(model: nn.Module, tokens: torch.Tensor) -> int:
 
 
 def saved_after_forward(model: nn.Module, tokens: torch.Tensor) -> int:
-    """Bytes of the distinct storages autograd saves in one forward of ``tokens``, parameters
-    left out, then its backward. Counts only what no inner saved-tensor hook takes over (an
-    inner hook hides its tensors from this one), so it suits a model without such hooks; it does
-    not depend on when storages are freed, as MemTracker's count does."""
-
-    def storage(tensor: torch.Tensor) -> torch.UntypedStorage:
-        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-        if isinstance(local, AsyncCollectiveTensor):  # a gathered input, not yet waited on
-            local = local.elem
-        return local.untyped_storage()
-
-    params = {storage(p).data_ptr() for p in model.parameters()}
+    """Bytes of the distinct storages autograd keeps from one forward of ``tokens``, parameters
+    left out, then its backward. Every saved-tensor hook the model pushes is watched: what its
+    pack returns is what backward holds (a tensor, or the tensors inside a packed record, such
+    as a kept shard in place of its gathered tensor). It does not depend on when storages are
+    freed, as MemTracker's count does, so it is the same under any load."""
+    params = {_storage(p).data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}  # data pointer: bytes; autograd keeps each alive until backward
 
-    def pack(tensor: torch.Tensor) -> torch.Tensor:
-        kept = storage(tensor)
-        if kept.data_ptr() not in params:
-            saved[kept.data_ptr()] = kept.nbytes()
-        return tensor
+    def record(packed: object) -> None:
+        for tensor in _tensors_in(packed):
+            kept = _storage(tensor)
+            if kept.data_ptr() not in params:
+                saved[kept.data_ptr()] = kept.nbytes()
 
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+    hooks = torch.autograd.graph.saved_tensors_hooks
+    push = hooks.__init__
+
+    def watched(self: Any, pack: Callable[[torch.Tensor], Any], unpack: Any) -> None:
+        def pack_and_record(tensor: torch.Tensor) -> Any:
+            packed = pack(tensor)
+            record(packed)
+            return packed
+
+        push(self, pack_and_record, unpack)
+
+    with mock.patch.object(hooks, "__init__", watched), hooks(lambda t: t, lambda t: t):
         loss = cross_entropy(model(tokens), tokens)
     held = sum(saved.values())
     loss.backward()
     return held
+
+
+def _storage(tensor: torch.Tensor) -> torch.UntypedStorage:
+    local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    if isinstance(local, AsyncCollectiveTensor):  # a gathered input, not yet waited on
+        local = local.elem
+    return local.untyped_storage()
+
+
+def _tensors_in(packed: object) -> list[torch.Tensor]:
+    """The tensors a pack hook's result holds: itself, or those in its dataclass fields."""
+    if isinstance(packed, torch.Tensor):
+        return [packed]
+    if dataclasses.is_dataclass(packed) and not isinstance(packed, type):
+        return [
+            tensor
+            for item in dataclasses.fields(packed)
+            for tensor in _tensors_in(getattr(packed, item.name))
+        ]
+    return []

@@ -2,11 +2,11 @@
 planner's accounting; keeping the gathered inputs' shards, and resharding the embedding's
 gradient as it is produced, change no gradient.
 
-The block with shards kept is measured by MemTracker, which sees what the trainer's own
-saved-tensor hooks really hold. The block without them is counted from autograd's saved tensors:
-MemTracker's count of that one varied between machines (771 elements per token here, 579 on
-another, less than the kept block itself), while autograd's saved tensors are the same on
-every machine."""
+Both blocks, with shards kept and without, are counted from what autograd's saved-tensor hooks
+keep (the trainer's own hooks included: a kept shard counts in place of its gathered tensor).
+MemTracker's count of the same blocks depended on when storages were freed: it varied between
+machines and fell short by the MLP's width under load, while the saved tensors are the same
+everywhere."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from activations_held import held_after_forward, saved_after_forward
+from activations_held import saved_after_forward
 from meshrun_trainer.distributed.mesh import Mesh
 from meshrun_trainer.distributed.parallel import apply_tensor_parallel, shard_embedding_gradient
 from meshrun_trainer.models.llama import Transformer
@@ -50,7 +50,7 @@ def _step(
         shard_embedding_gradient(model)
     generator = torch.Generator().manual_seed(1)
     tokens = torch.randint(0, shape.vocab, (ROWS, shape.seq_len), generator=generator)
-    held = (held_after_forward if keep_shards else saved_after_forward)(model, tokens)
+    held = saved_after_forward(model, tokens)
     grads = {}
     for name, param in model.named_parameters():
         grad = param.grad

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import subprocess
 import sys
@@ -62,6 +63,8 @@ def _gloo_rank(
     port: int,
     results: dict[str, Any],
 ) -> None:
+    # A rank that aborts inside torch's C++ (gloo) prints where its Python threads were.
+    faulthandler.enable(all_threads=True)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
