@@ -6,6 +6,8 @@ tests/core/test_calibration.py's rows and its table of same-model layouts), each
 Spearman rank correlation of predicted against measured tokens/s per GPU and the measured
 speed of the layout predicted fastest over the measured fastest (a group is one model on one
 machine and cluster size), the median error, and the completed runs the memory model refuses.
+With --residuals, the sweep's measured step time beyond the predicted one, per block and
+micro-batch, by tensor-parallel degree, without and with a pipeline.
 """
 
 from __future__ import annotations
@@ -54,11 +56,47 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return sweep.spearman(xs, ys)
 
 
+def sweep_residuals(max_nodes: int = 16, max_micro_batch: int = 4) -> None:
+    """The sweep's measured step beyond the predicted one, in ms per block a pipeline rank runs
+    and per micro-batch, median by TP degree and by whether the layout has a pipeline (runs
+    up to ``max_nodes`` nodes, where the cluster measured steadily, at micro-batches up to
+    ``max_micro_batch``, where a block's compute is short)."""
+    gaps: dict[tuple[int, bool], list[float]] = defaultdict(list)
+    for run in sweep.read_sweep():
+        if run["nodes"] > max_nodes or run["mbs"] > max_micro_batch:
+            continue
+        plan = plan_job(sweep.spec_of(run), "bench")
+        assert plan.estimate is not None
+        gpus = run["nodes"] * 8
+        measured = sweep.BATCH * sweep.SEQUENCE / (run["tokens_per_s_per_gpu"] * gpus)
+        blocks = sweep.MODELS[run["model"]]["layers"] / run["pp"]
+        gap = (measured - plan.estimate.step_seconds) / (run["gas"] * blocks)
+        gaps[(run["tp"], run["pp"] > 1)].append(gap * 1e3)
+    print(
+        f"sweep, measured beyond predicted (ms per block and micro-batch, median; "
+        f"<= {max_nodes} nodes, micro-batch <= {max_micro_batch}):"
+    )
+    for tp in sorted({tp for tp, _ in gaps}):
+        cells = [
+            f"{'with' if piped else 'without'} a pipeline "
+            f"{statistics.median(gaps[(tp, piped)]):+6.1f} ({len(gaps[(tp, piped)])} runs)"
+            for piped in (False, True)
+            if gaps[(tp, piped)]
+        ]
+        print(f"  TP {tp:2d}: " + ", ".join(cells))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--groups", action="store_true", help="print every group")
     parser.add_argument("--rows", action="store_true", help="print every non-sweep row")
+    parser.add_argument(
+        "--residuals", action="store_true", help="the sweep's time beyond the model, by TP and PP"
+    )
     args = parser.parse_args()
+    if args.residuals:
+        sweep_residuals()
+        return
     start = time.perf_counter()
     for source, rows in runs().items():
         errors: list[float] = []
