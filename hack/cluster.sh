@@ -111,6 +111,30 @@ sync_nodes() {
   log "$NODES nodes Ready ($((SECONDS - t0)) s)"
 }
 
+# create: a new control plane by kwokctl's binary runtime (the caller has removed any old one).
+create() {
+  local extra=()
+  [[ -n $AUDIT_POLICY ]] && extra=(--kube-audit-policy "$AUDIT_POLICY")
+  for arg in $APISERVER_ARGS; do extra+=(--extra-args "kube-apiserver=$arg"); done
+  log "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok-controller"
+  KWOK_KUBE_VERSION=$KUBE_VERSION KWOK_ETCD_VERSION=${ETCD_VERSION#v} KWOK_KUBECTL_BINARY=$BIN/kubectl "$KWOKCTL" create cluster \
+    --name "$NAME" --runtime binary \
+    --config "$ROOT/hack/kwok/stages.yaml" \
+    --extra-args kwok-controller=manage-all-nodes=false \
+    --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
+    --extra-args kube-controller-manager=leader-elect=false \
+    --extra-args kube-scheduler=leader-elect=false \
+    --kube-apiserver-binary "$BIN/kube-apiserver" \
+    --kube-controller-manager-binary "$BIN/kube-controller-manager" \
+    --kube-scheduler-binary "$BIN/kube-scheduler" \
+    --etcd-binary "$BIN/etcd" \
+    --kwok-controller-binary "$BIN/kwok" \
+    --disable-qps-limits \
+    "${extra[@]}" \
+    --kubeconfig "$KUBECONFIG_OUT" \
+    --wait 120s --quiet-pull
+}
+
 up() {
   for b in kube-apiserver kube-controller-manager kube-scheduler kubectl etcd kwok kwokctl; do
     [[ -x $BIN/$b ]] || { echo "missing $BIN/$b: run 'make tools' (hack/build-tools.sh)" >&2; exit 1; }
@@ -123,27 +147,19 @@ up() {
     # A cluster whose processes died (machine restart, killed session) is removed first.
     [[ -d $STATE/kueue ]] && { MESHRUN_CLUSTER_DIR=$STATE "$ROOT/hack/kueue/down.sh" || true; }
     "$KWOKCTL" delete cluster --name "$NAME" >/dev/null 2>&1 || true
-    local t0=$SECONDS extra=()
-    [[ -n $AUDIT_POLICY ]] && extra=(--kube-audit-policy "$AUDIT_POLICY")
-    for arg in $APISERVER_ARGS; do extra+=(--extra-args "kube-apiserver=$arg"); done
-    log "starting etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok-controller"
-    KWOK_KUBE_VERSION=$KUBE_VERSION KWOK_ETCD_VERSION=${ETCD_VERSION#v} KWOK_KUBECTL_BINARY=$BIN/kubectl "$KWOKCTL" create cluster \
-      --name "$NAME" --runtime binary \
-      --config "$ROOT/hack/kwok/stages.yaml" \
-      --extra-args kwok-controller=manage-all-nodes=false \
-      --extra-args kwok-controller=manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake \
-      --extra-args kube-controller-manager=leader-elect=false \
-      --extra-args kube-scheduler=leader-elect=false \
-      --kube-apiserver-binary "$BIN/kube-apiserver" \
-      --kube-controller-manager-binary "$BIN/kube-controller-manager" \
-      --kube-scheduler-binary "$BIN/kube-scheduler" \
-      --etcd-binary "$BIN/etcd" \
-      --kwok-controller-binary "$BIN/kwok" \
-      --disable-qps-limits \
-      "${extra[@]}" \
-      --kubeconfig "$KUBECONFIG_OUT" \
-      --wait 120s --quiet-pull
-    kc config use-context "kwok-$NAME" >/dev/null
+    local t0=$SECONDS attempt
+    # kwokctl chooses each component's ports when it creates the cluster; a port taken between
+    # its choice and the component's start (a lingering process of the cluster just removed) has
+    # once left the KWOK controller dead and no node Ready. Such a cluster is made again.
+    for attempt in 1 2; do
+      if create && kc config use-context "kwok-$NAME" >/dev/null && healthy && [[ -z $(dead_components) ]]; then
+        break
+      fi
+      ((attempt == 1)) || { log "the control plane did not come up twice (logs: $KWOK_WORKDIR/clusters/$NAME/logs)"; return 1; }
+      log "not running after create: $(echo $(dead_components)); creating the cluster again"
+      "$KWOKCTL" delete cluster --name "$NAME" >/dev/null 2>&1 || true
+      sleep 2
+    done
     log "control plane up ($((SECONDS - t0)) s)"
   fi
   sync_nodes
