@@ -1,4 +1,4 @@
-"""Train tiny Hugging Face models on JSON Lines data under many layouts in one torchrun launch.
+"""Train tiny Hugging Face models on JSON Lines data under many layouts in one launch.
 
 Usage (under torchrun): hf_check.py JOB.json OUT.json. JOB.json names the model folders
 ({kind: folder}), the data files, the export root, the steps and the layouts of this world size;

@@ -1,4 +1,4 @@
-"""Tiny Mixtral and Qwen2-MoE folders under expert parallelism 1, 2 and 4 in one torchrun launch.
+"""Tiny Mixtral and Qwen2-MoE folders under expert parallelism 1, 2 and 4 in one launch.
 
 Usage (under torchrun, 4 processes): hf_moe_check.py JOB.json OUT.json. For each folder of
 JOB.json's {kind: folder} and each ep, a 4-process data-parallel job with spec.model.hf reads

@@ -2,7 +2,7 @@
 bias) models from transformers fine-tuned on JSON Lines with each sequence split over 2 ranks
 (context parallelism) train as without it.
 
-A torchrun launch of 2 ranks trains each folder at cp 2 and at cp 1 (dp 2, which the other
+A launch of 2 ranks trains each folder at cp 2 and at cp 1 (dp 2, which the other
 Hugging Face tests hold to one process), one of 4 ranks at pp 2 x cp 2 (the validation loss
 summed from the pipeline's per-micro-batch losses; Qwen2's tied head on the last stage keeps
 its gradient equal to the embedding's on the first, pairwise at each cp rank): step 0's
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from hf_factories import corpus_documents, make_hf_folder, write_jsonl
 from test_hf_layouts import rule_loss
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
@@ -46,7 +46,7 @@ def test_hf_models_train_under_cp_as_without(tmp_path: Path) -> None:
         job_file, out = tmp_path / f"job-{world}.json", tmp_path / f"out-{world}.json"
         job_file.write_text(json.dumps({**job, "layouts": layouts}))
         script = str(Path(__file__).with_name("hf_check.py"))
-        proc = run(torchrun(world, script, str(job_file), str(out)), cpu_env(), timeout=200)
+        proc = run(forked(world, script, str(job_file), str(out)), cpu_env(), timeout=200)
         assert proc.returncode == 0, proc.stderr[-4000:]
         results |= json.loads(out.read_text())
     gaps = {}

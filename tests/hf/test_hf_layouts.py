@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import transformers
 from hf_factories import KINDS, corpus_documents, make_hf_folder, write_jsonl
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
 
@@ -63,7 +63,7 @@ def _launch(job: dict[str, Any], world: int, tmp: Path) -> dict[str, Any]:
     job_file, out = tmp / f"job-{world}.json", tmp / f"out-{world}.json"
     job_file.write_text(json.dumps({**job, "layouts": WORLDS[world]}))
     script = str(Path(__file__).with_name("hf_check.py"))
-    proc = run(torchrun(world, script, str(job_file), str(out)), cpu_env(), timeout=560)
+    proc = run(forked(world, script, str(job_file), str(out)), cpu_env(), timeout=560)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results: dict[str, Any] = json.loads(out.read_text())
     return results

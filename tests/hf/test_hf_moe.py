@@ -15,7 +15,7 @@ import torch
 import transformers
 from hf_factories import make_hf_folder
 from hf_moe_check import EPS
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
@@ -50,7 +50,7 @@ def test_hf_moe_logits_training_and_export(tmp_path: Path) -> None:
     job_file, out = tmp_path / "job.json", tmp_path / "out.json"
     job_file.write_text(json.dumps(job))
     script = str(Path(__file__).with_name("hf_moe_check.py"))
-    proc = run(torchrun(4, script, str(job_file), str(out)), cpu_env(), timeout=560)
+    proc = run(forked(4, script, str(job_file), str(out)), cpu_env(), timeout=560)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
     for kind, folder in folders.items():

@@ -1,4 +1,4 @@
-"""An elastic job shrunk and grown from its checkpoints: one torchrun launch per phase.
+"""An elastic job shrunk and grown from its checkpoints: one launch per phase.
 
 Usage (under torchrun): elastic_check.py PHASE WORKDIR
 - ``start`` (4 ranks): for each job of JOBS, the uninterrupted run at its planned degree (the

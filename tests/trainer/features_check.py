@@ -1,4 +1,4 @@
-"""Facts about how the trainer runs, measured in one 4-rank torchrun launch.
+"""Facts about how the trainer runs, measured in one 4-rank launch.
 
 Usage (under torchrun, 4 ranks): features_check.py OUT.json -- rank 0 writes {check: facts}:
 - ``init/<layout>``: each rank's share of the parameters, and whether the gathered values equal

@@ -1,4 +1,4 @@
-"""Run many layouts in one torchrun launch and compare each with a single-process reference.
+"""Run many layouts in one launch and compare each with a single-process reference.
 
 Usage (under torchrun): layout_check.py OUT.json  -- every layout of ``LAYOUTS[world_size]`` is
 trained for a few steps on the tiny preset twice: in fp32 without activation checkpointing, and

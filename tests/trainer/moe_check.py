@@ -1,4 +1,4 @@
-"""MoE layouts in one torchrun launch of 4 processes, each against a single-process reference.
+"""MoE layouts in one launch of 4 processes, each against a single-process reference.
 
 Usage (under torchrun, 4 processes): moe_check.py OUT.json CHECKPOINT_DIR -- each run of
 :data:`RUNS` trains a tiny mixture of experts (4 experts, top 2, a shared expert, a first dense

@@ -1,4 +1,4 @@
-"""Save under one layout, resume under another: one torchrun launch per phase.
+"""Save under one layout, resume under another: one launch per phase.
 
 Usage (under torchrun): resume_check.py PHASE WORKDIR
 - ``save`` (2 ranks): train each layout of SAVED[2] for HALF steps, checkpointing at the end,

@@ -1,4 +1,4 @@
-"""Real checkpoints through the safe reader: one torchrun launch of 2 ranks.
+"""Real checkpoints through the safe reader: one launch of 2 ranks.
 
 Usage (under torchrun): safeload_check.py WORKDIR
 For each layout of LAYOUTS: train HALF steps (a checkpoint at the end), record the globals its

@@ -1,4 +1,4 @@
-"""Context parallelism trains as one process does: two torchrun launches (2 ranks, then 4).
+"""Context parallelism trains as one process does: two launches (2 ranks, then 4).
 
 The tiny model with grouped-query attention under cp 2 (alone, with gradient accumulation, with
 selective activation checkpointing, which recomputes the keys' and values' gather in backward,
@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from cp_check import LAYOUTS, RESUMED, RESUMES, STEPS
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
@@ -38,7 +38,7 @@ def test_context_parallel_matches_single_process(tmp_path: Path) -> None:
     script = str(Path(__file__).with_name("cp_check.py"))
     results: dict[int, dict[str, Any]] = {}
     for world in (2, 4):
-        proc = run(torchrun(world, script, str(tmp_path)), cpu_env(), timeout=180)
+        proc = run(forked(world, script, str(tmp_path)), cpu_env(), timeout=180)
         assert proc.returncode == 0, f"{world} ranks: {proc.stderr[-4000:]}"
         results[world] = json.loads((tmp_path / f"cp-{world}.json").read_text())
     reference = results[4]["reference"]["losses"]

@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 from elastic_check import GROW_AT, JOBS, SHRINK_AT, STEPS
 from test_resume_layouts import RTOL
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
 
 def _launch(world: int, phase: str, workdir: Path) -> dict[str, dict[str, object]]:
     script = str(Path(__file__).with_name("elastic_check.py"))
-    proc = run(torchrun(world, script, phase, str(workdir)), cpu_env(), timeout=280)
+    proc = run(forked(world, script, phase, str(workdir)), cpu_env(), timeout=280)
     assert proc.returncode == 0, f"{phase}: {proc.stderr[-4000:]}"
     loaded: dict[str, dict[str, object]] = json.loads((workdir / f"{phase}.json").read_text())
     return loaded

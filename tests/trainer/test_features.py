@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 from meshrun.api.presets import PRESETS
 
@@ -31,7 +31,7 @@ FP32, BF16 = "torch.float32", "torch.bfloat16"
 def facts(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     out = tmp_path_factory.mktemp("features") / "facts.json"
     script = str(Path(__file__).with_name("features_check.py"))
-    proc = run(torchrun(4, script, str(out)), cpu_env(), timeout=400)
+    proc = run(forked(4, script, str(out)), cpu_env(), timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     found: dict[str, Any] = json.loads(out.read_text())
     return found

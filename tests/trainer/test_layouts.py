@@ -1,4 +1,4 @@
-"""Every strategy against the single-process reference: one torchrun launch per world size.
+"""Every strategy against the single-process reference: one launch per world size.
 
 For the tiny preset the per-step losses of DDP, ZeRO-1/2/3, PP 2 with each schedule (alone, with
 gradient accumulation, and x DP 2 with accumulation), PP 4, TP 2 (also with the
@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 from layout_check import runs
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
@@ -59,7 +59,7 @@ def _matches(run: dict[str, Any]) -> bool:
 def test_layouts_match_single_process(world: int, tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     script = str(Path(__file__).with_name("layout_check.py"))
-    proc = run(torchrun(world, script, str(out)), cpu_env(), timeout=560)
+    proc = run(forked(world, script, str(out)), cpu_env(), timeout=560)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
     assert set(results) == set(runs(world))

@@ -1,5 +1,5 @@
 """A mixture of experts under expert parallelism against the single-process reference: one
-torchrun launch of 4 processes (moe_check.py).
+launch of 4 processes (moe_check.py).
 
 ep 4 over DDP, ep 2 under ZeRO-3 with gradient accumulation, ep 2 with 2 pipeline stages x dp 2,
 ep 1 under ZeRO-1 and ZeRO-2, ep 2 under ZeRO-1 (FSDP2's, as ZeroRedundancyOptimizer would
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from moe_check import RUNS
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
@@ -39,7 +39,7 @@ def _close(got: list[float], want: list[float], rtol: float = RTOL) -> bool:
 def test_moe_layouts_match_single_process(tmp_path: Path) -> None:
     out = tmp_path / "results.json"
     script = str(Path(__file__).with_name("moe_check.py"))
-    proc = run(torchrun(4, script, str(out), str(tmp_path / "ck")), cpu_env(), timeout=560)
+    proc = run(forked(4, script, str(out), str(tmp_path / "ck")), cpu_env(), timeout=560)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
     assert set(results) == set(RUNS)

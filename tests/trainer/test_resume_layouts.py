@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from resume_check import HALF, PAIRS, STEPS
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
@@ -26,7 +26,7 @@ RTOL = 1e-4
 def test_checkpoints_resume_under_other_layouts(tmp_path: Path) -> None:
     script = str(Path(__file__).with_name("resume_check.py"))
     for world, phase in ((2, "save"), (4, "resume")):
-        proc = run(torchrun(world, script, phase, str(tmp_path)), cpu_env(), timeout=280)
+        proc = run(forked(world, script, phase, str(tmp_path)), cpu_env(), timeout=280)
         assert proc.returncode == 0, f"{phase}: {proc.stderr[-4000:]}"
     reference = json.loads((tmp_path / "reference.json").read_text())
     assert max(reference) - min(reference) > 1e-3, "the reference must really train"

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from meshrun_trainer.components.safeload import allowed_global
 from safeload_check import HALF, LAYOUTS, STEPS
-from trainer_launch import cpu_env, run, torchrun
+from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
 
@@ -23,7 +23,7 @@ def test_real_checkpoints_resume_through_the_safe_reader_and_a_crafted_one_is_re
     tmp_path: Path,
 ) -> None:
     script = str(Path(__file__).with_name("safeload_check.py"))
-    proc = run(torchrun(2, script, str(tmp_path)), cpu_env(), timeout=500)
+    proc = run(forked(2, script, str(tmp_path)), cpu_env(), timeout=500)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads((tmp_path / "results.json").read_text())
     reference = json.loads((tmp_path / "reference.json").read_text())

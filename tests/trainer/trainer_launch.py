@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 
 from meshrun.localnet import free_port
 
-__all__ = ["REPO", "cpu_env", "free_port", "gloo_ranks", "run", "torchrun"]
+__all__ = ["REPO", "cpu_env", "forked", "free_port", "gloo_ranks", "run", "torchrun"]
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,6 +36,20 @@ def torchrun(nproc: int, *args: str) -> list[str]:
         "torch.distributed.run",
         f"--nproc-per-node={nproc}",
         f"--master-port={free_port()}",
+        *args,
+    ]
+
+
+def forked(nproc: int, script: str | Path, *args: str) -> list[str]:
+    """Command line running ``script`` on ``nproc`` ranks forked after its imports
+    (tests/trainer/forked_ranks.py): torchrun's environment for the script, without a
+    torchrun agent and an import of torch in every rank. For the checks that run many layouts
+    in one launch; the tests of the launch itself use :func:`torchrun`."""
+    return [
+        sys.executable,
+        str(Path(__file__).with_name("forked_ranks.py")),
+        f"--nproc-per-node={nproc}",
+        str(script),
         *args,
     ]
 
