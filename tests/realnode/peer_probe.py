@@ -28,6 +28,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
         served.set()
 
+    def log_message(self, format: str, *args: object) -> None:
+        """No access log: the test reads this pod's JSON line as the log's last, and a peer
+        that retried after a slow answer would otherwise log a request after it."""
+
 
 server = http.server.ThreadingHTTPServer(("0.0.0.0", 8080), Handler)
 threading.Thread(target=server.serve_forever, daemon=True).start()

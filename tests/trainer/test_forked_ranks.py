@@ -26,8 +26,10 @@ if __name__ == "__main__":
     keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
     facts = {key: os.environ[key] for key in keys}
     facts.update(argv=sys.argv[1:], imported_in=ranks_helper.IMPORTED_IN, pid=os.getpid())
-    with open(os.path.join(sys.argv[1], f"rank{rank}.json"), "w") as out:
+    path = os.path.join(sys.argv[1], f"rank{rank}.json")
+    with open(path + ".tmp", "w") as out:
         json.dump(facts, out)
+    os.replace(path + ".tmp", path)  # whole when it appears: rank 1 waits for the others' files
     if sys.argv[2] == "fail" and rank == 1:
         others = [os.path.join(sys.argv[1], f"rank{r}.json") for r in (0, 2)]
         while not all(os.path.exists(path) for path in others):
