@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
@@ -465,3 +466,29 @@ def test_a_new_spec_is_planned_off_the_event_loop_and_a_known_one_is_not_planned
     assert first.error is None and first.plan is not None, first.error
     assert during >= 2, "the event loop stood still while the spec was planned"
     assert again is first  # the same generation: not planned again
+
+
+def test_new_specs_are_planned_on_one_thread_of_their_own() -> None:
+    """Many new jobs at once are planned one after another on the evaluations' one thread, not
+    on a thread each: planning holds the GIL, and every thread that allocates keeps a malloc
+    arena of its own."""
+    ctx = OperatorContext(kube=None)  # type: ignore[arg-type]
+    threads: list[str] = []
+    plan = ctx.evaluations.of
+
+    def recorded(*args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread().name)
+        return plan(*args, **kwargs)
+
+    ctx.evaluations.of = recorded  # type: ignore[method-assign]
+
+    async def scenario() -> list[Any]:
+        jobs = [JobRef(f"job-{i}", "ns", f"uid-{i}") for i in range(8)]
+        return await asyncio.gather(
+            *(reconcile_module.evaluation(ctx, job, make_job()["spec"], 1, None) for job in jobs)
+        )
+
+    evaluated = asyncio.run(scenario())
+    assert all(ev.error is None and ev.plan is not None for ev in evaluated)
+    assert len(threads) == 8 and len(set(threads)) == 1, threads
+    assert threads[0].startswith("meshrun-planner") and threads[0] != "MainThread"

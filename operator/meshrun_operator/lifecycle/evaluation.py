@@ -8,6 +8,7 @@ thing in its pod and fails permanently, naming the field, when they disagree.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -140,6 +141,11 @@ class Evaluations:
     def __init__(self, admission: Admission | None = None) -> None:
         self.by_uid: dict[str, tuple[tuple[str, object, object], Evaluation]] = {}
         self.admission = admission or Admission()
+        self.thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="meshrun-planner")
+        """Where new generations are evaluated, off the event loop, one at a time: planning
+        holds the GIL, so more threads would not plan sooner, and each thread that allocates
+        gets a malloc arena of its own, which keeps its peak. asyncio's default executor
+        starts up to min(32, cores + 4)."""
 
     def of(
         self,

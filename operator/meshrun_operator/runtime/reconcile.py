@@ -18,6 +18,7 @@ TemporaryError).
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import replace
@@ -56,14 +57,16 @@ async def evaluation(
     labels: Mapping[str, Any] | None,
 ) -> Evaluation:
     """The job's evaluated spec: a known generation at once; a new one read, checked and
-    planned on a thread (an ``auto`` search takes a tenth of a second or more, and a spec can
-    be edited as often as its author likes), so the event loop serves the other jobs
-    meanwhile."""
+    planned on the evaluations' thread (an ``auto`` search takes a tenth of a second or more,
+    and a spec can be edited as often as its author likes), so the event loop serves the other
+    jobs meanwhile."""
     known = ctx.evaluations.known(job.uid, raw_spec, job.name, generation, labels)
     if known is not None:
         return known
-    return await asyncio.to_thread(
-        ctx.evaluations.of, job.uid, raw_spec, job.name, generation, labels
+    evaluations = ctx.evaluations
+    return await asyncio.get_running_loop().run_in_executor(
+        evaluations.thread,
+        functools.partial(evaluations.of, job.uid, raw_spec, job.name, generation, labels),
     )
 
 
