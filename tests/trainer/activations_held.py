@@ -4,9 +4,9 @@ and as autograd's own saved tensors add up."""
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
-from unittest import mock
 
 import torch
 from meshrun_trainer.models.loss import cross_entropy
@@ -42,6 +42,23 @@ def saved_after_forward(model: nn.Module, tokens: torch.Tensor) -> int:
             if kept.data_ptr() not in params:
                 saved[kept.data_ptr()] = kept.nbytes()
 
+    # The outermost hook, identity, lets ``record`` see what autograd saves outside any of the
+    # model's own hooks.
+    with (
+        _every_pack_recorded(record),
+        torch.autograd.graph.saved_tensors_hooks(lambda tensor: tensor, lambda tensor: tensor),
+    ):
+        loss = cross_entropy(model(tokens), tokens)
+    held = sum(saved.values())
+    loss.backward()
+    return held
+
+
+@contextmanager
+def _every_pack_recorded(record: Callable[[object], None]) -> Iterator[None]:
+    """While inside, every saved-tensor hook pushed (the model's own ones included) still runs
+    as given, and ``record`` sees what its pack returns. Nothing stands in for the trainer's
+    hooks: they are wrapped, not replaced, and torch's class is restored on the way out."""
     hooks = torch.autograd.graph.saved_tensors_hooks
     push = hooks.__init__
 
@@ -53,11 +70,11 @@ def saved_after_forward(model: nn.Module, tokens: torch.Tensor) -> int:
 
         push(self, pack_and_record, unpack)
 
-    with mock.patch.object(hooks, "__init__", watched), hooks(lambda t: t, lambda t: t):
-        loss = cross_entropy(model(tokens), tokens)
-    held = sum(saved.values())
-    loss.backward()
-    return held
+    hooks.__init__ = watched  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        hooks.__init__ = push  # type: ignore[method-assign]
 
 
 def _storage(tensor: torch.Tensor) -> torch.UntypedStorage:
