@@ -33,6 +33,8 @@ from scheduling import (  # noqa: E402, F401
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_runtest_logreport,
+    pytest_runtest_logstart,
+    pytest_runtest_makereport,
     pytest_terminal_summary,
     pytest_xdist_make_scheduler,
 )

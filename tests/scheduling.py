@@ -32,6 +32,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import resource
 import tempfile
 import time
 from collections import defaultdict
@@ -142,31 +143,96 @@ def make_scheduler(config: pytest.Config, log: Any) -> Any:
     return GroupScheduling(config, log)
 
 
+def own_cpu_seconds() -> tuple[float, float]:
+    """CPU seconds (user and system) of this process and of the child processes it has waited
+    for, theirs with their own waited-for children: a trainer launch, an operator stopped at a
+    test's end, kubectl. Pods count for the kubelet that runs them, not here."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    children = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
+
+
+def machine_cpu_seconds() -> float | None:
+    """Busy CPU seconds of the whole machine since boot (every core; Linux's /proc/stat), or
+    None where there is none."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq, steal = (int(f) for f in fields[:8])
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuMeter:
+    """On a worker: the CPU each phase of a test spent (set-up, call, tear-down), the worker's
+    own and its waited-for children's, written into the phase's report for the controller."""
+
+    def __init__(self) -> None:
+        self.mark = own_cpu_seconds()
+
+    def start(self) -> None:
+        self.mark = own_cpu_seconds()
+
+    def phase(self, report: pytest.TestReport) -> None:
+        now = own_cpu_seconds()
+        report.user_properties.append(("cpu", (now[0] - self.mark[0], now[1] - self.mark[1])))
+        self.mark = now
+
+
 @dataclass
 class TierClock:
-    """The seconds each tier's tests took (set-up, call and tear-down), summed over workers,
-    and the suite's wall time: printed at the end of the run."""
+    """The seconds each tier's tests took (set-up, call and tear-down) and the CPU their own
+    processes spent, summed over workers; the tests that spent the most CPU; the suite's wall
+    time and the machine's busy CPU over it: printed at the end of the run."""
 
     started: float = field(default_factory=time.monotonic)
+    machine_at_start: float | None = field(default_factory=machine_cpu_seconds)
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
     tests: dict[str, set[str]] = field(default_factory=lambda: defaultdict(set))
+    cpu: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    cpu_of_test: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0, 0]))
 
     def add(self, report: pytest.TestReport) -> None:
-        name = str(dict(report.user_properties).get("tier", "unmarked"))
+        properties = dict(report.user_properties)
+        name = str(properties.get("tier", "unmarked"))
         self.seconds[name] += report.duration
         self.tests[name].add(report.nodeid)
+        own, children = properties.get("cpu", (0.0, 0.0))
+        self.cpu[name] += own + children
+        spent = self.cpu_of_test[report.nodeid]
+        spent[0] += own
+        spent[1] += children
 
     def lines(self) -> list[str]:
         wall = time.monotonic() - self.started
         rows = [
             f"  {name:<9} {len(self.tests[name]):>5} tests {self.seconds[name]:>8.0f} s"
+            f" {self.cpu[name]:>8.0f} CPU-s"
             for name in (*TIERS, "unmarked")
             if name in self.seconds
         ]
-        busy = sum(self.seconds.values())
-        rows.append(f"  {'all':<9} {sum(map(len, self.tests.values())):>5} tests {busy:>8.0f} s")
+        busy, cpu = sum(self.seconds.values()), sum(self.cpu.values())
+        rows.append(
+            f"  {'all':<9} {sum(map(len, self.tests.values())):>5} tests {busy:>8.0f} s"
+            f" {cpu:>8.0f} CPU-s"
+        )
         rows.append(f"  wall time {wall:.0f} s")
+        machine_now = machine_cpu_seconds()
+        if self.machine_at_start is not None and machine_now is not None:
+            rows.append(
+                f"  the machine's CPUs busy {machine_now - self.machine_at_start:.0f} s of"
+                f" {wall * (os.cpu_count() or 1):.0f} s ({os.cpu_count()} cores; the rest of"
+                " the busy time is pods, the control plane and whatever else ran)"
+            )
         return rows
+
+    def costliest(self, count: int = 20) -> list[str]:
+        ranked = sorted(self.cpu_of_test.items(), key=lambda kv: -sum(kv[1]))[:count]
+        return [
+            f"  {own + children:7.1f} CPU-s  ({own:6.1f} the test's process,"
+            f" {children:6.1f} its processes)  {nodeid}"
+            for nodeid, (own, children) in ranked
+        ]
 
 
 LOCKS = Path(__file__).resolve().parent.parent / ".cluster" / "locks"
@@ -208,6 +274,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 CLOCK = TierClock()
+METER = CpuMeter()
+
+
+def pytest_runtest_logstart(nodeid: str, location: tuple[str, int | None, str]) -> None:
+    METER.start()
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Any:
+    report = yield
+    METER.phase(report)
+    return report
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -215,9 +293,15 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    """The time per tier: on the controller alone when xdist runs the tests."""
+    """The time and CPU per tier, and the tests that spent the most CPU: on the controller alone
+    when xdist runs the tests."""
     if hasattr(config, "workerinput") or not CLOCK.seconds:
         return
-    terminalreporter.write_sep("=", "time per tier (tests' own seconds, summed over workers)")
+    terminalreporter.write_sep(
+        "=", "time per tier (tests' own seconds and their processes' CPU, summed over workers)"
+    )
     for line in CLOCK.lines():
+        terminalreporter.write_line(line)
+    terminalreporter.write_sep("=", "the 20 tests whose own processes spent the most CPU")
+    for line in CLOCK.costliest():
         terminalreporter.write_line(line)

@@ -6,6 +6,7 @@ worker; the run ends with the time per tier; a test without a tier stops the run
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from collections import defaultdict
@@ -25,6 +26,8 @@ from scheduling import (
     pytest_collection_modifyitems,
     pytest_configure,
     pytest_runtest_logreport,
+    pytest_runtest_logstart,
+    pytest_runtest_makereport,
     pytest_terminal_summary,
     pytest_xdist_make_scheduler,
 )
@@ -108,3 +111,57 @@ def test_a_test_without_a_tier_stops_the_run(tmp_path: Path) -> None:
     assert proc.returncode != 0
     assert "tests without a tier marker" in proc.stdout + proc.stderr
     assert "test_loose.py::test_nothing" in proc.stdout + proc.stderr
+
+
+BURN = """
+import subprocess, sys, time
+import pytest
+
+pytestmark = pytest.mark.{marker}
+
+SPIN = "import time\\nend = time.process_time() + {seconds}\\nwhile time.process_time() < end: pass"
+
+
+@pytest.fixture
+def spun_at_teardown():
+    yield
+    subprocess.run([sys.executable, "-c", SPIN], check=True)
+
+
+def test_spins_in_a_child():
+    subprocess.run([sys.executable, "-c", SPIN], check=True)
+
+
+def test_spins_itself():
+    end = time.process_time() + {seconds}
+    while time.process_time() < end:
+        pass
+
+
+def test_spins_at_teardown(spun_at_teardown):
+    pass
+"""
+
+
+def test_the_summary_counts_each_tests_cpu_its_own_and_its_childrens(tmp_path: Path) -> None:
+    """The CPU per tier and the costliest tests: a child process's CPU is charged to the test
+    that waited for it, in whichever phase (here a fixture's tear-down), and a test's own CPU
+    to the test, across xdist's workers."""
+    _suite(tmp_path)
+    (tmp_path / "test_burn.py").write_text(BURN.format(marker="cluster", seconds=0.6))
+    proc = _pytest(tmp_path, "-n", "3", "--dist", "loadgroup")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    tiers = proc.stdout[proc.stdout.index("time per tier") :]
+    cluster = next(line for line in tiers.splitlines() if line.strip().startswith("cluster"))
+    assert float(cluster.split()[-2]) >= 1.8 * 0.9, cluster
+    assert "the machine's CPUs busy" in tiers
+    costliest = tiers[tiers.index("the 20 tests whose own processes spent the most CPU") :]
+    rows = {line.split()[-1]: line for line in costliest.splitlines()[1:] if "CPU-s" in line}
+    for name, own_or_children in (
+        ("test_spins_in_a_child", "its processes"),
+        ("test_spins_itself", "the test's process"),
+        ("test_spins_at_teardown", "its processes"),
+    ):
+        row = rows[f"test_burn.py::{name}"]
+        spent = re.search(rf"([0-9.]+) {own_or_children}", row)
+        assert spent and float(spent.group(1)) >= 0.55, row
