@@ -5,8 +5,11 @@ Usage (under torchrun, 4 processes): moe_check.py OUT.json CHECKPOINT_DIR -- eac
 layer) for a few steps and records its losses, gradient norms, the auxiliary loss of each step
 (summed over the MoE layers, averaged over the replicas) and every expert's gradient on the
 first step (gathered whole). Rank 0 trains the plain model on the whole global batch for each
-model and writes {run: {"losses", "gradNorms", "aux", "expertGrads", "reference": {...}}}.
-The last run resumes at ep 2 from the ep 4 run's step-2 checkpoint. Launched by test_moe.py.
+model and writes {run: {"losses", "gradNorms", "aux", "biases", "resumedFrom", "reference":
+{...}}} to OUT.json and the expert gradients, {run: {"got": {tensor: gradient}, "want": {...}}},
+to :func:`grads_file` beside it (binary: 440 thousand numbers per run, which as JSON lists took
+a third of the launch's CPU to write, gather and read). The last run resumes at ep 2 from the
+ep 4 run's step-2 checkpoint. Launched by test_moe.py.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import shutil
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import layout_check  # the dense layouts' training settings (same folder)
@@ -101,14 +105,19 @@ def biases(parts: list[torch.nn.Module]) -> list[list[float]]:
     return [found[name] for name in sorted(found)]
 
 
-def expert_grads(model: torch.nn.Module) -> dict[str, list[float]]:
+def grads_file(out: str | Path) -> Path:
+    """Where the expert gradients of the runs written to ``out`` are (torch.save's format)."""
+    return Path(out).with_suffix(".grads.pt")
+
+
+def expert_grads(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """{layer's expert tensor: its whole gradient, flattened} (collective under EP)."""
-    grads: dict[str, list[float]] = {}
+    grads: dict[str, torch.Tensor] = {}
     for name, param in model.named_parameters():
         if ".experts." in name and param.grad is not None:
             grad = param.grad
             whole = grad.full_tensor() if isinstance(grad, DTensor) else grad
-            grads[name.removeprefix("module.")] = whole.flatten().tolist()
+            grads[name.removeprefix("module.")] = whole.detach().flatten().clone()
     return grads
 
 
@@ -119,7 +128,7 @@ class Observed:
 
     def __init__(self) -> None:
         self.aux: list[float] = []
-        self.grads: dict[str, list[float]] | None = None
+        self.grads: dict[str, torch.Tensor] | None = None
         self.parts: list[torch.nn.Module] = []
 
     @contextmanager
@@ -176,7 +185,7 @@ def main(out: str, folder: str) -> None:
         dist.all_gather_object(gathered, (observed.aux, observed.grads, biases(observed.parts)))
         dp = job.plan.layout.dp  # each rank holds 1/(cp x tp) of its replica's
         aux = [sum(rank[0][i] for rank in gathered) / dp for i in range(len(observed.aux))]
-        grads: dict[str, list[float]] = {}
+        grads: dict[str, torch.Tensor] = {}
         for _, rank_grads, _ in gathered:
             grads.update(rank_grads or {})
         lay = job.plan.layout
@@ -195,6 +204,15 @@ def main(out: str, folder: str) -> None:
             shutil.rmtree(checkpoint.step_dir(folder, STEPS))  # resume from step 2
         dist.barrier()
     if dist.get_rank() == 0:
+        torch.save(
+            {
+                name: {"got": run.pop("expertGrads"), "want": run["reference"]["expertGrads"]}
+                for name, run in results.items()
+            },
+            grads_file(out),
+        )
+        for reference in references.values():
+            del reference["expertGrads"]
         with open(out, "w", encoding="utf-8") as handle:
             json.dump(results, handle)
     dist.destroy_process_group()

@@ -20,7 +20,8 @@ import json
 from pathlib import Path
 
 import pytest
-from moe_check import RUNS
+import torch
+from moe_check import RUNS, grads_file
 from trainer_launch import cpu_env, forked, run
 
 pytestmark = pytest.mark.trainer
@@ -42,7 +43,8 @@ def test_moe_layouts_match_single_process(tmp_path: Path) -> None:
     proc = run(forked(4, script, str(out), str(tmp_path / "ck")), cpu_env(), timeout=560)
     assert proc.returncode == 0, proc.stderr[-4000:]
     results = json.loads(out.read_text())
-    assert set(results) == set(RUNS)
+    expert_grads = torch.load(grads_file(out), weights_only=True)
+    assert set(results) == set(RUNS) == set(expert_grads)
     softmax = results["ep4-ddp4"]["reference"]
     assert softmax["losses"][-1] < softmax["losses"][0] - 1e-3, "the reference must train"
     assert all(a > 0 for a in softmax["aux"]), "the auxiliary loss is counted"
@@ -59,7 +61,9 @@ def test_moe_layouts_match_single_process(tmp_path: Path) -> None:
         if name == "resumed-ep2":
             assert got["resumedFrom"] == 2 and steps == 1
             continue
-        assert set(got["expertGrads"]) == set(want["expertGrads"]) != set()
-        for key, grad in want["expertGrads"].items():
-            error = max(abs(g - w) for g, w in zip(got["expertGrads"][key], grad, strict=True))
+        got_grads, want_grads = expert_grads[name]["got"], expert_grads[name]["want"]
+        assert set(got_grads) == set(want_grads) != set()
+        for key, grad in want_grads.items():
+            assert got_grads[key].shape == grad.shape, (name, key)
+            error = (got_grads[key] - grad).abs().max().item()
             assert error <= GRAD_ATOL, (name, key, error)
