@@ -19,6 +19,7 @@ __all__ = [
     "corpus_documents",
     "make_hf_folder",
     "make_tokenizer",
+    "validation_documents",
     "write_jsonl",
 ]
 
@@ -48,6 +49,13 @@ def make_tokenizer(folder: Path) -> Tokenizer:
     """A byte-level BPE tokenizer with an EOS token, trained on the shipped corpus (the one
     ``meshrun example-files`` writes), saved as transformers expects."""
     return write_tokenizer(folder, corpus_documents())
+
+
+def validation_documents() -> list[str]:
+    """The validation set of the training checks: the corpus's first three documents, 26
+    windows of 32 tokens, which is three blocks of a global batch of 8 and a remainder. (Six
+    documents made 58 windows: three validations cost more than the four steps they watched.)"""
+    return corpus_documents()[:3]
 
 
 def make_hf_folder(folder: Path, kind: str = "llama", seed: int = 0, **config: Any) -> Path:

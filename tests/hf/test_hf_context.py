@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from hf_factories import corpus_documents, make_hf_folder, write_jsonl
+from hf_factories import corpus_documents, make_hf_folder, validation_documents, write_jsonl
 from test_hf_layouts import rule_loss
 from trainer_launch import cpu_env, forked, run
 
@@ -36,7 +36,7 @@ def test_hf_models_train_under_cp_as_without(tmp_path: Path) -> None:
     job = {
         "models": {k: str(make_hf_folder(tmp_path / k, k, seed=i)) for i, k in enumerate(KINDS)},
         "train": str(write_jsonl(tmp_path / "train.jsonl", docs * 3)),
-        "validation": str(write_jsonl(tmp_path / "val.jsonl", docs[:6])),
+        "validation": str(write_jsonl(tmp_path / "val.jsonl", validation_documents())),
         "evalEvery": 2,
         "steps": STEPS,
         "exportRoot": str(tmp_path / "out"),

@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 import transformers
-from hf_factories import KINDS, corpus_documents, make_hf_folder, write_jsonl
+from hf_factories import KINDS, corpus_documents, make_hf_folder, validation_documents, write_jsonl
 from trainer_launch import cpu_env, forked, run
 
 pytestmark = [pytest.mark.trainer, pytest.mark.slow]
@@ -52,7 +52,7 @@ def job(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {
         "models": {k: str(make_hf_folder(root / k, k, seed=i)) for i, k in enumerate(KINDS)},
         "train": str(write_jsonl(root / "train.jsonl", docs * 3)),
-        "validation": str(write_jsonl(root / "val.jsonl", docs[:6])),
+        "validation": str(write_jsonl(root / "val.jsonl", validation_documents())),
         "evalEvery": 2,
         "steps": STEPS,
         "exportRoot": str(root / "out"),

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 from hf_check import spec_parts
-from hf_factories import corpus_documents, make_hf_folder, write_jsonl
+from hf_factories import corpus_documents, make_hf_folder, validation_documents, write_jsonl
 from meshrun_trainer.local.env import layout_env
 from trainer_launch import REPO, cpu_env, run, torchrun
 
@@ -75,7 +75,7 @@ def test_killed_and_resumed_run_equals_an_uninterrupted_one(tmp_path: Path) -> N
     model = make_hf_folder(tmp_path / "qwen2", "qwen2", seed=4)
     docs = corpus_documents()
     write_jsonl(tmp_path / "data" / "train.jsonl", docs * 3)
-    write_jsonl(tmp_path / "data" / "val.jsonl", docs[:6])
+    write_jsonl(tmp_path / "data" / "val.jsonl", validation_documents())
     cmd = torchrun(2, "-m", "meshrun_trainer")
 
     whole = run(cmd, _env(model, tmp_path / "data", tmp_path / "a"), timeout=300)
