@@ -10,15 +10,22 @@ run once, here, before the fork, instead of once in every rank and again in torc
 (3.2 s of CPU per rank and 1.8 s per agent on this machine). The tests of the launch itself
 (the trainer's entrypoint, restarts, the pods) still go through torchrun.
 
-The parent has one thread when it forks (importing torch starts none), so no lock is copied
-held. Each rank dies with the parent (PR_SET_PDEATHSIG), so a test's timeout, which kills this
-process, leaves no rank behind.
+Before the fork the parent also does what every rank would do for itself on first use: it
+parses the CRD the job specs are validated against and imports the parts of torch the trainer
+imports only where a layout needs them (ZeRO-1's optimizer, pipelining, checkpointing), about
+0.3 s and up to 1 s of CPU per rank. Which imports a layout may make stays checked in fresh
+processes (test_trainer_imports.py).
+
+The parent has one thread when it forks (importing torch starts none; checked before the fork),
+so no lock is copied held. Each rank dies with the parent (PR_SET_PDEATHSIG), so a test's
+timeout, which kills this process, leaves no rank behind.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import importlib
 import os
 import runpy
 import signal
@@ -27,9 +34,16 @@ import time
 import traceback
 from pathlib import Path
 
+from meshrun.api.crd import crd
 from meshrun.localnet import free_port
 
 PR_SET_PDEATHSIG = 1
+LATER_IMPORTS = (
+    "torch.distributed.checkpoint",
+    "torch.distributed.optim",
+    "torch.distributed.pipelining",
+)
+"""What the trainer imports only where a layout needs it."""
 GRACE_S = 5.0
 
 
@@ -56,6 +70,17 @@ def _rank(rank: int, world: int, port: int, script: str, args: list[str]) -> int
     return 0
 
 
+def _warm() -> None:
+    """What each rank would otherwise do for itself after the fork (see the module's docstring)."""
+    for module in LATER_IMPORTS:
+        importlib.import_module(module)
+    crd()
+
+
+def _threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
 def _stop(ranks: dict[int, int]) -> None:
     for pid in ranks:
         with contextlib.suppress(ProcessLookupError):
@@ -80,6 +105,10 @@ def main(argv: list[str]) -> int:
     script, args = argv[1], argv[2:]
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python SCRIPT` would
     runpy.run_path(script, run_name="__preload__")  # its imports, not its main
+    _warm()
+    if _threads() != 1:
+        print(f"forked_ranks: {_threads()} threads before the fork, not 1", file=sys.stderr)
+        return 2
     port = free_port()
     ranks: dict[int, int] = {}
     for rank in range(world):
