@@ -139,7 +139,12 @@ def test_gang_timeout_releases_a_partial_gang(
     status = cluster.status("partial")
     assert status["restarts"] == 0 and status["attempt"] >= 1
     assert status["phase"] == "Pending"
-    assert any(e["reason"] == "GangTimeout" for e in cluster.events("partial"))
+    # The event is posted after the condition is written.
+    wait_for(
+        lambda: any(e["reason"] == "GangTimeout" for e in cluster.events("partial")),
+        30,
+        "a GangTimeout event",
+    )
 
 
 def test_a_pod_template_the_api_server_refuses_becomes_invalid(
