@@ -168,7 +168,7 @@ class CpuMeter:
     own and its waited-for children's, written into the phase's report for the controller."""
 
     def __init__(self) -> None:
-        self.mark = own_cpu_seconds()
+        self.start()
 
     def start(self) -> None:
         self.mark = own_cpu_seconds()

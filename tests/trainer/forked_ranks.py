@@ -106,8 +106,9 @@ def main(argv: list[str]) -> int:
     sys.path.insert(0, str(Path(script).resolve().parent))  # as `python SCRIPT` would
     runpy.run_path(script, run_name="__preload__")  # its imports, not its main
     _warm()
-    if _threads() != 1:
-        print(f"forked_ranks: {_threads()} threads before the fork, not 1", file=sys.stderr)
+    threads = _threads()
+    if threads != 1:
+        print(f"forked_ranks: {threads} threads before the fork, not 1", file=sys.stderr)
         return 2
     port = free_port()
     ranks: dict[int, int] = {}

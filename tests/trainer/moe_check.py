@@ -8,7 +8,7 @@ first step (gathered whole). Rank 0 trains the plain model on the whole global b
 model and writes {run: {"losses", "gradNorms", "aux", "biases", "resumedFrom", "reference":
 {...}}} to OUT.json and the expert gradients, {run: {"got": {tensor: gradient}, "want": {...}}},
 to :func:`grads_file` beside it (binary: 440 thousand numbers per run, which as JSON lists took
-a third of the launch's CPU to write, gather and read). The last run resumes at ep 2 from the
+two thirds of the launch's CPU to write, gather and read). The last run resumes at ep 2 from the
 ep 4 run's step-2 checkpoint. Launched by test_moe.py.
 """
 
