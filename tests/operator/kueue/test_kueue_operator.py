@@ -56,6 +56,33 @@ def teams(
     print(f"--- operator log ({process.log_path}) ---\n{process.log_tail(120)}")
 
 
+@pytest.fixture(autouse=True)
+def empty_queue(teams: dict[str, Cluster], kubectl: Kubectl) -> Iterator[None]:
+    """Each test starts with the shared ClusterQueue holding nothing and ends by deleting its
+    jobs: a Workload left by a test before (a failed one, or one whose garbage collection lags
+    on a busy machine) would otherwise take quota that this test's figures count on."""
+    queue_empty(kubectl)
+    yield
+    for team in teams.values():
+        kubectl("delete", PLURAL, "--all", "-n", team.ns, "--wait=false", check=False)
+
+
+def queue_empty(kubectl: Kubectl) -> None:
+    """Wait until no Workload of any namespace reserves quota in, or waits for, the queue."""
+
+    def held() -> dict[str, int]:
+        status = get_json(kubectl, "clusterqueues", ko.CLUSTER_QUEUE).get("status", {})
+        keys = ("reservingWorkloads", "admittedWorkloads", "pendingWorkloads")
+        return {key: status.get(key, 0) for key in keys if status.get(key, 0)}
+
+    wait_for(
+        lambda: not held(),
+        120,
+        f"the ClusterQueue {ko.CLUSTER_QUEUE} empty",
+        describe=lambda: (held(), kubectl("get", "workloads", "-A").stdout),
+    )
+
+
 def submit(
     team: Cluster,
     num_nodes: int,
