@@ -66,7 +66,8 @@ def gloo_ranks(body: Callable[[int, dict[str, Any]], None], world: int) -> dict[
     port = free_port()
     with mp.Manager() as manager:
         results = manager.dict()
-        mp.spawn(_gloo_rank, args=(body, world, port, results), nprocs=world, join=True)
+        torn_down = manager.Barrier(world)
+        mp.spawn(_gloo_rank, args=(body, world, port, results, torn_down), nprocs=world, join=True)
         return dict(results)
 
 
@@ -76,6 +77,7 @@ def _gloo_rank(
     world: int,
     port: int,
     results: dict[str, Any],
+    torn_down: Any,
 ) -> None:
     # A rank that aborts inside torch's C++ (gloo) prints where its Python threads were.
     faulthandler.enable(all_threads=True)
@@ -89,3 +91,12 @@ def _gloo_rank(
         dist.barrier()
     finally:
         dist.destroy_process_group()
+    # Rank 0 hosts the rendezvous store, so no rank leaves until every rank has torn its group
+    # down; then each leaves without running C++ destructors: a rank's exit that destroyed a
+    # gloo thread still joinable aborted it ("terminate called without an active exception",
+    # in a thread with no Python frame) in 1 of 4 runs of the suite on a busy machine. The
+    # results are already with the manager.
+    torn_down.wait(timeout=120)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
