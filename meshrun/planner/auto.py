@@ -161,7 +161,7 @@ def fit_degrees(spec: JobSpec, degrees: Candidate, strategy: str) -> Choice:
     # Fitting with little headroom slows the step (memory pressure): more recomputation may
     # then be faster.
     for mode in modes[modes.index(choice.checkpointing) + 1 :]:
-        if not choice.memory.fits or not pressure_slowdown(choice.memory):
+        if not choice.memory.fits or not pressure_slowdown(choice.memory, choice.layout):
             break
         roomier = evaluate(spec, degrees, strategy, mode, given=True)
         assert roomier.estimate is not None and choice.estimate is not None

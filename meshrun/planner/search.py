@@ -183,7 +183,7 @@ def _sharding_and_recompute(
         for index, mode in enumerate(modes[:allowed]):
             memory = estimate_memory(spec, layout, stages, mode)
             yield layout, stages, memory, mode
-            if memory.fits and not pressure_slowdown(memory):
+            if memory.fits and not pressure_slowdown(memory, layout):
                 allowed = index
                 break
         if allowed == 0:

@@ -233,6 +233,23 @@ def test_memory_pressure_starts_at_95_percent_and_reaches_half_a_step() -> None:
     assert pressure_slowdown(None) == 0
 
 
+def test_under_zero3_memory_pressure_starts_at_75_percent() -> None:
+    """ZeRO-3 gathers and frees every unit's parameters all step long: its step slows from 75%
+    of the accelerator (a fifth of it when full), the general half-step beyond 95% still
+    applies, and no other layout slows below 95%."""
+    zero3 = plan_job(make_spec({"type": "zero", "zeroStage": 3}, nodes=2)).layout
+    zero1 = plan_job(make_spec({"type": "zero", "zeroStage": 1}, nodes=2)).layout
+
+    def at(share: float, layout: Any) -> float:
+        return pressure_slowdown(MemoryEstimate(int(share * GIB), 0, 0, 0, GIB), layout)
+
+    assert at(0.75, zero3) == 0 < at(0.76, zero3)
+    assert at(0.875, zero3) == pytest.approx(0.1, abs=1e-6)
+    assert at(0.95, zero3) == pytest.approx(0.16, abs=1e-6)
+    assert at(1.0, zero3) == pytest.approx(0.5) == at(1.0, zero1)
+    assert at(0.875, zero1) == at(0.95, zero1) == 0
+
+
 def test_zero1_without_tp_or_pp_broadcasts_after_the_step() -> None:
     """DDP's all-reduce hides behind a long backward; ZeRO-1 (ZeroRedundancyOptimizer) then
     broadcasts the updated shards with nothing to hide behind, while FSDP2's ZeRO-0 beside TP
