@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from meshrun_trainer.local.run import CHILD_FAILED, log_tail
 from test_local_run import JOB
 
 from meshrun.cli.main import main
@@ -57,3 +58,22 @@ def test_bad_input_exits_2_with_a_clear_message(
     assert code == 2, stderr
     assert message in stderr
     assert "Traceback" not in stderr
+
+
+def test_a_failed_runs_log_shows_the_ranks_last_lines_before_torchruns_report() -> None:
+    """torchrun writes its own traceback and a table after the failed rank's output: the excerpt
+    the CLI prints keeps the rank's last lines and the table, not the launcher's frames."""
+    rank = [f"step {i}" for i in range(40)] + [
+        "terminate called without an active exception",
+        "Fatal Python error: Aborted",
+    ]
+    launcher = [
+        "Traceback (most recent call last):",
+        *[f'  File "torch/distributed/run.py", line {i}, in run' for i in range(12)],
+        f"{CHILD_FAILED}: ",
+    ]
+    table = ["=" * 20, "meshrun_trainer FAILED", "exitcode  : -6 (pid: 7)  (SIGABRT)", "=" * 20]
+    excerpt = log_tail("\n".join(rank + launcher + table)).splitlines()
+    assert excerpt == rank[-30:] + launcher[-1:] + table
+    # A log without torchrun's report: its last lines, as they are.
+    assert log_tail("\n".join(rank), lines=2).splitlines() == rank[-2:]

@@ -164,8 +164,28 @@ def _follow(
     return steps, summary
 
 
-def _tail(path: Path, lines: int = 30) -> str:
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+CHILD_FAILED = "torch.distributed.elastic.multiprocessing.errors.ChildFailedError"
+"""The line torchrun's own traceback ends with when a rank failed; its table of the failed ranks
+follows."""
+
+
+def log_tail(text: str, lines: int = 30) -> str:
+    """The last ``lines`` lines a pod's processes wrote. When torchrun reported a failed rank,
+    its own traceback (a dozen lines of the launcher's frames) is left out and its table of the
+    failed ranks kept, so the ranks' last lines, where the error is, still show."""
+    found = text.splitlines()
+    report = next((i for i in range(len(found) - 1, -1, -1) if CHILD_FAILED in found[i]), None)
+    if report is None:
+        return "\n".join(found[-lines:])
+    launcher = max(
+        (i for i in range(report) if found[i].startswith("Traceback (most recent call last)")),
+        default=report,
+    )
+    return "\n".join([*found[:launcher][-lines:], *found[report:]])
+
+
+def _tail(path: Path) -> str:
+    return log_tail(path.read_text(errors="replace"))
 
 
 def build_summary(
