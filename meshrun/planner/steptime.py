@@ -528,10 +528,13 @@ def pressure_slowdown(memory: MemoryEstimate | None, layout: Layout | None = Non
     if memory is None or not memory.accelerator_bytes:
         return 0.0
     used = min(1.0, memory.total / memory.accelerator_bytes)
-    slowdown = PRESSURE_SLOWDOWN * max(0.0, (used - PRESSURE_START) / (1 - PRESSURE_START))
+
+    def ramp(start: float, most: float) -> float:
+        return most * max(0.0, (used - start) / (1 - start))
+
+    slowdown = ramp(PRESSURE_START, PRESSURE_SLOWDOWN)
     if layout is not None and layout.zero_stage >= 3:
-        start, most = GATHERED_PRESSURE
-        slowdown = max(slowdown, most * max(0.0, (used - start) / (1 - start)))
+        slowdown = max(slowdown, ramp(*GATHERED_PRESSURE))
     return slowdown
 
 

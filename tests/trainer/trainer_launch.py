@@ -12,6 +12,7 @@ from typing import Any
 
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from meshrun_trainer.distributed.mesh import leave
 
 from meshrun.localnet import free_port
 
@@ -91,12 +92,8 @@ def _gloo_rank(
         dist.barrier()
     finally:
         dist.destroy_process_group()
-    # Rank 0 hosts the rendezvous store, so no rank leaves until every rank has torn its group
-    # down; then each leaves without running C++ destructors: a rank's exit that destroyed a
-    # gloo thread still joinable aborted it ("terminate called without an active exception",
-    # in a thread with no Python frame) in 1 of 4 runs of the suite on a busy machine. The
-    # results are already with the manager.
+    # Rank 0 hosts the rendezvous store: no rank leaves until every rank has torn its group
+    # down, and then none runs the interpreter's teardown (see ``leave``). The results are
+    # already with the manager.
     torn_down.wait(timeout=120)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(0)
+    leave(0)

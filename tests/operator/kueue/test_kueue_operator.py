@@ -210,7 +210,6 @@ def test_quota_queues_a_job_with_kueues_reason_and_deleting_jobs_gives_the_quota
     suspended(a, fourth, "Pending", NO_QUOTA)
     kubectl("delete", PLURAL, third, "-n", b.ns, "--wait=false")
     running(a, fourth, 4)
-    kubectl("delete", PLURAL, fourth, "-n", a.ns, "--wait=false")
 
 
 def test_partial_admission_runs_an_elastic_job_at_the_admitted_size_and_a_rigid_one_waits(
@@ -249,7 +248,6 @@ def test_partial_admission_runs_an_elastic_job_at_the_admitted_size_and_a_rigid_
 
     finish_all(b, job)
     b.wait_phase(job, "Succeeded")
-    kubectl("delete", PLURAL, holder, "-n", a.ns, "--wait=false")
 
 
 def _checkpoint_claim(kubectl: Kubectl, namespace: str) -> str:
@@ -324,7 +322,6 @@ def test_a_higher_priority_preempts_and_the_victim_resumes_later_without_a_resta
         assert volumes["meshrun-checkpoints"]["persistentVolumeClaim"]["claimName"] == claim
         env = _env(pod)
         assert env["MESHRUN_ATTEMPT"] == "1" and env["MESHRUN_CHECKPOINT_DIR"] == "/checkpoints"
-    kubectl("delete", PLURAL, victim, "-n", b.ns, "--wait=false")
 
 
 def test_a_whole_gang_restart_keeps_the_admission(
@@ -357,7 +354,6 @@ def test_a_whole_gang_restart_keeps_the_admission(
     # admission places each pod on its node again.
     assert "unhealthyNodes" not in after.get("status", {}), after["status"]["unhealthyNodes"]
     assert {p["metadata"]["name"]: p["spec"]["nodeName"] for p in a.live_pods(job)} == nodes
-    kubectl("delete", PLURAL, job, "-n", a.ns, "--wait=false")
 
 
 def test_a_queue_that_cannot_work_says_why(teams: dict[str, Cluster], kubectl: Kubectl) -> None:
@@ -369,8 +365,6 @@ def test_a_queue_that_cannot_work_says_why(teams: dict[str, Cluster], kubectl: K
     assert a.pods(unknown) == [] and a.pods(lost) == []
     warned = [e["type"] for e in a.events(unknown) if e["reason"] == found["reason"]]
     assert warned == ["Warning"], a.events(unknown)
-    for job in (lost, unknown):
-        kubectl("delete", PLURAL, job, "-n", a.ns, "--wait=false")
 
 
 def test_without_kueue_a_queue_name_says_so_and_other_jobs_run_as_before(
