@@ -14,7 +14,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -26,6 +25,8 @@ from typing import Any
 
 import yaml
 from _scale_cluster import BIN, CERTS_SH, ROOT, Cluster, apply
+
+from meshrun.localnet import free_port
 
 GPU = "nvidia.com/gpu"
 IMAGE = "meshrun/trainer:bench"
@@ -42,12 +43,6 @@ PROFILED_MAIN = (
     f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r}); import _stack_sampler; "
     "sys.exit(_stack_sampler.run(sys.argv[1], sys.argv[2:]))"
 )
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def http_ok(url: str) -> bool:
