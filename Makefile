@@ -31,7 +31,13 @@ tools: ## Build the cluster binaries from Go modules (cached in ~/.cache/meshrun
 
 .PHONY: test-tools
 test-tools: ## The binaries every test needs: the control plane's, Kueue's manager, the real node's kubelet, CoreDNS and image registry
-	hack/build-tools.sh etcd kwok helm kube kueue kubelet coredns registry
+	hack/build-tools.sh kube kubelet etcd helm registry kueue kwok coredns
+
+.PHONY: images
+images: ## The operator and trainer images in the real node's Docker engine (built here, imported by the tests)
+	hack/realnode/deps.sh
+	hack/realnode/images.sh build operator meshrun/operator:0.1.0 --no-import
+	hack/realnode/images.sh build trainer meshrun/trainer:0.1.0 --no-import
 
 .PHONY: cluster-up
 cluster-up: venv tools ## Start (or reuse) the local cluster: NODES fake GPU nodes, plus a real node (REAL_NODE=0 to skip)
