@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -234,17 +235,17 @@ def test_micro_batch_size_has_no_default_and_every_rule_guards_it() -> None:
 
 
 def test_threads_asking_at_once_parse_the_crd_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The operator evaluates new jobs on threads: the first of them parses the 270 KB CRD,
-    the others wait for it instead of each parsing it again."""
+    """The operator evaluates new jobs on threads: the first of them parses the package's copy
+    of the CRD, the others wait for it instead of each parsing it again."""
     parses = []
-    real_load = yaml.load
+    real_load = json.loads
 
     def counted(*args: Any, **kwargs: Any) -> Any:
         parses.append(1)
         time.sleep(0.2)  # long enough for every thread to arrive meanwhile
         return real_load(*args, **kwargs)
 
-    monkeypatch.setattr(api.yaml, "load", counted)
+    monkeypatch.setattr(api.json, "loads", counted)
     api._parsed.cache_clear()
     try:
         with ThreadPoolExecutor(8) as pool:
@@ -254,3 +255,8 @@ def test_threads_asking_at_once_parse_the_crd_once(monkeypatch: pytest.MonkeyPat
     assert len(parses) == 1
     assert all(answer is answers[0] for answer in answers)
     assert answers[0]["spec"]["names"]["kind"] == "ParallelTrainingJob"
+
+
+def test_the_packaged_crd_is_the_crd_file() -> None:
+    """The package reads a JSON rendering of crds/ (hack/sync-crds.sh): the same object."""
+    assert api.crd() == yaml.safe_load(CRD_PATH.read_text(encoding="utf-8"))
