@@ -25,7 +25,7 @@ from meshrun_operator.children.platform import PlatformEgress
 from meshrun_operator.client.errors import ApiTimeout
 from meshrun_operator.client.kube import Kube
 from meshrun_operator.client.login import Login, LoginError
-from meshrun_operator.client.rest import Rest
+from meshrun_operator.client.rest import Rest, smaller_tls_buffers
 from meshrun_operator.lifecycle.evaluation import Admission, Evaluations
 from meshrun_operator.runtime import kueue_watch, leader
 from meshrun_operator.runtime.context import OperatorContext
@@ -350,6 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         # and job, three per /healthz request): keep warnings.
         for noisy in ("kopf.objects", "kopf.activities.probe", "aiohttp.access"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
+    smaller_tls_buffers()
     credentials = Login()
     try:
         credentials.login_now()  # fail early and plainly: kopf would retry a login forever

@@ -19,6 +19,7 @@ this operator lost its lease is never sent (kube.py).
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import contextvars
 import json
 import logging
@@ -33,6 +34,23 @@ from meshrun_operator.client.errors import ApiError, ApiTimeout, json_body, retr
 from meshrun_operator.client.login import Login
 
 logger = logging.getLogger("meshrun.operator")
+
+TLS_READ_BUFFER = 64 * 1024
+"""The read buffer of each TLS connection. asyncio allocates ``SSLProtocol.max_size`` bytes
+(256 KiB) for every connection and zeroes them, so all of it is resident; the operator holds
+one connection per concurrent request (``--workers``), two for the Lease and one per kopf
+watch, and reads answers of a few KiB. Pages of a large listing (``chunk_size`` 500 nodes,
+about 1 MiB) take more reads of 64 KiB each."""
+
+
+def smaller_tls_buffers(size: int = TLS_READ_BUFFER) -> None:
+    """Make new TLS connections of this process read through ``size`` bytes instead of asyncio's
+    256 KiB (``asyncio.sslproto.SSLProtocol.max_size``, the class's own tunable); nothing
+    happens on a Python whose protocol lacks it or already reads less."""
+    protocol = getattr(asyncio.sslproto, "SSLProtocol", None)
+    if protocol is not None and getattr(protocol, "max_size", 0) > size:
+        protocol.max_size = size
+
 
 JSON = "application/json"
 MERGE_PATCH = "application/merge-patch+json"
