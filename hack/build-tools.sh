@@ -8,6 +8,10 @@
 #                                  kueue, kubeadm, kind: the last two for make e2e-kind)
 #   hack/build-tools.sh training-operator   opt-in, never built by default: the peer operator
 #                                  that bench/operator_scale.py runs side by side with meshrun
+#
+# Kubernetes' binaries, etcd and helm build in one lane and the rest in another, side by side;
+# MESHRUN_BUILD_LANES=1 builds everything one after the other (each build's own output then
+# comes in order).
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 # shellcheck source=versions.env
