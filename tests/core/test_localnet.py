@@ -24,13 +24,17 @@ def test_picked_ports_are_outside_the_ephemeral_and_node_port_ranges_and_bindabl
 
 
 def test_a_port_someone_listens_on_is_never_picked(monkeypatch: pytest.MonkeyPatch) -> None:
-    with socket.socket() as held:
+    with socket.socket() as held, socket.socket() as probe:
         held.bind(("127.0.0.1", 0))
         held.listen()
         taken = held.getsockname()[1]
+        probe.bind(("127.0.0.1", 0))
+        free = probe.getsockname()[1]
+        probe.close()
         # Only the held port and one free one to choose from: the held one is skipped.
         monkeypatch.setattr(
-            "meshrun.localnet.chosen_ranges", lambda _eph: [range(taken, taken + 1), range(0, 0)]
+            "meshrun.localnet.chosen_ranges",
+            lambda _eph: [range(taken, taken + 1), range(free, free + 1)],
         )
         picks = {free_port() for _ in range(20)}
     assert taken not in picks

@@ -45,11 +45,10 @@ about 1 MiB) take more reads of 64 KiB each."""
 
 def smaller_tls_buffers(size: int = TLS_READ_BUFFER) -> None:
     """Make new TLS connections of this process read through ``size`` bytes instead of asyncio's
-    256 KiB (``asyncio.sslproto.SSLProtocol.max_size``, the class's own tunable); nothing
-    happens on a Python whose protocol lacks it or already reads less."""
-    protocol = getattr(asyncio.sslproto, "SSLProtocol", None)
-    if protocol is not None and getattr(protocol, "max_size", 0) > size:
-        protocol.max_size = size
+    256 KiB (``asyncio.sslproto.SSLProtocol.max_size``, the class's own tunable); a smaller
+    size already set is kept."""
+    protocol = asyncio.sslproto.SSLProtocol
+    protocol.max_size = min(protocol.max_size, size)
 
 
 JSON = "application/json"
