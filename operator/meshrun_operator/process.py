@@ -6,10 +6,13 @@ package ``__init__``s, which import every generated API class and model: a fifth
 operator's memory for objects it never makes, and kopf imports them too whenever the package is
 installed, only to recognise model objects the operator never hands it. So before kopf is
 imported, ``kubernetes`` and ``kubernetes.client`` are registered as bare packages over their
-real folders: the loader's modules (``kubernetes.config``, ``kubernetes.client.configuration``)
+real folders: the loader's modules (``kubernetes.config`` and what it imports when used)
 import as usual, the models never do, and kopf finds no model classes to recognise. The
-loader's OIDC refresh names ``requests_oauthlib.OAuth2Session`` at import time too: it is a
-stand-in until a session is made, which keeps ``requests`` out of the process.
+loader names more at import time than it uses to log in: the client's ``ApiClient`` and
+``Configuration``, ``requests_oauthlib.OAuth2Session`` and ``oauthlib.oauth2`` (for an OIDC
+refresh) and ``urllib3`` (for basic auth). Each is a stand-in that imports the real one when it
+is first used, which keeps ``requests``, urllib3 and oauthlib out of a process that logs in
+with a token, a certificate or a service account.
 """
 
 from __future__ import annotations
@@ -22,14 +25,28 @@ from pathlib import Path
 from typing import Any
 
 
-class DeferredApiClient:
-    """``kubernetes.client.ApiClient``, imported (models and all) only when one is made: the
-    config loader names it at import time but uses it only to refresh an OIDC token."""
+class Deferred(type):
+    """The type of a stand-in class (:func:`deferred_class`): what the stand-in lacks, its
+    class attributes and methods (``Configuration.set_default``), are the real class's."""
 
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        from kubernetes.client.api_client import ApiClient
+    def __getattr__(cls, attribute: str) -> Any:
+        if attribute.startswith("__"):
+            raise AttributeError(attribute)
+        return getattr(cls.real(), attribute)
 
-        return ApiClient(*args, **kwargs)
+    def real(cls) -> type:
+        real: type = getattr(importlib.import_module(cls.__module__), cls.__name__)
+        return real
+
+
+def deferred_class(module: str, name: str) -> type:
+    """A stand-in for class ``module.name`` that imports the module only when an instance is
+    made or another attribute is read: making one makes an instance of the real class."""
+
+    def new(cls: Deferred, *args: Any, **kwargs: Any) -> Any:
+        return cls.real()(*args, **kwargs)
+
+    return Deferred(name, (), {"__new__": new, "__module__": module})
 
 
 OAUTH_SESSIONS = "requests_oauthlib"
@@ -37,30 +54,61 @@ OAUTH_SESSIONS = "requests_oauthlib"
 detection's modules, 209 in all, 7.3 MiB of the operator's memory) for an object the config
 loader makes only to refresh an OIDC token."""
 
+OAUTH_ERRORS = "oauthlib.oauth2"
+"""The package the config loader imports at the top only to name, in an ``except`` of its OIDC
+refresh, the error a refused client id raises: 60 modules, 0.8 MiB of the operator's memory."""
+
+
+URLLIB3 = "urllib3"
+"""The loader imports it for basic auth's header; the operator's own HTTP is aiohttp's. With its
+modules (importlib.metadata and zipfile among them), 1.8 MiB of the operator's memory."""
+
+
+PROBES = frozenset({"__file__", "__cached__", "__loader__", "__path__", "__wrapped__"})
+"""Names that tools ask any module in ``sys.modules`` for (``inspect``, the import system):
+a stand-in answers them as a module without them does, rather than importing the real one.
+Any other name (``__version__`` included) is the real module's."""
+
+
+def real_module(name: str) -> types.ModuleType:
+    """Module ``name`` itself, imported in its stand-in's place (see :func:`stand_in`)."""
+    if getattr(sys.modules.get(name), "__standin__", False):
+        del sys.modules[name]
+    return importlib.import_module(name)
+
+
+def stand_in(name: str, **early: Any) -> None:
+    """Register a stand-in for module ``name`` that imports the real one when first asked for
+    any other public name: ``import name`` costs nothing until the module is used. The names in
+    ``early`` are the stand-in's own, answered without importing (a ``from name import x`` asks
+    at import time). Nothing happens when the module is missing or already imported."""
+    spec = None if name in sys.modules else importlib.util.find_spec(name)
+    if spec is None:
+        return
+    module = types.ModuleType(name)
+    if spec.submodule_search_locations is not None:
+        # A package's submodules import under the stand-in (``import urllib3.exceptions`` by
+        # another package) and are the real package's once its ``__init__`` runs.
+        module.__path__ = list(spec.submodule_search_locations)
+
+    def real_attribute(attribute: str) -> Any:
+        if attribute in PROBES:
+            raise AttributeError(attribute)
+        return getattr(real_module(name), attribute)
+
+    module.__dict__.update(early, __standin__=True, __getattr__=real_attribute)
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:  # ``import parent.child`` binds the parent, whose attribute the code then reads
+        setattr(sys.modules[parent], child, module)
+
 
 class DeferredOAuth2Session:
     """``requests_oauthlib.OAuth2Session``, imported only when one is made; until then the
-    package is a stand-in in ``sys.modules`` (see :func:`lean_kubernetes`)."""
-
-    standin: types.ModuleType | None = None
+    package is a stand-in (see :func:`lean_kubernetes`)."""
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        return cls.real().OAuth2Session(*args, **kwargs)
-
-    @classmethod
-    def real(cls) -> types.ModuleType:
-        """The real package, imported in the stand-in's place on first use."""
-        if cls.standin is not None and sys.modules.get(OAUTH_SESSIONS) is cls.standin:
-            del sys.modules[OAUTH_SESSIONS]
-        return importlib.import_module(OAUTH_SESSIONS)
-
-
-def _real_attribute(name: str) -> Any:
-    """Any other public name of the stand-in is the real package's (importing it then); the
-    import system's own probes (``__path__`` and the like) find nothing, as on any module."""
-    if name.startswith("__"):
-        raise AttributeError(name)
-    return getattr(DeferredOAuth2Session.real(), name)
+        return real_module(OAUTH_SESSIONS).OAuth2Session(*args, **kwargs)
 
 
 def bare_package(name: str, folder: Path) -> types.ModuleType:
@@ -83,21 +131,24 @@ def lean_kubernetes() -> None:
     root = bare_package("kubernetes", Path(next(iter(spec.submodule_search_locations))))
     client = bare_package("kubernetes.client", Path(root.__path__[0]) / "client")
 
+    # The loader names both at import time; it makes them only for an OIDC refresh and in
+    # the load_* functions the operator does not call (it fills in credentials.Loaded).
+    deferred = {
+        "ApiClient": deferred_class("kubernetes.client.api_client", "ApiClient"),
+        "Configuration": deferred_class("kubernetes.client.configuration", "Configuration"),
+    }
+
     def lazy(name: str) -> Any:
-        if name == "Configuration":
-            return importlib.import_module("kubernetes.client.configuration").Configuration
-        if name == "ApiClient":
-            return DeferredApiClient
+        if name in deferred:
+            return deferred[name]
         raise AttributeError(f"module 'kubernetes.client' has no attribute {name!r} here")
 
     client.__getattr__ = lazy  # type: ignore[method-assign]
     root.client = client  # type: ignore[attr-defined]
     sys.modules["kubernetes"], sys.modules["kubernetes.client"] = root, client
-    if OAUTH_SESSIONS not in sys.modules and importlib.util.find_spec(OAUTH_SESSIONS):
-        standin = types.ModuleType(OAUTH_SESSIONS)
-        standin.OAuth2Session = DeferredOAuth2Session  # type: ignore[attr-defined]
-        standin.__getattr__ = _real_attribute  # type: ignore[method-assign]
-        DeferredOAuth2Session.standin = sys.modules[OAUTH_SESSIONS] = standin
+    stand_in(OAUTH_SESSIONS, OAuth2Session=DeferredOAuth2Session)
+    stand_in(OAUTH_ERRORS)
+    stand_in(URLLIB3)
 
 
 def main(argv: list[str] | None = None) -> int:

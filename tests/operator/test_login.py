@@ -292,6 +292,44 @@ def test_requests_go_through_the_clusters_proxy_url(tmp_path: Path) -> None:
     assert proxied == ["http://api.invalid:6443/api"]
 
 
+def test_without_a_proxy_url_the_environments_proxy_is_used_unless_no_proxy_exempts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    proxied: list[str] = []
+
+    async def proxy(request: web.Request) -> web.Response:
+        proxied.append(str(request.url))
+        return web.json_response({"kind": "APIVersions"})
+
+    async def scenario() -> None:
+        async with serving(proxy) as port:
+            monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{port}")
+            config = kubeconfig(tmp_path, {"token": "t"}, "http://api.invalid:6443")
+            rest = Rest(Login(str(config)), ApiTimeout.of(5))
+            try:
+                assert await rest.request("GET", "/api") == {"kind": "APIVersions"}
+            finally:
+                await rest.close()
+
+    asyncio.run(scenario())
+    assert proxied == ["http://api.invalid:6443/api"]
+    # Which proxy a server gets: its scheme's, else all_proxy's; none where no_proxy names its
+    # host (or a domain above it, or everything).
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        for variant in (name, name.upper()):
+            monkeypatch.delenv(variant, raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://corporate:3128")
+    monkeypatch.setenv("ALL_PROXY", "http://fallback:3128")
+    monkeypatch.setenv("NO_PROXY", "10.96.0.1,.cluster.local")
+    proxy_of = credentials_module.environment_proxy
+    assert proxy_of("https://api.example:6443") == "http://corporate:3128"
+    assert proxy_of("http://api.example:6443") == "http://fallback:3128"
+    assert proxy_of("https://10.96.0.1:443") is None
+    assert proxy_of("https://kubernetes.default.svc.cluster.local") is None
+    monkeypatch.setenv("NO_PROXY", "*")
+    assert proxy_of("https://api.example:6443") is None
+
+
 def test_a_cold_start_makes_one_login_and_a_rotated_token_cancels_nothing_in_flight(
     tmp_path: Path,
 ) -> None:

@@ -107,31 +107,41 @@ def test_no_essence_is_built_since_no_handler_diffs_one() -> None:
 def test_every_way_in_keeps_the_generated_kubernetes_client_out(entry: str) -> None:
     # kopf imports the kubernetes client when it is installed (it is, here): both ways into
     # the operator must keep its generated models out before kopf is imported, while the
-    # config loader the operator logs in with still imports. Nor does ``requests`` come in
-    # with the loader until an OIDC refresh makes an OAuth2Session, which is then the real one.
+    # config loader the operator logs in with still imports. What the loader names only for
+    # an OIDC refresh or basic auth (requests, oauthlib, urllib3, the client's Configuration)
+    # comes in when first used, and is then the real thing.
     probe = (
         "import sys\n"
         f"try:\n    {entry}\nexcept SystemExit:\n    pass\n"
         "assert 'kopf' in sys.modules, 'the operator was not reached'\n"
         "import kubernetes.config\n"
-        "from kubernetes.client import Configuration\n"
         "from kubernetes.config import kube_config\n"
-        "print(Configuration.__module__, 'kubernetes.client.models' in sys.modules)\n"
+        "from meshrun_operator.client import credentials\n"
+        "real = ('kubernetes.client.models', 'kubernetes.client.configuration', 'requests',\n"
+        "        'oauthlib.oauth2.rfc6749', 'urllib3.util')\n"
+        "print([name for name in real if name in sys.modules])\n"
         "import requests_oauthlib as named\n"
-        "print('requests' in sys.modules)\n"
         "session = kube_config.OAuth2Session(client_id='meshrun')\n"
         "print(type(session).__module__, session.client_id, 'requests' in sys.modules)\n"
         "print(named.OAuth1Session.__module__)\n"
+        "refused = kube_config.oauthlib.oauth2.rfc6749.errors.InvalidClientIdError\n"
+        "print(refused.__module__)\n"
+        "print(kube_config.urllib3.util.make_headers(basic_auth='a:b'))\n"
+        "from kubernetes.client import Configuration\n"
+        "made = Configuration(host='https://h')\n"
+        "print(type(made).__module__, made.host, type(Configuration.get_default_copy()).__name__)\n"
     )
     result = subprocess.run(
         [sys.executable, "-c", probe, "--no-such-flag"], capture_output=True, text=True, timeout=120
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split("\n")[:4] == [
-        "kubernetes.client.configuration False",
-        "False",
+    assert result.stdout.split("\n")[:6] == [
+        "[]",
         "requests_oauthlib.oauth2_session meshrun True",
         "requests_oauthlib.oauth1_session",
+        "oauthlib.oauth2.rfc6749.errors",
+        "{'authorization': 'Basic YTpi'}",
+        "kubernetes.client.configuration https://h Configuration",
     ]
 
 

@@ -7,8 +7,12 @@ KUBECONFIG (or ~/.kube/config), merged and read by the loader: client certificat
 ``tokenFile``, basic auth, an ``exec`` credential plugin, an OIDC ``auth-provider`` (its ID
 token refreshed with its refresh token once expired), ``tls-server-name`` and ``proxy-url``. Only
 the loader is imported, never the generated API classes (their models cost memory the operator
-has no use for). The loader does not read a user's impersonation fields (``as``, ``as-groups``):
-a kubeconfig with them is refused rather than used under the wrong identity.
+has no use for), nor their Configuration: the loaders fill in a :class:`Loaded` instead, since
+the Configuration's module imports urllib3 (1.8 MiB of the operator's memory) for its own HTTP
+client. Without a ``proxy-url``, the environment's proxy (HTTPS_PROXY and the like) is used
+unless NO_PROXY exempts the server, as kubectl does. The loader does not read a user's
+impersonation fields (``as``, ``as-groups``): a kubeconfig with them is refused rather than used
+under the wrong identity.
 """
 
 from __future__ import annotations
@@ -18,14 +22,15 @@ import logging
 import os
 import ssl
 import threading
+import urllib.request
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import kopf
-from kubernetes.client import Configuration
 from kubernetes.config import ConfigException
 from kubernetes.config.incluster_config import InClusterConfigLoader
 from kubernetes.config.kube_config import KubeConfigLoader, KubeConfigMerger
@@ -85,6 +90,34 @@ class Credentials(kopf.ConnectionInfo):
 
 
 @dataclass
+class Loaded:
+    """What the config loaders set on the configuration they are handed (``load_and_set``): the
+    fields the operator reads, with the generated client's defaults."""
+
+    host: str = ""
+    ssl_ca_cert: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    verify_ssl: bool = True
+    tls_server_name: str | None = None
+    proxy: str | None = None
+    """The cluster's ``proxy-url``."""
+    api_key: dict[str, str] = field(default_factory=dict)
+    refresh_api_key_hook: Callable[[Any], None] | None = None
+    """Set by the loaders, never called: refreshing is Login's."""
+
+
+def environment_proxy(server: str) -> str | None:
+    """The proxy the environment names for ``server``'s scheme (``https_proxy``, then
+    ``all_proxy``, either case), unless ``no_proxy`` exempts its host."""
+    url = urlsplit(server)
+    proxies = urllib.request.getproxies_environment()
+    if url.hostname and urllib.request.proxy_bypass(url.hostname):
+        return None
+    return proxies.get(url.scheme) or proxies.get("all")
+
+
+@dataclass
 class Issued:
     """One login's credentials, and what makes them stale."""
 
@@ -112,10 +145,8 @@ def in_a_pod() -> bool:
     return bool(host and port and (SERVICE_ACCOUNT / "token").exists())
 
 
-def _credentials(
-    config: Configuration, namespace: str | None, expiration: datetime | None
-) -> Credentials:
-    """kopf's view of a Configuration the loader filled in."""
+def _credentials(config: Loaded, namespace: str | None, expiration: datetime | None) -> Credentials:
+    """kopf's view of what the loader filled in."""
     # The loader reads a tokenFile as it is: its final newline would break the header.
     header = str(config.api_key.get("BearerToken") or "").strip()
     scheme, _, token = header.partition(" ") if " " in header else ("", "", header)
@@ -128,7 +159,7 @@ def _credentials(
         certificate_path=config.cert_file or None,
         private_key_path=config.key_file or None,
         default_namespace=namespace,
-        proxy_url=config.proxy or None,
+        proxy_url=config.proxy or environment_proxy(str(config.host)),
         expiration=expiration,
         tls_server_name=config.tls_server_name or None,
     )
@@ -145,7 +176,7 @@ def _skips_verification(cluster: dict[str, Any]) -> bool:
 
 def _service_account() -> Issued:
     token = SERVICE_ACCOUNT / "token"
-    config = Configuration()
+    config = Loaded()
     try:
         # Refreshing is Login's (on a file change), not the loader's once a minute.
         loader = InClusterConfigLoader(  # type: ignore[no-untyped-call]
@@ -224,7 +255,7 @@ class KubeconfigLogin:
     def issue(self) -> Issued:
         self._read()
         assert self._loader is not None
-        config = Configuration()
+        config = Loaded()
         try:
             context = dict(self._loader.current_context.get("context") or {})
             user, defined_in = self._user(context.get("user"))
