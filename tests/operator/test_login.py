@@ -267,7 +267,10 @@ def test_tls_server_name_checks_the_certificate_for_that_name(tmp_path: Path) ->
     asyncio.run(scenario())
 
 
-def test_requests_go_through_the_clusters_proxy_url(tmp_path: Path) -> None:
+def proxied_requests(tmp_path: Path, setup: Callable[[str], dict[str, Any]]) -> list[str]:
+    """The URLs a proxy was asked for while the operator's client sent GET /api to
+    http://api.invalid:6443, logged in with a kubeconfig whose cluster gets ``setup(proxy)``'s
+    fields (``setup`` may also point the environment at the proxy)."""
     proxied: list[str] = []
 
     async def proxy(request: web.Request) -> web.Response:
@@ -276,12 +279,8 @@ def test_requests_go_through_the_clusters_proxy_url(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         async with serving(proxy) as port:
-            config = kubeconfig(
-                tmp_path,
-                {"token": "t"},
-                "http://api.invalid:6443",
-                **{"proxy-url": f"http://127.0.0.1:{port}"},
-            )
+            fields = setup(f"http://127.0.0.1:{port}")
+            config = kubeconfig(tmp_path, {"token": "t"}, "http://api.invalid:6443", **fields)
             rest = Rest(Login(str(config)), ApiTimeout.of(5))
             try:
                 assert await rest.request("GET", "/api") == {"kind": "APIVersions"}
@@ -289,30 +288,22 @@ def test_requests_go_through_the_clusters_proxy_url(tmp_path: Path) -> None:
                 await rest.close()
 
     asyncio.run(scenario())
+    return proxied
+
+
+def test_requests_go_through_the_clusters_proxy_url(tmp_path: Path) -> None:
+    proxied = proxied_requests(tmp_path, lambda proxy: {"proxy-url": proxy})
     assert proxied == ["http://api.invalid:6443/api"]
 
 
 def test_without_a_proxy_url_the_environments_proxy_is_used_unless_no_proxy_exempts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    proxied: list[str] = []
+    def from_environment(proxy: str) -> dict[str, Any]:
+        monkeypatch.setenv("http_proxy", proxy)
+        return {}
 
-    async def proxy(request: web.Request) -> web.Response:
-        proxied.append(str(request.url))
-        return web.json_response({"kind": "APIVersions"})
-
-    async def scenario() -> None:
-        async with serving(proxy) as port:
-            monkeypatch.setenv("http_proxy", f"http://127.0.0.1:{port}")
-            config = kubeconfig(tmp_path, {"token": "t"}, "http://api.invalid:6443")
-            rest = Rest(Login(str(config)), ApiTimeout.of(5))
-            try:
-                assert await rest.request("GET", "/api") == {"kind": "APIVersions"}
-            finally:
-                await rest.close()
-
-    asyncio.run(scenario())
-    assert proxied == ["http://api.invalid:6443/api"]
+    assert proxied_requests(tmp_path, from_environment) == ["http://api.invalid:6443/api"]
     # Which proxy a server gets: its scheme's, else all_proxy's; none where no_proxy names its
     # host (or a domain above it, or everything).
     for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
