@@ -9,8 +9,8 @@ reaches the trainer with no other edit. Pure: no I/O.
 ``spec.podTemplate``, ``spec.command`` and ``spec.args`` are not in the document (the pod
 carries them; the trainer never reads them), so the document is a few KiB (1.9-2.7 KiB for the
 examples), far below the 128 KiB Linux allows one environment string (MAX_ARG_STRLEN);
-:data:`MAX_DOCUMENT_BYTES` is checked when it is written, and by the operator's evaluation
-(:func:`check_document_size`), so a job whose document would not fit is Invalid before any pod.
+:data:`MAX_DOCUMENT_BYTES` is checked when it is written, which the operator's evaluation does
+for pod 0 when it admits a job, so a job whose document would not fit is Invalid before any pod.
 """
 
 from __future__ import annotations
@@ -99,21 +99,6 @@ def read_document(text: str, field: str = JOB_VARIABLE) -> JobDocument:
         raise SpecError(field, f"holds a malformed plan or pod: {error}") from None
     spec = read_section(JobSpec, defaulted(raw["spec"]), shape=plan.model)
     return JobDocument(spec=spec, plan=plan, pod=pod)
-
-
-def check_document_size(spec: JobSpec, plan: Plan) -> None:
-    """SpecError naming ``spec`` when the job's document would not fit one environment string."""
-    pod = Pod(
-        job_name=plan.name,
-        namespace="",
-        index=0,
-        attempt=0,
-        checkpoint_dir=None,
-        checkpoint_keep=0,
-        metrics_port=0,
-        termination_log="",
-    )
-    write_document(JobDocument(spec=spec, plan=plan, pod=pod))
 
 
 def termination_log_of(text: str) -> str | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import typing
 from collections.abc import Mapping
@@ -58,8 +59,10 @@ def defaulted(spec: Mapping[str, Any]) -> dict[str, Any]:
     return with_defaults(spec)
 
 
+@functools.cache
 def crd_key_of(field: dataclasses.Field[Any]) -> str:
-    """The CRD key a dataclass field reads: its ``key`` metadata or its name in camelCase."""
+    """The CRD key a dataclass field reads: its ``key`` metadata or its name in camelCase
+    (once per field: every read and write of a spec, a plan or a status asks again)."""
     key = field.metadata.get("key")
     if key:
         return str(key)
@@ -93,19 +96,39 @@ def read_section(cls: type[T], data: Mapping[str, Any], **derived: Any) -> T:
 
 
 def _value(hint: Any, raw: Any) -> Any:
+    kind, section = _reading(hint)
+    if kind == "section":
+        return read_section(section, raw or {})
+    if kind == "optional":
+        return None if raw is None else read_section(section, raw)
+    if kind == "float" and isinstance(raw, int):
+        return float(raw)  # the schema's "number" also admits 1
+    if kind == "floats" and raw is not None:
+        return [float(item) for item in raw]
+    if kind == "sections":
+        return None if raw is None else [read_section(section, entry) for entry in raw]
+    if raw is None or isinstance(raw, str | int | float):
+        return raw
+    return copy.deepcopy(raw)
+
+
+@functools.cache
+def _reading(hint: Any) -> tuple[str, Any]:
+    """How :func:`_value` reads a field of type ``hint``, worked out once per type: a section,
+    an optional one, a number, a list of numbers, a list of sections or a plain value."""
     if isinstance(hint, type) and dataclasses.is_dataclass(hint):
-        return read_section(hint, raw or {})
+        return "section", hint
     section = optional_section(hint)
     if section is not None:
-        return None if raw is None else read_section(section, raw)
-    if hint is float and isinstance(raw, int):
-        return float(raw)  # the schema's "number" also admits 1
-    if typing.get_origin(hint) is list and typing.get_args(hint) == (float,) and raw is not None:
-        return [float(item) for item in raw]
+        return "optional", section
+    if hint is float:
+        return "float", None
+    if typing.get_origin(hint) is list and typing.get_args(hint) == (float,):
+        return "floats", None
     item = list_section(hint)
     if item is not None:
-        return None if raw is None else [read_section(item, entry) for entry in raw]
-    return copy.deepcopy(raw)
+        return "sections", item
+    return "plain", None
 
 
 def optional_section(hint: Any) -> type | None:

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from meshrun_operator.lifecycle.evaluation import evaluate
+from meshrun_operator.lifecycle.evaluation import Admission, admit, evaluate
 from meshrun_trainer.config.read import read_job
 
 from meshrun.api import crd as crd_module
@@ -20,7 +20,7 @@ from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec, Training
 from meshrun.envcontract import pod_env
-from meshrun.jobdoc import JOB_VARIABLE, check_document_size, read_document
+from meshrun.jobdoc import JOB_VARIABLE, read_document
 from meshrun.planner.plan import Plan, plan_job
 
 pytestmark = pytest.mark.unit
@@ -128,11 +128,12 @@ def test_a_document_too_big_for_the_environment_makes_the_job_invalid() -> None:
     huge = {**job["spec"], "args": ["x" * 4096] * 1024}
     assert evaluate(huge, "big").error is None
     # The CRD's bounds keep every admitted spec's document small; past them (a spec read by
-    # hand), the document is refused before any pod is made.
+    # hand), the operator's admission, which writes pod 0's document, refuses it before any pod
+    # is made.
     spec = read_spec(job["spec"])
     plan = plan_job(job["spec"], "big")
     with pytest.raises(SpecError) as caught:
-        check_document_size(dataclasses.replace(spec, image="r/" + "x" * 100_000), plan)
+        admit(dataclasses.replace(spec, image="r/" + "x" * 100_000), plan, "big", Admission())
     assert caught.value.field == "spec" and "the job document is" in caught.value.rule
 
 

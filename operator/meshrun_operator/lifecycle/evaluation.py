@@ -16,7 +16,6 @@ from meshrun.api.errors import SpecError
 from meshrun.api.read import read_spec
 from meshrun.api.spec import JobSpec
 from meshrun.envcontract import pod_env
-from meshrun.jobdoc import check_document_size
 from meshrun.planner.plan import Plan, plan_job
 from meshrun_operator.children.builders import build_pod
 from meshrun_operator.children.owner import JobRef
@@ -79,7 +78,6 @@ def evaluate(
         spec = with_queue(spec, labels, rules.platform)
         cap_pods("spec.resources.numNodes", spec.resources.num_nodes, rules.max_pods)
         plan = plan_job(spec, name)
-        check_document_size(spec, plan)  # what the trainer pods will be handed
         admit(spec, plan, name, rules)
     except SpecError as error:
         return Evaluation(raw_spec=raw_spec, spec=spec, error=error)
@@ -92,8 +90,9 @@ def evaluate(
 
 def admit(spec: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
     """SpecError unless the operator may run the job: its pod template meets the pod policy and
-    has a shape pods can be built from, it keeps to the platform policy, and a restricted egress
-    has a NetworkPolicy to go in and stays inside the platform's."""
+    has a shape pods can be built from, its job document fits a pod's environment, it keeps to
+    the platform policy, and a restricted egress has a NetworkPolicy to go in and stays inside
+    the platform's."""
     check_template(spec.pod_template, rules.pod_policy)
     check_platform(spec, rules.platform)
     if spec.elastic is not None and spec.elastic.max_data_parallel is not None:
@@ -110,6 +109,7 @@ def admit(spec: JobSpec, plan: Plan, name: str, rules: Admission) -> None:
             "(--no-network-policy, Helm value networkPolicy.enabled=false)",
         )
     job = JobRef(name, "default", "")
+    # Pod 0's environment holds the job document, whose writing refuses one too big for it.
     env = pod_env(plan, spec, job_name=name, namespace="default", pod_index=0,
                   master_addr="", master_port=0, attempt=0, checkpoint_dir="")  # fmt: skip
     try:
