@@ -6,6 +6,7 @@ token, one login for many requests, and a 401 that cancels nothing in flight."""
 from __future__ import annotations
 
 import asyncio
+import asyncio.sslproto
 import os
 import ssl
 import subprocess
@@ -26,7 +27,7 @@ from meshrun_operator.client import login as login_module
 from meshrun_operator.client.credentials import LoginError
 from meshrun_operator.client.errors import ApiError, ApiTimeout
 from meshrun_operator.client.login import Login, from_kubeconfig, login
-from meshrun_operator.client.rest import Rest
+from meshrun_operator.client.rest import Rest, smaller_tls_buffers
 
 pytestmark = [pytest.mark.unit, pytest.mark.timeout(120)]
 
@@ -232,6 +233,36 @@ def test_in_a_pod_the_service_account_is_used_and_its_rotated_token_read_without
 
     asyncio.run(scenario())
     assert seen == ["Bearer sa-token-1", "Bearer sa-token-2"]
+
+
+def test_a_large_answer_reads_whole_through_the_small_tls_buffer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # monkeypatch puts asyncio's own size back after the test.
+    monkeypatch.setattr(asyncio.sslproto.SSLProtocol, "max_size", 256 * 1024)
+    smaller_tls_buffers()
+    ca, tls = certificate(tmp_path, "apiserver", "IP:127.0.0.1")
+    items = [{"metadata": {"name": f"node-{i}"}, "padding": "x" * 1000} for i in range(1500)]
+
+    async def handler(request: web.Request) -> web.Response:
+        return web.json_response({"kind": "NodeList", "items": items})
+
+    async def scenario() -> dict[str, Any]:
+        async with serving(handler, tls) as port:
+            server = f"https://127.0.0.1:{port}"
+            config = kubeconfig(
+                tmp_path, {"token": "t"}, server, **{"certificate-authority": str(ca)}
+            )
+            rest = Rest(Login(str(config)), ApiTimeout.of(10))
+            try:
+                answer: dict[str, Any] = await rest.request("GET", "/api/v1/nodes")
+                return answer
+            finally:
+                await rest.close()
+
+    answer = asyncio.run(scenario())
+    assert asyncio.sslproto.SSLProtocol.max_size == 16 * 1024
+    assert answer["items"] == items  # 1.5 MB, about a hundred reads of 16 KiB
 
 
 def test_tls_server_name_checks_the_certificate_for_that_name(tmp_path: Path) -> None:

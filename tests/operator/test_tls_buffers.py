@@ -1,4 +1,4 @@
-"""The operator's TLS connections read through 64 KiB buffers, not asyncio's 256 KiB."""
+"""The operator's TLS connections read through 16 KiB buffers, not asyncio's 256 KiB."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def test_new_tls_connections_read_through_the_smaller_buffer(
     monkeypatch.setattr(asyncio.sslproto.SSLProtocol, "max_size", 256 * 1024)
     assert len(new_protocol()._ssl_buffer) == 256 * 1024
     smaller_tls_buffers()
-    assert len(new_protocol()._ssl_buffer) == TLS_READ_BUFFER == 64 * 1024
+    assert len(new_protocol()._ssl_buffer) == TLS_READ_BUFFER == 16 * 1024
     # It never grows a buffer that is already smaller.
-    monkeypatch.setattr(asyncio.sslproto.SSLProtocol, "max_size", 16 * 1024)
+    monkeypatch.setattr(asyncio.sslproto.SSLProtocol, "max_size", 4 * 1024)
     smaller_tls_buffers()
-    assert asyncio.sslproto.SSLProtocol.max_size == 16 * 1024
+    assert asyncio.sslproto.SSLProtocol.max_size == 4 * 1024
