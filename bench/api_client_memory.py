@@ -215,8 +215,9 @@ def write_docs(
             for client, base, imported, peak in rows
         ),
         "",
-        f"Of meshrun's {rows[0][2] - rows[0][1]:.1f} MiB, the `kubernetes` config loader (and the "
-        f"OAuth library it imports) is {loader:.1f} MiB and the operator's own client "
+        f"Of meshrun's {rows[0][2] - rows[0][1]:.1f} MiB, the `kubernetes` config loader (what it "
+        "names for OIDC and basic auth imported only when used) is "
+        f"{loader:.1f} MiB and the operator's own client "
         f"{rows[0][2] - rows[0][1] - loader:.1f} MiB. The base of the second row is "
         f"{rows[1][1] - rows[0][1]:.1f} MiB higher: the generated models, which neither the "
         "operator nor lightkube loads.",
