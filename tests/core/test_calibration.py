@@ -144,7 +144,8 @@ NEMOTRON_15B = {
     "kvHeads": 8,
     "vocab": 256000,
     "seqLen": 4096,
-    "ffnHidden": 16384,  # squared-ReLU MLP of 24,576 = SwiGLU of 2/3 of it
+    "ffnHidden": 24576,
+    "mlp": "gelu",  # squared ReLU: two matrices, as GeLU's
 }
 NEMOTRON_340B = {
     "layers": 96,
@@ -153,7 +154,8 @@ NEMOTRON_340B = {
     "kvHeads": 8,
     "vocab": 256000,
     "seqLen": 4096,
-    "ffnHidden": 49152,
+    "ffnHidden": 73728,
+    "mlp": "gelu",
 }
 GPT3_2K = gpt(12288, 96, 96, 2048, 51200, 8)
 GPT_530B = gpt(20480, 128, 105, 2048, 51200, 8)
