@@ -35,7 +35,7 @@ class Deferred(type):
         return getattr(cls.real(), attribute)
 
     def real(cls) -> type:
-        real: type = getattr(importlib.import_module(cls.__module__), cls.__name__)
+        real: type = getattr(real_module(cls.__module__), cls.__name__)
         return real
 
 
@@ -103,14 +103,6 @@ def stand_in(name: str, **early: Any) -> None:
         setattr(sys.modules[parent], child, module)
 
 
-class DeferredOAuth2Session:
-    """``requests_oauthlib.OAuth2Session``, imported only when one is made; until then the
-    package is a stand-in (see :func:`lean_kubernetes`)."""
-
-    def __new__(cls, *args: Any, **kwargs: Any) -> Any:
-        return real_module(OAUTH_SESSIONS).OAuth2Session(*args, **kwargs)
-
-
 def bare_package(name: str, folder: Path) -> types.ModuleType:
     """A package module over ``folder`` whose ``__init__`` is never run."""
     module = types.ModuleType(name)
@@ -133,20 +125,13 @@ def lean_kubernetes() -> None:
 
     # The loader names both at import time; it makes them only for an OIDC refresh and in
     # the load_* functions the operator does not call (it fills in credentials.Loaded).
-    deferred = {
-        "ApiClient": deferred_class("kubernetes.client.api_client", "ApiClient"),
-        "Configuration": deferred_class("kubernetes.client.configuration", "Configuration"),
-    }
-
-    def lazy(name: str) -> Any:
-        if name in deferred:
-            return deferred[name]
-        raise AttributeError(f"module 'kubernetes.client' has no attribute {name!r} here")
-
-    client.__getattr__ = lazy  # type: ignore[method-assign]
+    client.__dict__.update(
+        ApiClient=deferred_class("kubernetes.client.api_client", "ApiClient"),
+        Configuration=deferred_class("kubernetes.client.configuration", "Configuration"),
+    )
     root.client = client  # type: ignore[attr-defined]
     sys.modules["kubernetes"], sys.modules["kubernetes.client"] = root, client
-    stand_in(OAUTH_SESSIONS, OAuth2Session=DeferredOAuth2Session)
+    stand_in(OAUTH_SESSIONS, OAuth2Session=deferred_class(OAUTH_SESSIONS, "OAuth2Session"))
     stand_in(OAUTH_ERRORS)
     stand_in(URLLIB3)
 
