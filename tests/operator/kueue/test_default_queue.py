@@ -42,13 +42,16 @@ def test_a_job_without_a_queue_is_queued_in_the_default_one(
 
         found = wait_for(workload, 60, f"a Workload for {name}", describe=operator.log_tail)
         assert found["spec"]["queueName"] == "team-a"
-        # Kueue governs it: the job's Suspended condition carries Kueue's verdict.
-        verdict = wait_for(
-            lambda: team.condition(name, "Suspended").get("reason"),
-            60,
-            "Kueue's verdict on the job",
-        )
-        assert verdict in ("Pending", "Admitted", "QuotaReserved"), verdict
+        # Kueue governs it: once the operator has read the Workload back, the job's Suspended
+        # condition carries Kueue's verdict instead of the operator's own "Queued" (the
+        # reason it sets while the Workload is being created).
+        kueues = ("Pending", "Admitted", "QuotaReserved")
+
+        def reason() -> str | None:
+            found: str | None = team.condition(name, "Suspended").get("reason")
+            return found
+
+        wait_for(lambda: reason() in kueues, 60, "Kueue's verdict on the job", describe=reason)
         assert team.job(name)["spec"].get("scheduling", {}).get("queueName") is None
     finally:
         kubectl("delete", PLURAL, name, "-n", namespace, "--wait=true", "--timeout=30s",
