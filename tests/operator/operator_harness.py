@@ -333,6 +333,18 @@ class Cluster:
         items: list[dict[str, Any]] = json.loads(out)["items"]
         return items
 
+    def wait_events(self, name: str, reason: str, timeout: float = 30) -> list[dict[str, Any]]:
+        """The Events about ``name`` with ``reason``, once there is one. A reconcile posts its
+        Events after its status write (and its deletes), so a test that has seen the status, or
+        the pods go, may read the Events before they are there."""
+        found: list[dict[str, Any]] = wait_for(
+            lambda: [e for e in self.events(name) if e["reason"] == reason],
+            timeout,
+            f"a {reason} Event about {name}",
+            describe=lambda: [(e["type"], e["reason"]) for e in self.events(name)],
+        )
+        return found
+
     def wait_phase(self, name: str, phase: str, timeout: float = 60) -> dict[str, Any]:
         status: dict[str, Any] = wait_for(
             lambda: (s := self.status(name)).get("phase") == phase and s,

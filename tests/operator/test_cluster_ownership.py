@@ -91,8 +91,9 @@ def test_a_service_or_network_policy_of_the_jobs_name_made_by_kubectl_is_left_al
         assert f"{kind} {job} already exists and is not this job's" in conflict["message"]
         status = cluster.status(job)
         assert status["phase"] == "Pending" and f"{kind} {job} already exists" in status["message"]
-        warnings = [e for e in cluster.events(job) if e["reason"] == "NameConflict"]
-        assert warnings and warnings[0]["type"] == "Warning"
+        # The Event is posted after the status that carries the condition: awaited.
+        warnings = cluster.wait_events(job, "NameConflict")
+        assert warnings[0]["type"] == "Warning", warnings
     # A few resyncs later: still no pod, and the team's objects exactly as they were.
     wait_seconds(3)
     assert cluster.pods("postgres") == [] and cluster.pods("fenced") == []
@@ -132,8 +133,14 @@ def test_a_deleted_headless_service_and_policy_come_back_while_the_pods_keep_run
     assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("rdv")) == running
     status = cluster.status("rdv")
     assert status["phase"] == "Running" and status["restarts"] == 0 and status["attempt"] == 0
-    restored = [e for e in cluster.events("rdv") if e["reason"] == "ChildRestored"]
-    assert len(restored) >= 2
+    # Each restore's Event is posted at the end of its pass, after the object is created
+    # again: the second can still be on its way.
+    wait_for(
+        lambda: len([e for e in cluster.events("rdv") if e["reason"] == "ChildRestored"]) >= 2,
+        30,
+        "a ChildRestored Event for the Service and one for the NetworkPolicy",
+        describe=lambda: [(e["reason"], e["message"]) for e in cluster.events("rdv")],
+    )
     one_pod_per_index(cluster, "rdv", 2)
     assert_cleaned_up(cluster, "rdv")
 
@@ -182,8 +189,13 @@ def test_an_edited_service_and_policy_are_set_back_while_the_pods_keep_running(
     assert sorted(p["metadata"]["uid"] for p in cluster.live_pods("drift")) == running
     status = cluster.status("drift")
     assert status["phase"] == "Running" and status["restarts"] == 0
-    repaired = [e for e in cluster.events("drift") if e["reason"] == "ChildRepaired"]
-    assert len(repaired) >= 3, repaired
+    # Each repair's Event is posted at the end of its pass, after the patch the test saw.
+    wait_for(
+        lambda: len([e for e in cluster.events("drift") if e["reason"] == "ChildRepaired"]) >= 3,
+        30,
+        "a ChildRepaired Event for the Service, the NetworkPolicy and the pod",
+        describe=lambda: [(e["reason"], e["message"]) for e in cluster.events("drift")],
+    )
     assert "Traceback" not in operator_process.log_path.read_text()
 
 
@@ -209,8 +221,10 @@ def test_a_privileged_template_under_baseline_is_invalid_with_the_field_named(
     assert cluster.pods("root") == []
     assert "privileged containers are not allowed" in invalid["message"]
     assert "job pod policy is baseline" in invalid["message"]
-    # Refused once: one InvalidSpec Event, and no reconcile error in the log.
-    assert len([e for e in cluster.events("root") if e["reason"] == "InvalidSpec"]) == 1
+    # Refused once: one InvalidSpec Event (posted after the status that says Failed), and no
+    # reconcile error in the log.
+    invalid_events = cluster.wait_events("root", "InvalidSpec")
+    assert len(invalid_events) == 1, invalid_events
     log = operator_process.log_path.read_text()
     assert "Traceback" not in log and "failed; retrying" not in log
 

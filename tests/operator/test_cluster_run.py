@@ -86,6 +86,8 @@ def test_job_runs_to_succeeded_with_status_progress_and_events(
     # The trainer's final summary (termination message of pod 0) is the final progress.
     assert status["progress"]["loss"] == 1.75 and status["progress"]["step"] == 10
     assert cluster.condition("train", "Succeeded")["status"] == "True"
+    # The end's Event is posted after the status that says it: awaited.
+    cluster.wait_events("train", "Succeeded")
     reasons = [e["reason"] for e in cluster.events("train")]
     # The launch is told once (its first Running is routine: the status shows it), the end too.
     assert sorted(reasons) == ["PodsCreated", "Succeeded"], reasons
@@ -127,7 +129,9 @@ def test_a_failed_pod_restarts_the_whole_gang_up_to_the_backoff_limit(
         30,
         "no running pod left after the job failed",
     )
-    assert any(e["type"] == "Warning" and e["reason"] == "Failed" for e in cluster.events("gang"))
+    # Posted after the pass's deletes: the pods can be gone before the Event is there.
+    failed_events = cluster.wait_events("gang", "Failed")
+    assert any(e["type"] == "Warning" for e in failed_events), failed_events
 
 
 def test_a_permanent_exit_code_fails_at_once(

@@ -86,8 +86,9 @@ def test_a_5xx_and_a_killed_operator_leave_a_half_gang_that_is_completed_later(
         status = cluster.status("half")
         assert status["phase"] == "Pending" and status["restarts"] == 0
         assert "retrying at" in status["message"]
-        warnings = events_of(cluster, "half", "ServerError")
-        assert warnings and warnings[0]["type"] == "Warning"
+        # The Event is posted after the status that carries the condition: awaited.
+        warnings = cluster.wait_events("half", "ServerError")
+        assert warnings[0]["type"] == "Warning", warnings
         before = {p["metadata"]["name"]: p["metadata"]["uid"] for p in cluster.pods("half")}
         assert sorted(before) == ["half-0", "half-1"]
         # The operator dies with the gang half created; the API server heals meanwhile.
@@ -148,7 +149,7 @@ def test_a_quota_admits_part_of_the_gang_until_it_is_raised(
     status = cluster.status("quota")
     assert status["phase"] == "Pending" and status["restarts"] == 0
     assert len(cluster.pods("quota")) == 2
-    warning = events_of(cluster, "quota", "QuotaExceeded")[0]
+    warning = cluster.wait_events("quota", "QuotaExceeded")[0]  # posted after the status
     assert warning["type"] == "Warning" and "exceeded quota" in warning["message"]
 
     cluster.kubectl("apply", "-f", "-", input=quota(cluster.ns, 10))

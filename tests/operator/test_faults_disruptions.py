@@ -11,7 +11,7 @@ import json
 import uuid
 
 import pytest
-from faults_support import deleted_leaves_nothing, events_of, one_pod_per_index
+from faults_support import deleted_leaves_nothing, one_pod_per_index
 from operator_harness import Cluster, Kubectl, OperatorProcess, job_manifest, on_node
 from waiting import wait_for
 
@@ -34,7 +34,8 @@ def disrupted(cluster: Cluster, job: str) -> None:
     )
     assert status["restarts"] == 0 and status["attempt"] == 1
     assert status["lastFailure"]["class"] == "Ignored"
-    assert events_of(cluster, job, status["lastFailure"]["reason"])
+    # The restart's Event is posted after the status that counts it: awaited.
+    cluster.wait_events(job, status["lastFailure"]["reason"])
 
 
 def runs_again_uncounted(cluster: Cluster, job: str) -> None:

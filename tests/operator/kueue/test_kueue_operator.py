@@ -363,7 +363,8 @@ def test_a_queue_that_cannot_work_says_why(teams: dict[str, Cluster], kubectl: K
     unknown = submit(a, num_nodes=2, pp=2, priority="meshrun-urgent")
     found = suspended(a, unknown, "WorkloadPriorityClassNotFound", "meshrun-urgent")
     assert a.pods(unknown) == [] and a.pods(lost) == []
-    warned = [e["type"] for e in a.events(unknown) if e["reason"] == found["reason"]]
+    # The Event is posted after the status that carries the condition: awaited.
+    warned = [e["type"] for e in a.wait_events(unknown, found["reason"])]
     assert warned == ["Warning"], a.events(unknown)
 
 
