@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 import pytest
 from meshrun_operator import names
@@ -12,6 +13,8 @@ from waiting import wait_established, wait_for
 from meshrun.api.crd import PLURAL
 
 pytestmark = [pytest.mark.cluster, pytest.mark.timeout(180)]
+
+PROGRESS_DEADLINE = "ProgressDeadlineExceeded"
 
 
 def test_the_api_server_rejects_a_bad_spec_and_an_immutable_change(cluster: Cluster) -> None:
@@ -39,8 +42,11 @@ def test_a_spec_accepted_but_impossible_gets_invalid_and_no_pods(
     invalid = cluster.condition(name, "Invalid")
     assert invalid["status"] == "True" and invalid["message"].startswith("spec.strategy:")
     assert status.get("placement", []) == []
-    warnings = [e for e in cluster.events(name) if e["type"] == "Warning"]
-    assert any(e["reason"] == "InvalidSpec" and "spec.strategy" in e["message"] for e in warnings)
+    # The Event is posted after the status that says Failed: awaited.
+    invalid_events = cluster.wait_events(name, "InvalidSpec")
+    assert any(
+        e["type"] == "Warning" and "spec.strategy" in e["message"] for e in invalid_events
+    ), invalid_events
     assert cluster.pods(name) == []
 
 
@@ -91,12 +97,22 @@ def test_no_progress_restarts_the_gang(cluster: Cluster, operator_process: Opera
     policy = {"progressDeadlineSeconds": 3, "backoffLimit": 2}
     cluster.apply(job_manifest("hung", runPolicy=policy))
     cluster.wait_running_pods("hung", 2)
-    wait_for(
-        lambda: cluster.status("hung").get("restarts", 0) >= 1,
+
+    def restarted() -> dict[str, Any] | None:
+        # One read: the Restarting condition says why only until the new attempt runs (then
+        # it is False with reason Recovered, a second or two after the restart).
+        status = cluster.status("hung")
+        conditions = {c.get("type"): c for c in status.get("conditions") or []}
+        reason = (conditions.get("Restarting") or {}).get("reason")
+        return status if status.get("restarts", 0) >= 1 and reason == PROGRESS_DEADLINE else None
+
+    status = wait_for(
+        restarted,
         60,
-        "a restart after 3 s without progress",
+        "a restart after 3 s without progress, with its reason",
+        describe=lambda: {k: v for k, v in cluster.status("hung").items() if k != "plan"},
     )
-    assert cluster.condition("hung", "Restarting")["reason"] == "ProgressDeadlineExceeded"
+    assert status["lastFailure"]["reason"] == PROGRESS_DEADLINE, status["lastFailure"]
 
 
 def test_ttl_deletes_the_finished_job_and_its_pods(
