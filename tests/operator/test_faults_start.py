@@ -73,8 +73,11 @@ def test_pods_that_never_start_end_the_job_with_the_reason(
             assert f"{job}-0" in failed["message"] and "cannot start" in failed["message"]
             assert words in failed["message"], failed["message"]
             assert status["lastFailure"]["pod"] == f"{job}-0"
-            warnings = [e for e in cluster.events(job) if e["type"] == "Warning"]
-            assert any(e["reason"] == "Failed" and "cannot start" in e["message"] for e in warnings)
+            # The Event is posted after the status that says Failed: awaited.
+            failed_events = cluster.wait_events(job, "Failed")
+            assert any(
+                e["type"] == "Warning" and "cannot start" in e["message"] for e in failed_events
+            ), failed_events
             # One pod, created once, and the real node's kubelet reported on it.
             created = [e["message"] for e in cluster.events(job) if e["reason"] == "PodsCreated"]
             assert created == ["creating 1 pod(s) for attempt 0"]
@@ -106,15 +109,27 @@ def test_the_job_says_at_once_which_pod_waits_and_why(
 ) -> None:
     cluster.apply(on_real_node("pulling", "meshrun.local/absent:2", "IfNotPresent"))
 
-    def told() -> dict[str, Any] | None:
-        running = cluster.condition("pulling", "Running")
-        waits = running.get("reason") in ("ErrImagePull", "ImagePullBackOff")
-        return running if waits and running.get("status") == "False" else None
+    def running_condition(status: dict[str, Any]) -> dict[str, Any]:
+        found = [c for c in status.get("conditions") or [] if c.get("type") == "Running"]
+        return found[0] if found else {}
 
-    running = wait_for(told, 60, "the job naming the pod that cannot pull its image")
+    def told() -> dict[str, Any] | None:
+        # The condition and the message from one read of the status: the kubelet's reason
+        # goes back and forth between ErrImagePull and ImagePullBackOff as it retries.
+        status = cluster.status("pulling")
+        running = running_condition(status)
+        waits = running.get("reason") in ("ErrImagePull", "ImagePullBackOff")
+        return status if waits and running.get("status") == "False" else None
+
+    status = wait_for(
+        told,
+        60,
+        "the job naming the pod that cannot pull its image",
+        describe=lambda: {k: v for k, v in cluster.status("pulling").items() if k != "plan"},
+    )
+    running = running_condition(status)
     assert running["message"].startswith("pod pulling-0: container trainer: ")
     assert "meshrun.local/absent:2" in running["message"]
-    status = cluster.status("pulling")
     assert status["phase"] == "Pending" and status["restarts"] == 0
     assert status["message"].startswith(f"pod pulling-0 waits: {running['reason']}: ")
     assert "meshrun.local/absent:2" in status["message"]
