@@ -69,8 +69,12 @@ def test_the_node_watch_follows_readiness_labels_and_deletion(
         watch.start()
         try:
             await asyncio.wait_for(watch.listed.wait(), 30)
-            # Every node, though listed two at a time; the labels and readiness of each.
-            assert {f"node/{n}" for n in watch.nodes} >= set(listed)
+            # Every node, though listed two at a time; the labels and readiness of each. Tests
+            # beside this one delete nodes of their own meanwhile: those listed before and
+            # after the watch's listing are the ones it must hold (no await in between, so
+            # the watch has not yet applied a deletion after the second listing).
+            still = set(kubectl("get", "nodes", "-o", "name").stdout.split())
+            assert {f"node/{n}" for n in watch.nodes} >= set(listed) & still
             assert watch.labels.get(name) == ({RACK: "rack-7"} | watch.nodes[name].labels,)
             assert watch.labels.get("no-such-node") == ()
             assert name in watch and watch[name][0].ready and "no-such-node" not in watch
