@@ -65,9 +65,12 @@ def test_a_hanging_reconcile_delays_no_other_job_and_health_reports_it_without_f
         loop = Resyncer(OperatorContext(kube=None, resync_seconds=0.05), None, None)  # type: ignore[arg-type]
         loop.jobs = {"slow": job("slow"), "quick": job("quick")}
         task = asyncio.create_task(loop.run())
-        await asyncio.sleep(0.3)
-        assert "quick" in done and "slow" not in done  # quick reconciled again and again
-        assert done.count("quick") > 2
+        await until(lambda: "slow" in loop.running, "the slow job's reconcile begun", seconds=30)
+        await asyncio.sleep(0.3)  # the slow job waits longer than the stall_seconds below
+        # Quick is reconciled again and again meanwhile: awaited, not counted after the sleep
+        # (a pass every 0.05 s, but a loaded machine may run the loop only a few times in it).
+        await until(lambda: done.count("quick") > 2, "quick reconciled three times", seconds=30)
+        assert "slow" not in done
         assert loop.health(stall_seconds=10)["inFlight"] == 1
         # One job whose requests hang does not make the operator restart: it is reported. (Read
         # just after a pass: on a loaded machine a pass may come later than resync_seconds.)
