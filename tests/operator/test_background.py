@@ -161,12 +161,17 @@ def test_the_resync_loop_survives_a_failing_pass_and_healthz_reports_a_stalled_o
         assert not failures and not task.done()
         assert loop.health(stall_seconds=5)["secondsSincePass"] < 1
 
-        stuck = asyncio.Event()
+        stuck, entered = asyncio.Event(), asyncio.Event()
 
         async def stuck_pass() -> None:
+            entered.set()
             await stuck.wait()  # a pass that never completes
 
         monkeypatch.setattr(loop, "_pass", stuck_pass)
+        # The pass under way when _pass was replaced still completes, and counts as progress:
+        # the silence is timed from when the stuck pass began, not from the replacement (a
+        # loaded machine may end that last pass well after it).
+        await until(entered.is_set, "the stuck pass begun", seconds=30)
         await asyncio.sleep(0.4)
         with pytest.raises(Stalled, match="resync loop made no progress"):
             loop.health(stall_seconds=0.3)
