@@ -33,14 +33,8 @@ MEDIAN_ERROR = 0.15
 CONTEXT_PARALLEL_MEDIAN_ERROR = 0.20
 
 
-def gelu_width(hidden: int, tp: int) -> int:
-    """A 4h GeLU MLP (two matrices) as the SwiGLU width of equal cost, 8h/3, rounded to a
-    multiple TP splits."""
-    step = 128 * tp
-    return round(8 * hidden / 3 / step) * step
-
-
-def gpt(hidden: int, heads: int, layers: int, seq: int, vocab: int, tp: int) -> dict[str, Any]:
+def gpt(hidden: int, heads: int, layers: int, seq: int, vocab: int) -> dict[str, Any]:
+    """A GPT-style block: full multi-head attention and a two-matrix GeLU MLP of 4h."""
     return {
         "layers": layers,
         "hidden": hidden,
@@ -48,7 +42,8 @@ def gpt(hidden: int, heads: int, layers: int, seq: int, vocab: int, tp: int) -> 
         "kvHeads": heads,
         "vocab": vocab,
         "seqLen": seq,
-        "ffnHidden": gelu_width(hidden, tp),
+        "ffnHidden": 4 * hidden,
+        "mlp": "gelu",
     }
 
 
@@ -157,8 +152,8 @@ NEMOTRON_340B = {
     "ffnHidden": 73728,
     "mlp": "gelu",
 }
-GPT3_2K = gpt(12288, 96, 96, 2048, 51200, 8)
-GPT_530B = gpt(20480, 128, 105, 2048, 51200, 8)
+GPT3_2K = gpt(12288, 96, 96, 2048, 51200)
+GPT_530B = gpt(20480, 128, 105, 2048, 51200)
 MIXTRAL_8X7B = {
     "layers": 32,
     "hidden": 4096,
@@ -212,7 +207,7 @@ def published_rows() -> list[tuple[str, dict[str, Any], float]]:
     rows = [
         (
             f"megatron-core {name}",
-            job(gpt(h, a, layers, 4096, 131072, tp), gpus, tp, pp, batch, checkpointing="none"),
+            job(gpt(h, a, layers, 4096, 131072), gpus, tp, pp, batch, checkpointing="none"),
             megatron_tokens(tflops, h, layers, 4096, 131072),
         )
         for name, a, h, layers, tp, pp, gpus, batch, tflops in MEGATRON
@@ -228,7 +223,7 @@ def published_rows() -> list[tuple[str, dict[str, Any], float]]:
         (
             "dgxc gpt-3 175b",
             job(
-                gpt(12288, 96, 96, 2048, 51200, 4) | {"ffnHidden": 32768},
+                gpt(12288, 96, 96, 2048, 51200),
                 128,
                 4,
                 8,
@@ -289,7 +284,7 @@ def published_rows() -> list[tuple[str, dict[str, Any], float]]:
     # about 150 TFLOP/s per GPU by Narayanan's count, 4 x 100 Gb/s Omni-Path per node
     # (bigscience.notion.site "BigScience 176B Model"; arXiv 2211.05100 section 3.4); each GPU
     # used about 60 GB.
-    bloom = gpt(14336, 112, 70, 2048, 250880, 4) | {"ffnHidden": 4 * 14336, "mlp": "gelu"}
+    bloom = gpt(14336, 112, 70, 2048, 250880)
     bloom_job = job(bloom, 384, 4, 12, 2048, micro=2, product=A100, checkpointing="full")
     bloom_job["resources"]["interconnect"] = {"interNodeGbps": 50}
     rows.append(("bloom 176b", bloom_job, narayanan_tokens(150, 14336, 70, 2048, 250880)))
