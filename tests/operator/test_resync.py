@@ -151,7 +151,7 @@ def test_a_burst_of_pod_events_is_one_reconcile_and_a_new_job_is_not_kept_waitin
 
     monkeypatch.setattr(resync, "reconcile", reconcile)
 
-    batch = 1.0  # far longer than the burst takes, even on a loaded machine
+    batch = 2.0  # far longer than the burst takes, and than a loaded machine's stalls
 
     async def until(condition: Callable[[], bool], seconds: float) -> None:
         deadline = asyncio.get_running_loop().time() + seconds
@@ -175,7 +175,7 @@ def test_a_burst_of_pod_events_is_one_reconcile_and_a_new_job_is_not_kept_waitin
         assert [uid for uid, _ in done] == ["new"], f"after a burst of {burst:.3f} s"
         await until(lambda: len(done) >= 2, 3 * batch)
         assert [uid for uid, _ in done] == ["new", "launching"]
-        assert 0.75 * batch <= done[1][1] - start <= batch + 1.0
+        assert 0.75 * batch <= done[1][1] - start <= 1.5 * batch
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
