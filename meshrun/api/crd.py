@@ -264,4 +264,10 @@ def read_documents(path: str | Path) -> list[Any]:
         text = source.read_text(encoding="utf-8")
     except OSError as error:
         raise SpecError(str(source), f"cannot be read ({error.strerror or error})") from None
+    except UnicodeDecodeError as error:
+        raise SpecError(
+            str(source),
+            f"is not UTF-8 text (byte {error.object[error.start]:#04x} at offset {error.start}); "
+            "save it as UTF-8",
+        ) from None
     return documents_of(text, str(source))

@@ -166,7 +166,7 @@ def submit(args: argparse.Namespace) -> int:
     try:
         documents = documents_of(sys.stdin.read()) if args.file == "-" else read_documents(source)
     except SpecError as error:
-        print(f"meshrun submit: invalid job in {args.file}: {error}", file=sys.stderr)
+        print(f"meshrun submit: {error}", file=sys.stderr)  # the error names the file
         return EXIT_INVALID
     jobs = []
     for index, document in enumerate(documents):

@@ -150,7 +150,7 @@ def plan_command(
     try:
         documents = documents_of(sys.stdin.read()) if file == "-" else read_documents(file)
     except SpecError as error:
-        print(f"meshrun plan: invalid job in {file}: {error}", file=sys.stderr)
+        print(f"meshrun plan: {error}", file=sys.stderr)  # the error names the file
         return EXIT_INVALID
     from meshrun.planner.elastic import elastic_degrees
 

@@ -213,6 +213,28 @@ def test_real_process_missing_file_no_traceback(tmp_path: Path) -> None:
     assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("content", "words"),
+    [
+        (
+            JOB.format(name="a", gib=80, strategy="{type: ddp}", preset="1b").encode("utf-16"),
+            "is not UTF-8 text (byte 0xff at offset 0); save it as UTF-8",
+        ),
+        (b"", "holds no ParallelTrainingJob"),
+    ],
+)
+def test_an_unreadable_file_is_one_line_naming_it_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes, words: str
+) -> None:
+    """A file saved as UTF-16 (as some editors do) or an empty one: exit 2 and one line that
+    names the file once, never a traceback."""
+    path = tmp_path / "job.yaml"
+    path.write_bytes(content)
+    assert main(["plan", str(path)]) == EXIT_INVALID
+    err = capsys.readouterr().err
+    assert err == f"meshrun plan: {path}: {words}\n"
+
+
 def test_reads_stdin() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "meshrun", "plan", "-", "-o", "json"],

@@ -399,6 +399,17 @@ def test_submit_refuses_what_plan_refuses_with_the_same_message_before_any_clust
     assert code == 2 and "not allowed with argument" in err
 
 
+def test_submit_names_a_file_it_cannot_read_once_as_plan_does(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    absent = tmp_path / "absent.yaml"
+    plan_code, _, plan_err = meshrun(capsys, "plan", str(absent))
+    code, out, err = meshrun(capsys, "submit", str(absent))
+    assert (code, plan_code, out) == (2, 2, "")
+    assert err == f"meshrun submit: {absent}: cannot be read (No such file or directory)\n"
+    assert err.removeprefix("meshrun submit: ") == plan_err.removeprefix("meshrun plan: ")
+
+
 def test_without_the_client_extra_the_job_commands_say_how_to_install_it() -> None:
     probe = (
         "import sys\n"
