@@ -199,6 +199,16 @@ def _check_bounds(value: Any, schema: Schema, path: str) -> None:
                 raise SpecError(path, f"must be less than {high}, got {value}")
             if value > high:
                 raise SpecError(path, f"must be at most {high}, got {value}")
+        if schema.get("type") == "integer":
+            # The API server refuses an integer beyond int64. It does not check an int32
+            # format, but the schema declares it for every client that reads the field.
+            bits = 32 if schema.get("format") == "int32" else 64
+            if not -(2 ** (bits - 1)) <= value < 2 ** (bits - 1):
+                raise SpecError(
+                    path,
+                    f"must fit in a {bits}-bit integer (at most {2 ** (bits - 1) - 1}), "
+                    f"got {value}",
+                )
     if isinstance(value, list):
         if len(value) < schema.get("minItems", 0):
             raise SpecError(path, f"must have at least {schema['minItems']} items, got {value}")

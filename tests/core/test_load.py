@@ -70,6 +70,16 @@ def test_several_documents(tmp_path: Path) -> None:
         (JOB.format(name="a") + "  resources:\n    numNodes: true\n", "numNodes", "integer"),
         (JOB.format(name="a") + "  training:\n    learningRate: 0\n", "learningRate", "greater"),
         (JOB.format(name="a") + "  strategy:\n    zeroStage: 4\n", "zeroStage", "at most 3"),
+        (
+            JOB.format(name="a") + "  training:\n    globalBatchSize: 2147483648\n",
+            "spec.training.globalBatchSize",
+            "must fit in a 32-bit integer (at most 2147483647), got 2147483648",
+        ),
+        (
+            JOB.format(name="a") + "  training:\n    seed: 100000000000000000000\n",
+            "spec.training.seed",
+            "must fit in a 64-bit integer (at most 9223372036854775807)",
+        ),
     ],
 )
 def test_bad_files_name_the_field(tmp_path: Path, text: str, field: str, words: str) -> None:
