@@ -74,7 +74,9 @@ def add_commands(commands: Any) -> None:
     logs.add_argument("-c", "--container", help="a container other than kubectl's default")
     logs.add_argument("-f", "--follow", action="store_true", help="stream it as it grows")
     logs.add_argument("-p", "--previous", action="store_true", help="the container's previous run")
-    logs.add_argument("--tail", type=int, metavar="N", help="only the last N lines")
+    logs.add_argument(
+        "--tail", type=_tail, metavar="N", help="only the last N lines (-1, the default: all)"
+    )
     wait = commands.add_parser(
         "wait",
         help="wait until a job reaches a phase",
@@ -113,6 +115,17 @@ def _seconds(text: str) -> float:
     if not found:
         raise argparse.ArgumentTypeError(f"{text!r} is not a duration (90, 90s, 10m, 2h)")
     return float(found.group(1)) * {"s": 1, "m": 60, "h": 3600}[found.group(2) or "s"]
+
+
+def _tail(text: str) -> int | None:
+    """Lines for ``--tail``: N >= 0, or -1 (None) for all, as kubectl logs takes it."""
+    try:
+        lines = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of lines") from None
+    if lines < -1:
+        raise argparse.ArgumentTypeError(f"must be 0 or more lines, or -1 for all, got {lines}")
+    return None if lines == -1 else lines
 
 
 def run(args: argparse.Namespace) -> int:

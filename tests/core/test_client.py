@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.progress import Progress
 
 from meshrun.cli.jobview import LiveView, jobs_table, status_view
+from meshrun.cli.main import build_parser
 from meshrun.client import Job
 from meshrun.client.errors import (
     RESOURCE,
@@ -408,6 +409,21 @@ def test_submit_names_a_file_it_cannot_read_once_as_plan_does(
     assert (code, plan_code, out) == (2, 2, "")
     assert err == f"meshrun submit: {absent}: cannot be read (No such file or directory)\n"
     assert err.removeprefix("meshrun submit: ") == plan_err.removeprefix("meshrun plan: ")
+
+
+def test_logs_tail_is_kubectls_minus_one_for_all_and_refuses_less_before_any_cluster(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "none"))
+    parse = build_parser().parse_args
+    assert parse(["logs", "llm", "--tail", "-1"]).tail is None
+    assert parse(["logs", "llm", "--tail", "0"]).tail == 0
+    assert parse(["logs", "llm", "--tail", "20"]).tail == 20
+    code, out, err = meshrun(capsys, "logs", "llm", "--tail", "-5")
+    assert (code, out) == (2, "")
+    assert "argument --tail: must be 0 or more lines, or -1 for all, got -5" in err
+    code, _, err = meshrun(capsys, "logs", "llm", "--tail", "ten")
+    assert code == 2 and "argument --tail: 'ten' is not a number of lines" in err
 
 
 def test_without_the_client_extra_the_job_commands_say_how_to_install_it() -> None:
