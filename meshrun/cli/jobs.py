@@ -59,7 +59,7 @@ def add_commands(commands: Any) -> None:
     status = commands.add_parser(
         "status", help="a job's plan, progress, conditions, restarts and last failure"
     )
-    status.add_argument("name", metavar="NAME")
+    status.add_argument("name", metavar="NAME", help="the job (its metadata.name)")
     _add_output(status)
     logs = commands.add_parser(
         "logs",
@@ -67,7 +67,7 @@ def add_commands(commands: Any) -> None:
         description="Print the log of one pod of job NAME: pod I, or the pod that runs global "
         "rank R (from the job's placement); pod 0 by default.",
     )
-    logs.add_argument("name", metavar="NAME")
+    logs.add_argument("name", metavar="NAME", help="the job (its metadata.name)")
     which = logs.add_mutually_exclusive_group()
     which.add_argument("--pod", type=int, metavar="I", help="the pod of index I")
     which.add_argument("--rank", type=int, metavar="R", help="the pod that runs global rank R")
@@ -83,8 +83,15 @@ def add_commands(commands: Any) -> None:
         description="Wait until job NAME's phase is PHASE: exit 0 then, 1 when it ends in "
         "another phase (with the reason) or the timeout passes.",
     )
-    wait.add_argument("name", metavar="NAME")
-    wait.add_argument("--for", dest="phase", choices=PHASES, default="Succeeded", metavar="PHASE")
+    wait.add_argument("name", metavar="NAME", help="the job (its metadata.name)")
+    wait.add_argument(
+        "--for",
+        dest="phase",
+        choices=PHASES,
+        default="Succeeded",
+        metavar="PHASE",
+        help=f"the phase to wait for: {', '.join(PHASES)} (default: Succeeded)",
+    )
     wait.add_argument(
         "--timeout",
         type=_seconds,
@@ -93,7 +100,7 @@ def add_commands(commands: Any) -> None:
         help="give up after S seconds (or 30s, 10m, 2h; default: no limit)",
     )
     delete = commands.add_parser("delete", help="delete a job, its pods and its Service")
-    delete.add_argument("name", metavar="NAME")
+    delete.add_argument("name", metavar="NAME", help="the job (its metadata.name)")
     for sub in (submit, listing, status, logs, wait, delete):
         sub.add_argument("-n", "--namespace", help="the namespace (default: the context's)")
         sub.add_argument("--context", help="the kubeconfig context (default: the current one)")
@@ -102,7 +109,11 @@ def add_commands(commands: Any) -> None:
 
 def _add_output(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "-o", "--output", choices=("text", "json", "yaml"), default="text", help="format"
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="text (default), or the whole object as json or yaml",
     )
 
 

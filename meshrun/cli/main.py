@@ -31,10 +31,24 @@ EXIT_DOES_NOT_FIT = 3
 """Valid spec, but the plan does not fit in accelerator memory (the plan is still printed)."""
 
 
+EXAMPLES = """\
+examples:
+  meshrun plan job.yaml --picture plan.svg   the plan and a picture, no cluster
+  meshrun run job.yaml --local               train it on this machine
+  meshrun submit job.yaml --follow           create it on the cluster, follow it
+  meshrun list -n NS                         the jobs, their step, loss and ETA
+  meshrun status NAME -n NS                  plan, progress, conditions, pods
+  meshrun logs NAME -n NS --rank 4           the log of the pod that runs rank 4
+
+'meshrun COMMAND --help' gives a command's flags."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="meshrun",
         description="Parallel training jobs on Kubernetes that understand parallelism.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EXAMPLES,
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     plan = commands.add_parser(
@@ -45,7 +59,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("file", metavar="FILE", help="YAML file with one or more jobs (- for stdin)")
     plan.add_argument(
-        "-o", "--output", choices=("text", "json", "yaml"), default="text", help="format"
+        "-o",
+        "--output",
+        choices=("text", "json", "yaml"),
+        default="text",
+        help="text (default), or the plan as json or yaml",
     )
     plan.add_argument(
         "--candidates",

@@ -426,6 +426,26 @@ def test_logs_tail_is_kubectls_minus_one_for_all_and_refuses_less_before_any_clu
     assert code == 2 and "argument --tail: 'ten' is not a number of lines" in err
 
 
+def test_the_help_names_the_phases_and_the_job_and_shows_examples(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "200")  # one line per flag
+    code, out, _ = meshrun(capsys, "wait", "--help")
+    assert code == 0
+    assert (
+        "the phase to wait for: Pending, Running, Restarting, Suspended, Succeeded, Failed "
+        "(default: Succeeded)"
+    ) in out
+    for command in ("status", "logs", "wait", "delete"):
+        code, out, _ = meshrun(capsys, command, "--help")
+        assert code == 0 and "the job (its metadata.name)" in out, command
+    code, out, _ = meshrun(capsys, "--help")
+    assert code == 0
+    examples = out.split("examples:\n", 1)[1]
+    assert "meshrun submit job.yaml --follow" in examples
+    assert "'meshrun COMMAND --help' gives a command's flags." in examples
+
+
 def test_without_the_client_extra_the_job_commands_say_how_to_install_it() -> None:
     probe = (
         "import sys\n"
