@@ -5,7 +5,7 @@ FOLDER: a folder of event files here (a local run's, or the job's volume copied 
 NAME: a job on the cluster; its event files are read from ``--logdir`` when given, else from
 its pod 0 while that pod runs (through the exec API, as ``kubectl exec`` does). The cluster is
 reached through :mod:`meshrun.client`: the current context and its namespace, as kubectl
-resolves them, unless ``--context`` / ``-n`` say otherwise.
+resolves them, unless ``--kubeconfig`` / ``--context`` / ``-n`` say otherwise.
 """
 
 from __future__ import annotations
@@ -61,7 +61,8 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--logdir", metavar="DIR", help="the job's event files, copied here")
     parser.add_argument("-n", "--namespace", help="the job's namespace (default: the context's)")
-    parser.add_argument("--context", help="the kubeconfig context to use")
+    parser.add_argument("--context", help="the kubeconfig context (default: the current one)")
+    parser.add_argument("--kubeconfig", help="the kubeconfig file (default: KUBECONFIG)")
     return parser
 
 
@@ -114,7 +115,9 @@ def cluster_curves(args: argparse.Namespace) -> tuple[str, Curves]:
             "client extra (pip install 'meshrun[client]')"
         ) from None
     try:
-        client = JobClient(namespace=args.namespace, context=args.context)
+        client = JobClient(
+            namespace=args.namespace, context=args.context, kubeconfig=args.kubeconfig
+        )
         job = client.get(args.source)
         if args.logdir:
             curves = _read(Path(args.logdir))

@@ -446,6 +446,16 @@ def test_the_help_names_the_phases_and_the_job_and_shows_examples(
     assert "'meshrun COMMAND --help' gives a command's flags." in examples
 
 
+def test_plot_takes_kubeconfig_as_the_other_job_commands_do(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    absent = tmp_path / "none"
+    for command in ("status", "plot"):
+        code, out, err = meshrun(capsys, command, "llm", "--kubeconfig", str(absent))
+        assert (code, out) == (1, ""), command
+        assert err.startswith(f"meshrun {command}: no kubeconfig at {absent}: "), command
+
+
 def test_without_the_client_extra_the_job_commands_say_how_to_install_it() -> None:
     probe = (
         "import sys\n"

@@ -52,7 +52,9 @@ def test_plot_reads_the_job_from_the_cluster(
         writer.scalars(step, {events.LOSS: 4.0 - step, events.TOKENS_PER_SECOND: 800.0})
     writer.close()
 
-    args = argparse.Namespace(source="drawn", namespace=namespace, context=None, logdir=logdir)
+    args = argparse.Namespace(
+        source="drawn", namespace=namespace, context=None, kubeconfig=None, logdir=logdir
+    )
     title, curves = cluster_curves(args)
     assert title == "drawn (dp2 x pp1 x tp1)"
     assert curves.loss == [(1, 3.0), (2, 2.0), (3, 1.0)]
