@@ -255,16 +255,54 @@ def load_jobs(path: str | Path) -> list[dict[str, Any]]:
     return [check_job(doc, f"{source}[{index}]") for index, doc in enumerate(documents)]
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping as kubectl does (PyYAML
+    keeps the last, so a pasted field would silently replace the one above it)."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        lines: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue  # `<<: *anchor`: the keys it brings may be given again
+            key = self.construct_object(key_node, deep=deep)
+            try:
+                first = lines.get(key)
+            except TypeError:
+                continue  # an unhashable key: the safe loader's own error says so
+            if first is not None:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"{key!r} is given twice in one mapping (first on line {first})",
+                    key_node.start_mark,
+                )
+            lines[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
+
+
 def documents_of(text: str, source: str = "<stdin>") -> list[Any]:
-    """The YAML documents of ``text``, unchecked (SpecError when it does not parse or holds
-    none)."""
+    """The YAML documents of ``text``, unchecked (SpecError when it does not parse, gives a key
+    twice in one mapping, or holds none)."""
     try:
-        documents = [doc for doc in yaml.safe_load_all(text) if doc is not None]
+        documents = [doc for doc in yaml.load_all(text, Loader=_UniqueKeyLoader) if doc is not None]
     except yaml.YAMLError as error:
-        raise SpecError(source, f"is not valid YAML ({error})") from None
+        raise SpecError(source, f"is not valid YAML: {_yaml_problem(error)}") from None
     if not documents:
         raise SpecError(source, "holds no ParallelTrainingJob")
     return documents
+
+
+def _yaml_problem(error: yaml.YAMLError) -> str:
+    """A YAML error in one line: where, what, and what it was in the middle of."""
+    if not isinstance(error, yaml.MarkedYAMLError) or error.problem_mark is None:
+        return " ".join(str(error).split())
+    mark = error.problem_mark
+    said = f"line {mark.line + 1}, column {mark.column + 1}: {error.problem}"
+    if error.context:
+        started = error.context_mark
+        since = f" at line {started.line + 1}, column {started.column + 1}" if started else ""
+        said += f" ({error.context}{since})"
+    return said
 
 
 def read_documents(path: str | Path) -> list[Any]:

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from meshrun.api.crd import load_jobs, validate_spec
+from meshrun.api.crd import documents_of, load_jobs, validate_spec
 from meshrun.api.errors import SpecError
 
 pytestmark = pytest.mark.unit
@@ -59,6 +59,11 @@ def test_several_documents(tmp_path: Path) -> None:
         ("", "", "no ParallelTrainingJob"),
         ("a: [1,\n", "", "not valid YAML"),
         (
+            JOB.format(name="a") + "  resources:\n    numNodes: 1\n    numNodes: 2\n",
+            "",
+            "line 11, column 5: 'numNodes' is given twice in one mapping (first on line 10)",
+        ),
+        (
             JOB.format(name="a").replace("  model:\n    preset: tiny\n", ""),
             "spec.model",
             "required",
@@ -90,6 +95,20 @@ def test_bad_files_name_the_field(tmp_path: Path, text: str, field: str, words: 
     assert field in caught.value.field
     assert words in caught.value.rule
     assert str(caught.value) == f"{caught.value.field}: {caught.value.rule}"
+
+
+def test_a_yaml_error_is_one_line_saying_where_and_merge_keys_still_merge() -> None:
+    with pytest.raises(SpecError) as caught:
+        documents_of("spec: {a: [1, 2\n", "job.yaml")
+    assert str(caught.value) == (
+        "job.yaml: is not valid YAML: line 2, column 1: expected ',' or ']', but got "
+        "'<stream end>' (while parsing a flow sequence at line 1, column 11)"
+    )
+    with pytest.raises(SpecError, match="'x' is given twice in one mapping"):
+        documents_of("a: {x: 1, x: 2}\n")
+    # `<<: *anchor` brings keys that the mapping may give again (YAML's merge keys).
+    merged = documents_of("base: &base {p: 1, q: 2}\nthis:\n  <<: *base\n  p: 3\n")
+    assert merged == [{"base": {"p": 1, "q": 2}, "this": {"p": 3, "q": 2}}]
 
 
 def test_missing_file_is_a_spec_error(tmp_path: Path) -> None:
