@@ -26,6 +26,7 @@ import yaml
 from meshrun.files.mountflag import add_mount_flag
 
 if TYPE_CHECKING:
+    from meshrun.api.errors import SpecError
     from meshrun.client import Job, JobClient
 
 EXIT_OK = 0
@@ -198,7 +199,7 @@ def submit(args: argparse.Namespace) -> int:
         try:
             job, _, plan = plan_document(document, f"{source}[{index}]", args.mount)
         except SpecError as error:
-            print(f"meshrun submit: invalid job in {where}: {error}", file=sys.stderr)
+            print(f"meshrun submit: {refusal(error, f'{source}[{index}]', where)}", file=sys.stderr)
             return EXIT_INVALID
         if not plan.memory.fits:
             print(
@@ -222,6 +223,15 @@ def submit(args: argparse.Namespace) -> int:
     if not args.follow:
         return EXIT_OK
     return follow(client, jobs[0]["metadata"]["name"])
+
+
+def refusal(error: SpecError, document: str, where: str) -> str:
+    """A refused document, said once: the error alone when it names the ``document`` itself
+    (not a mapping, the wrong apiVersion or kind, no name), else ``invalid job in WHERE:``
+    and the spec field at fault."""
+    if error.field.startswith(document):
+        return str(error)
+    return f"invalid job in {where}: {error}"
 
 
 def follow(client: JobClient, name: str) -> int:

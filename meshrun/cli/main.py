@@ -21,6 +21,7 @@ import yaml
 
 from meshrun.cli.jobs import COMMANDS as JOB_COMMANDS
 from meshrun.cli.jobs import add_commands as add_job_commands
+from meshrun.cli.jobs import refusal
 from meshrun.cli.jobs import run as run_job_command
 from meshrun.files.mountflag import add_mount_flag
 
@@ -183,7 +184,7 @@ def plan_command(
             layouts.append(best_layouts(spec, candidates) if candidates else [])
             degrees.append(elastic_degrees(spec, plan))
         except SpecError as error:
-            print(f"meshrun plan: invalid job in {where}: {error}", file=sys.stderr)
+            print(f"meshrun plan: {refusal(error, f'{source}[{index}]', where)}", file=sys.stderr)
             results.append(error)
             layouts.append([])
             degrees.append([])

@@ -235,6 +235,17 @@ def test_an_unreadable_file_is_one_line_naming_it_once(
     assert err == f"meshrun plan: {path}: {words}\n"
 
 
+def test_a_document_that_is_no_job_is_named_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write_job(tmp_path)
+    path.write_text(path.read_text().replace("kind: ParallelTrainingJob", "kind: PyTorchJob"))
+    assert main(["plan", str(path)]) == EXIT_INVALID
+    assert capsys.readouterr().err == (
+        f"meshrun plan: {path}[0].kind: must be ParallelTrainingJob, got 'PyTorchJob'\n"
+    )
+
+
 def test_reads_stdin() -> None:
     result = subprocess.run(
         [sys.executable, "-m", "meshrun", "plan", "-", "-o", "json"],
