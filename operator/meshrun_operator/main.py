@@ -80,9 +80,18 @@ class Options:
     """Debug logging."""
 
 
+DESCRIPTION = (
+    "Run the meshrun operator: it turns each ParallelTrainingJob into a headless Service and "
+    "its pods, and follows it to the end (docs/operator.md). It serves every namespace unless "
+    "--namespace names some, and reaches the cluster through the pod's service account, else "
+    "KUBECONFIG or ~/.kube/config."
+)
+"""What ``meshrun operator --help`` says first (the module's docstring is for its readers)."""
+
+
 def parse_args(argv: list[str]) -> Options:
     """The options from the command line; exits 2 naming the flag when one is wrong."""
-    parser = argparse.ArgumentParser(prog="meshrun operator", description=__doc__)
+    parser = argparse.ArgumentParser(prog="meshrun operator", description=DESCRIPTION)
     _serving_arguments(parser)
     _loop_arguments(parser)
     _timing_arguments(parser)

@@ -43,3 +43,13 @@ def test_the_flags_reach_the_options_and_the_help_has_a_heading_per_concern(
     shown = capsys.readouterr().out
     for heading in ("serving:", "the resync loop:", "restarts and timeouts:", "what is watched:"):
         assert heading in shown
+
+
+def test_the_help_begins_with_what_the_operator_does_for_its_user(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    with pytest.raises(SystemExit):
+        parse_args(["--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    assert "Run the meshrun operator: it turns each ParallelTrainingJob into" in shown
+    assert "``" not in shown, "the module's reStructuredText is not the help"
