@@ -85,6 +85,9 @@ def plot(args: argparse.Namespace) -> Path:
         raise PlotError(f"-o: {output} must end in {', '.join(PICTURE_SUFFIXES)}")
     if source.is_dir():
         title, curves = source.name, _read(source)
+    elif "/" in args.source or args.source.startswith("."):
+        # No job is named so (a name is a DNS label): a folder that is not there.
+        raise PlotError(f"{args.source}: no such folder here")
     else:
         title, curves = cluster_curves(args)
     try:

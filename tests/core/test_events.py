@@ -116,6 +116,10 @@ def test_meshrun_plot_draws_a_folder(tmp_path: Path, capsys: pytest.CaptureFixtu
     (tmp_path / "none").mkdir()
     assert meshrun_main(["plot", str(tmp_path / "none"), "-o", str(picture)]) == 2
     assert "no train/loss in any TensorBoard event file" in capsys.readouterr().err
+    # A folder that is not there is said so, not looked for as a job on the cluster.
+    absent = tmp_path / "absent"
+    assert meshrun_main(["plot", str(absent), "-o", str(picture)]) == 2
+    assert capsys.readouterr().err == f"meshrun plot: {absent}: no such folder here\n"
 
 
 SPEC = {"image": "t", "resources": {"accelerator": "cpu"}, "model": {"preset": "tiny"}}
