@@ -47,10 +47,9 @@ def jobs_table(jobs: Iterable[Job], now: datetime, namespaces: bool = False) -> 
             job.phase,
             str(status.get("layout") or ""),
             str(status.get("worldSize") or ""),
-            *(
-                str(shown.get(key) or "")
-                for key in ("step", "progress", "loss", "tokensPerSecond", "eta")
-            ),
+            *(str(shown.get(key) or "") for key in ("step", "progress", "loss", "tokensPerSecond")),
+            # An ended job has nothing left to wait for (status says no ETA for it either).
+            "" if job.finished else str(shown.get("eta") or ""),
             str(job.restarts),
             age(job.object["metadata"].get("creationTimestamp"), now),
         ]

@@ -350,6 +350,9 @@ def test_list_is_kubectls_table_with_nothing_cut() -> None:
          "5m30s"],
         ["a-job-with-a-rather-long-name", "Pending", "", "", "", "", "", "", "", "0", "5m30s"],
     ]  # fmt: skip
+    done = job({**RUNNING, "phase": "Succeeded"})
+    done["status"]["display"] = {**done["status"]["display"], "eta": "0s"}
+    assert jobs_table([Job(done)], NOW).splitlines()[1].split()[-3:] == ["123k", "1", "5m30s"]
 
 
 def test_the_live_view_shows_the_bar_and_a_line_per_change() -> None:
