@@ -10,6 +10,7 @@ checked by the planner, which names the same fields.
 from __future__ import annotations
 
 import copy
+import datetime
 import functools
 import json
 import re
@@ -160,7 +161,7 @@ def _validate(
         allowed = _TYPES[kind]
         # bool is an int subclass in Python, but not an integer to the API server.
         if not isinstance(value, allowed) or (isinstance(value, bool) and kind != "boolean"):
-            raise SpecError(path, f"must be {_article(kind)} {kind}, got {value!r}")
+            raise SpecError(path, f"must be {_article(kind)} {kind}, got {_as_yaml(value)}")
     if "enum" in schema and value not in schema["enum"]:
         choices = ", ".join(str(choice) for choice in schema["enum"])
         raise SpecError(path, f"{value!r} is not one of: {choices}")
@@ -221,6 +222,14 @@ def _check_bounds(value: Any, schema: Schema, path: str) -> None:
             raise SpecError(path, f"must have at most {schema['maxLength']} characters")
         if "pattern" in schema and re.search(schema["pattern"], value) is None:
             raise SpecError(path, f"{value!r} does not match {schema['pattern']}")
+
+
+def _as_yaml(value: Any) -> str:
+    """A value as the YAML that gave it (``true``, ``null``, ``2024-01-01``), not Python's repr
+    (``True``, ``None``, ``datetime.date(2024, 1, 1)``); strings and the rest as repr."""
+    if value is None or isinstance(value, bool | datetime.date):
+        return yaml.safe_dump(value, default_flow_style=True).removesuffix("\n...\n").strip()
+    return repr(value)
 
 
 def _article(kind: str) -> str:

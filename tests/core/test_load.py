@@ -72,7 +72,17 @@ def test_several_documents(tmp_path: Path) -> None:
         (JOB.format(name="a") + "  strategy:\n    type: fsdp\n", "spec.strategy.type", "one of"),
         (JOB.format(name="a") + "  resources:\n    numNodes: 0\n", "numNodes", "at least 1"),
         (JOB.format(name="a") + "  resources:\n    numNodes: two\n", "numNodes", "integer"),
-        (JOB.format(name="a") + "  resources:\n    numNodes: true\n", "numNodes", "integer"),
+        (
+            JOB.format(name="a") + "  resources:\n    numNodes: true\n",
+            "numNodes",
+            "must be an integer, got true",
+        ),
+        (
+            JOB.format(name="a") + "  training:\n    steps: 2024-01-01\n",
+            "spec.training.steps",
+            "must be an integer, got 2024-01-01",
+        ),
+        (JOB.format(name="a") + "  resources: ~\n", "spec.resources", "an object, got null"),
         (JOB.format(name="a") + "  training:\n    learningRate: 0\n", "learningRate", "greater"),
         (JOB.format(name="a") + "  strategy:\n    zeroStage: 4\n", "zeroStage", "at most 3"),
         (
