@@ -242,10 +242,10 @@ def check_job(job: Any, where: str = "job") -> dict[str, Any]:
         raise SpecError(where, "must be a YAML mapping (a Kubernetes object)")
     if job.get("apiVersion") != API_VERSION:
         raise SpecError(
-            f"{where}.apiVersion", f"must be {API_VERSION}, got {job.get('apiVersion')!r}"
+            f"{where}.apiVersion", f"must be {API_VERSION}, got {_as_yaml(job.get('apiVersion'))}"
         )
     if job.get("kind") != KIND:
-        raise SpecError(f"{where}.kind", f"must be {KIND}, got {job.get('kind')!r}")
+        raise SpecError(f"{where}.kind", f"must be {KIND}, got {_as_yaml(job.get('kind'))}")
     metadata = job.get("metadata")
     if not isinstance(metadata, dict) or not isinstance(metadata.get("name"), str):
         raise SpecError(f"{where}.metadata.name", "is required")

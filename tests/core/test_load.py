@@ -56,6 +56,7 @@ def test_several_documents(tmp_path: Path) -> None:
         (JOB.format(name="a").replace("v1alpha1", "v1"), ".apiVersion", "meshrun.dev/v1alpha1"),
         (JOB.format(name="a").replace("kind: Parallel", "kind: Not"), ".kind", "must be"),
         ("- 1\n- 2\n", "[0]", "mapping"),
+        ("kind: ParallelTrainingJob\n", ".apiVersion", "must be meshrun.dev/v1alpha1, got null"),
         ("", "", "no ParallelTrainingJob"),
         ("a: [1,\n", "", "not valid YAML"),
         (
