@@ -32,7 +32,8 @@ class Rule:
     def error(self, detail: str = "") -> SpecError:
         """The SpecError for this rule, with the numbers at hand in ``detail``.
 
-        A message that starts with its own field is not repeated after the ``field:`` prefix.
+        A message that starts with its own field is not repeated after the ``field:`` prefix,
+        nor one that starts with a field inside it (``spec.strategy: dataParallel x ...``).
         """
-        rule = self.message.removeprefix(f"{self.field} ")
+        rule = self.message.removeprefix(f"{self.field} ").removeprefix(f"{self.field}.")
         return SpecError(self.field, f"{rule}{f' ({detail})' if detail else ''}")

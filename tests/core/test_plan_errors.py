@@ -196,3 +196,16 @@ def test_tensor_parallel_over_whole_pods_is_planned_and_warned() -> None:
     assert plan.layout.tp == 4 and plan.layout.dp == 1
     assert any("tensorParallel 4 spans 2 pods" in w for w in plan.warnings)
     assert "each TP group holds 2 whole pods" in plan.explanation
+
+
+def test_a_rule_on_a_section_names_the_section_once() -> None:
+    """A rule whose message starts with its field, or with a field inside it, does not repeat
+    the field after the ``field:`` prefix."""
+    degrees = {"dataParallel": 4, "pipelineParallel": 1, "tensorParallel": 1}
+    impossible = make_spec(strategy={"type": "hybrid", **degrees})  # 4 ranks of 8
+    with pytest.raises(SpecError) as caught:
+        plan_job(impossible, "j")
+    assert caught.value.field == "spec.strategy"
+    assert str(caught.value).startswith("spec.strategy: dataParallel x contextParallel x "), str(
+        caught.value
+    )
