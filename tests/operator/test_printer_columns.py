@@ -95,8 +95,16 @@ def test_a_finished_job_shows_its_last_step_and_no_time_left() -> None:
         "loss": "1",
         "tokensPerSecond": "512",
         "predictedTokensPerSecond": None,
-        "eta": "0s",
+        "eta": None,
     }
+
+
+def test_a_failed_job_shows_no_time_left_from_its_last_report() -> None:
+    """The ETA of the run that stopped is no time left to wait for."""
+    status = running()
+    assert status["display"]["eta"] == "3m30s"
+    ended = display({**status, "phase": "Failed"}) or {}
+    assert ended["eta"] is None and ended["step"] == "3/10"
 
 
 @pytest.mark.parametrize(

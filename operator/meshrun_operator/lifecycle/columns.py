@@ -14,6 +14,7 @@ from typing import Any
 
 from meshrun.api.display import duration_text, percent_text, rate_text
 from meshrun.planner.plan import Plan
+from meshrun_operator.jobstatus import Phase
 
 
 def running_size(plan: Plan) -> dict[str, Any]:
@@ -25,8 +26,10 @@ def running_size(plan: Plan) -> dict[str, Any]:
 def display(status: Mapping[str, Any]) -> dict[str, str | None] | None:
     """``status.display`` from ``status.progress``: None when there is nothing to show (an
     object of no fields would read as a change at every pass); a field left None is removed
-    by the merge patch."""
+    by the merge patch. A job that has ended has no time left to show: its last report's ETA
+    is left out (a failed job's would say how long a run that stopped had still to go)."""
     progress = status.get("progress") or {}
+    ended = status.get("phase") in (Phase.SUCCEEDED, Phase.FAILED)
     step, total = _integer(progress.get("step")), _integer(progress.get("totalSteps"))
     shown = {
         "step": None if step is None else f"{step}/{total}" if total else str(step),
@@ -34,7 +37,7 @@ def display(status: Mapping[str, Any]) -> dict[str, str | None] | None:
         "loss": _maybe(progress.get("loss"), lambda loss: f"{loss:.4g}"),
         "tokensPerSecond": _maybe(progress.get("tokensPerSecond"), rate_text),
         "predictedTokensPerSecond": _maybe(progress.get("predictedTokensPerSecond"), rate_text),
-        "eta": _maybe(progress.get("etaSeconds"), duration_text),
+        "eta": None if ended else _maybe(progress.get("etaSeconds"), duration_text),
     }
     return shown if any(value is not None for value in shown.values()) else None
 
