@@ -12,7 +12,9 @@ into one dimension (data parallelism's group when cp > 1), and ``dp_shard_cp`` (
 flattened, the dimension FSDP2 shards over when it replicates over ``dp`` (torchtitan's
 ``dp_shard_cp``). With cp 1 they are ``dp`` and ``dp_shard`` themselves. ``cp_tp`` is (cp, tp)
 flattened when both are above 1: the ranks holding the other shards of a rank's sequences (a
-MoE layer's auxiliary loss adds their sums up).
+MoE layer's auxiliary loss adds their sums up). Under tensor parallelism ``dp_shard_cp_tp`` and
+``dp_cp_tp`` flatten the data-parallel dimensions with ``tp``, so that DTensor reduces a
+gradient norm that is partial over both in one all-reduce.
 """
 
 from __future__ import annotations
@@ -133,6 +135,7 @@ class Mesh:
 
 
 _DP_CP, _DP_SHARD_CP, _CP_TP = "dp_cp", "dp_shard_cp", "cp_tp"
+_DP_CP_TP, _DP_SHARD_CP_TP = "dp_cp_tp", "dp_shard_cp_tp"
 
 
 def leave(code: int) -> NoReturn:
@@ -162,6 +165,13 @@ def build_mesh(layout: Layout, device: torch.device) -> Mesh:
         mesh["dp_shard", "cp"]._flatten(_DP_SHARD_CP)
         if layout.tp > 1:
             mesh["cp", "tp"]._flatten(_CP_TP)
+    if layout.tp > 1:
+        # A tensor-parallel parameter's gradient norm is partial over its data-parallel and
+        # TP dimensions: with them flattened here DTensor reduces it in one all-reduce, not
+        # one per dimension in a row (which torch warns of on every rank).
+        mesh["dp_shard", "cp", "tp"]._flatten(_DP_SHARD_CP_TP)
+        if layout.dp * layout.cp > 1:
+            mesh["dp", "dp_shard", "cp", "tp"]._flatten(_DP_CP_TP)
     return Mesh(
         device_mesh=mesh,
         device=device,
