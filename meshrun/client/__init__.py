@@ -277,7 +277,8 @@ class JobClient:
             if job.phase in phases:
                 return job
         assert job is not None
-        raise JobEnded(f"job {name} {job.phase}: {job.reason()}")
+        wanted = " or ".join(phases)
+        raise JobEnded(f"job {name} {job.phase}, not {wanted}: {job.reason()}")
 
     # -- pods and logs -----------------------------------------------------------------------
 

@@ -24,11 +24,12 @@ from rich.progress import Progress
 
 from meshrun.cli.jobview import LiveView, jobs_table, status_view
 from meshrun.cli.main import build_parser
-from meshrun.client import Job
+from meshrun.client import Job, JobClient
 from meshrun.client.errors import (
     RESOURCE,
     AlreadyExists,
     Forbidden,
+    JobEnded,
     NoCluster,
     NotFound,
     NotInstalled,
@@ -569,3 +570,18 @@ def test_a_job_naming_another_namespace_than_asked_is_refused_as_kubectl_does() 
     manifest = {"metadata": {"name": "llm", "namespace": "other"}, "spec": {}}
     with pytest.raises(ClientError, match="job llm names namespace other, not team: pass -n other"):
         JobClient(namespace="team", connection=nowhere).create(manifest)
+
+
+def test_a_wait_that_ends_in_another_phase_names_the_one_it_waited_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    condition = {"type": "Succeeded", "status": "True", "reason": "Completed", "message": "done"}
+    done = Job(
+        {"metadata": {"name": "j"}, "status": {"phase": "Succeeded", "conditions": [condition]}}
+    )
+    client = object.__new__(JobClient)
+    monkeypatch.setattr(client, "watch", lambda name, timeout, interval: iter([done]))
+    with pytest.raises(JobEnded) as ended:
+        client.wait("j", ("Failed",))
+    assert str(ended.value) == "job j Succeeded, not Failed: Completed: done"
+    assert client.wait("j", ("Succeeded",)) is done

@@ -169,7 +169,7 @@ def test_a_failed_job_fails_follow_and_wait_with_its_reason(
     )
     code, out, err = meshrun(capsys, "wait", "short", "--for", "Succeeded", *ns)
     assert code == 1 and one_line(err).startswith(
-        "meshrun wait: job short Failed: DeadlineExceeded"
+        "meshrun wait: job short Failed, not Succeeded: DeadlineExceeded"
     )
     code, out, err = meshrun(capsys, "wait", "short", "--for", "Failed", "--timeout", "5s", *ns)
     assert (code, out, err) == (0, "job short Failed\n", "")

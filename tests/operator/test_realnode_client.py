@@ -118,7 +118,8 @@ def test_submit_follow_logs_of_a_rank_wait_and_delete(
 
         code, out, _ = meshrun(capsys, "wait", NAME, "--for", "Succeeded", "--timeout", "30", *ns)
         assert (code, out) == (0, f"job {NAME} Succeeded\n")
-        with pytest.raises(JobEnded, match=f"job {NAME} Succeeded: Completed: all 2 pods"):
+        ended = f"job {NAME} Succeeded, not Failed: Completed: all 2 pods"
+        with pytest.raises(JobEnded, match=ended):
             client.wait(NAME, ("Failed",), timeout=10)
         code, out, _ = meshrun(capsys, "status", NAME, *ns)
         with capsys.disabled():
