@@ -195,11 +195,12 @@ def submit(args: argparse.Namespace) -> int:
         return EXIT_INVALID
     jobs = []
     for index, document in enumerate(documents):
-        where = f"{source}[{index}]" if len(documents) > 1 else source
+        document_name = f"{source}[{index}]"
+        where = document_name if len(documents) > 1 else source
         try:
-            job, _, plan = plan_document(document, f"{source}[{index}]", args.mount)
+            job, _, plan = plan_document(document, document_name, args.mount)
         except SpecError as error:
-            print(f"meshrun submit: {refusal(error, f'{source}[{index}]', where)}", file=sys.stderr)
+            print(f"meshrun submit: {refusal(error, document_name, where)}", file=sys.stderr)
             return EXIT_INVALID
         if not plan.memory.fits:
             print(

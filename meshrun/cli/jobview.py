@@ -48,7 +48,8 @@ def jobs_table(jobs: Iterable[Job], now: datetime, namespaces: bool = False) -> 
             str(status.get("layout") or ""),
             str(status.get("worldSize") or ""),
             *(str(shown.get(key) or "") for key in ("step", "progress", "loss", "tokensPerSecond")),
-            # An ended job has nothing left to wait for (status says no ETA for it either).
+            # An ended job has nothing left to wait for; the operator writes no ETA for one,
+            # but a job that ended under an older operator may still carry its last.
             "" if job.finished else str(shown.get("eta") or ""),
             str(job.restarts),
             age(job.object["metadata"].get("creationTimestamp"), now),

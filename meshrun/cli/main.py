@@ -177,14 +177,15 @@ def plan_command(
     layouts: list[list[Any]] = []
     degrees: list[list[int]] = []
     for index, document in enumerate(documents):
-        where = f"{source}[{index}]" if len(documents) > 1 else source
+        document_name = f"{source}[{index}]"
+        where = document_name if len(documents) > 1 else source
         try:
-            _, spec, plan = plan_document(document, f"{source}[{index}]", mounts)
+            _, spec, plan = plan_document(document, document_name, mounts)
             results.append(plan)
             layouts.append(best_layouts(spec, candidates) if candidates else [])
             degrees.append(elastic_degrees(spec, plan))
         except SpecError as error:
-            print(f"meshrun plan: {refusal(error, f'{source}[{index}]', where)}", file=sys.stderr)
+            print(f"meshrun plan: {refusal(error, document_name, where)}", file=sys.stderr)
             results.append(error)
             layouts.append([])
             degrees.append([])

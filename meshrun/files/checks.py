@@ -35,6 +35,7 @@ from meshrun.files.hf import (
     read_config,
     shape_from_config,
 )
+from meshrun.files.mountflag import parse_mount
 from meshrun.planner.explain import parameter_text
 from meshrun.planner.plan import Plan, plan_job
 
@@ -56,9 +57,10 @@ def mount(spec: Mapping[str, Any], mounts: Sequence[str]) -> dict[str, Any]:
     (the longest matching container path wins)."""
     pairs: list[tuple[str, str]] = []
     for item in mounts:
-        container, sep, local = item.partition("=")
-        if not sep or not container.startswith("/") or not local:
-            raise SpecError("--mount", f"{item!r} must look like /container/path=local/path")
+        try:
+            container, local = parse_mount(item)
+        except ValueError as error:
+            raise SpecError("--mount", str(error)) from None
         pairs.append((container.rstrip("/") or "/", str(Path(local).resolve())))
     pairs.sort(key=lambda pair: len(pair[0]), reverse=True)
     result = copy.deepcopy(dict(spec))

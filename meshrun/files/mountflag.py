@@ -19,10 +19,19 @@ def add_mount_flag(parser: argparse.ArgumentParser, purpose: str) -> None:
     )
 
 
-def _mount(text: str) -> str:
-    """``CONTAINER=LOCAL`` as given, refused at the command line (exit 2, the flag named) when
-    it is not one, as ``checks.mount`` would refuse it."""
+def parse_mount(text: str) -> tuple[str, str]:
+    """(CONTAINER, LOCAL) of a ``--mount`` value; ValueError saying the form when it is none."""
     container, sep, local = text.partition("=")
     if not sep or not container.startswith("/") or not local:
-        raise argparse.ArgumentTypeError(f"{text!r} must look like /container/path=local/path")
+        raise ValueError(f"{text!r} must look like /container/path=local/path")
+    return container, local
+
+
+def _mount(text: str) -> str:
+    """``CONTAINER=LOCAL`` as given, refused at the command line (exit 2, the flag named) when
+    it is not one."""
+    try:
+        parse_mount(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
     return text
